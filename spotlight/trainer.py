@@ -1,0 +1,209 @@
+"""The single controller's iteration loop, in-process (`--runtime local`).
+
+One iteration: rollout -> reward -> advantage -> update -> checkpoint, each phase timed. Every
+random draw derives from (run seed, iteration, prompt, sample seed), and a checkpoint holds weights,
+optimiser and RNG states, so a run resumed from its newest checkpoint ends with the same weights as
+one that never stopped.
+
+Outputs under DIR: metrics.jsonl (one row per iteration), summary.json, config.yaml, tb/
+(TensorBoard scalars), checkpoints/, and final/ (the model in safetensors, loadable by the library
+that built it).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+
+from spotlight import checkpoint
+from spotlight.config import ConfigError, RunConfig, to_yaml
+from spotlight.grpo import group_advantages, group_std
+from spotlight.policy import Policy
+from spotlight.prompts import draw_prompts, prompt_set
+from spotlight.rewards import build_reward
+from spotlight.warm_start import apply_warm_start
+
+
+def build_policy(cfg: RunConfig) -> Policy:
+    if cfg.policy.kind == "dit":
+        from spotlight.dit_policy import DiTPolicy
+
+        return DiTPolicy.from_config(cfg)
+    from spotlight.llm_policy import LLMPolicy
+
+    return LLMPolicy.from_config(cfg)
+
+
+def sample_seeds(step: int, group_size: int) -> list[int]:
+    """The G sample seeds every prompt of iteration `step` uses (fresh each iteration)."""
+    return [step * group_size + j for j in range(group_size)]
+
+
+class PhaseTimer:
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        yield
+        self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+
+
+def _resume_key(cfg: RunConfig) -> dict[str, Any]:
+    """What must match for a run folder to be resumed: everything but the iteration count."""
+    d = cfg.to_dict()
+    d["train"] = {k: v for k, v in d["train"].items() if k != "steps"}
+    return d
+
+
+class Trainer:
+    """Construction is cheap; `build()` makes the policy, warm-starts it and resumes if it can."""
+
+    def __init__(self, cfg: RunConfig, out: Path, progress: bool = True, log=print) -> None:
+        self.cfg = cfg
+        self.out = Path(out)
+        self.progress = progress
+        self.log = log
+        self.start_step = 0
+        self.warm: dict[str, Any] = {}
+
+    def build(self) -> "Trainer":
+        cfg = self.cfg
+        self._check_out_dir()
+        torch.manual_seed(cfg.seed)  # nothing should draw from it; seeded so that nothing varies if something does
+        self.prompts = prompt_set(cfg.prompts, cfg.seed)
+        self.reward = build_reward(cfg.reward)
+        self.policy = build_policy(cfg)
+        self.warm = apply_warm_start(self.policy, cfg, self.prompts)
+        if self.warm.get("steps"):
+            how = "loaded from cache" if self.warm["cached"] else f"trained in {self.warm['seconds']:.0f} s"
+            self.log(f"warm start ({self.warm['steps']} steps) {how}: {self.warm['path']}")
+        if cfg.grpo.kl_beta > 0:
+            self.policy.set_reference()
+        self.optimizer = torch.optim.Adam(self.policy.model.parameters(), lr=cfg.train.lr)
+        ckpt = checkpoint.latest(self.out / "checkpoints")
+        if ckpt is not None:
+            checkpoint.load(ckpt, self.policy.model, self.optimizer)
+            self.start_step = ckpt.step
+            self.log(f"resuming from {ckpt.path} (iteration {ckpt.step})")
+        self._truncate_metrics(self.start_step)
+        (self.out / "config.yaml").write_text(to_yaml(cfg))
+        return self
+
+    def _check_out_dir(self) -> None:
+        self.out.mkdir(parents=True, exist_ok=True)
+        saved = self.out / "config.json"
+        if checkpoint.latest(self.out / "checkpoints") is not None and saved.is_file():
+            if json.loads(saved.read_text()) != json.loads(json.dumps(_resume_key(self.cfg))):
+                raise ConfigError(f"{self.out}: holds checkpoints of a run with a different config; "
+                                  "use a new --out folder or delete its checkpoints/")
+        saved.write_text(json.dumps(_resume_key(self.cfg), indent=1))
+
+    def _truncate_metrics(self, step: int) -> None:
+        """Drop rows of iterations after the resumed checkpoint: they are about to be redone."""
+        path = self.out / "metrics.jsonl"
+        if not path.is_file():
+            return
+        rows = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] < step]
+        path.write_text("".join(r + "\n" for r in rows))
+
+    # ---- the loop -------------------------------------------------------------------------------
+
+    def iteration(self, step: int) -> dict[str, Any]:
+        cfg, t = self.cfg, PhaseTimer()
+        g = cfg.train.group_size
+        prompts = draw_prompts(self.prompts, cfg.train.prompts_per_step, cfg.seed, step)
+        group_prompts = [p for p in prompts for _ in range(g)]
+        seeds = sample_seeds(step, g) * len(prompts)
+        with t("rollout"):
+            rollout = self.policy.rollout(group_prompts, seeds)
+        with t("reward"):
+            rewards = self.reward(rollout).float()
+        with t("advantage"):
+            adv = group_advantages(rewards, g, cfg.grpo.adv_eps, cfg.grpo.adv_clip)
+        with t("update"):
+            stats = self.update(rollout, adv)
+        return {
+            "step": step,
+            "reward_mean": rewards.mean().item(),
+            "reward_std": rewards.std(unbiased=False).item(),
+            "group_reward_std": group_std(rewards, g).mean().item(),
+            "samples": len(rollout),
+            **stats,
+            **{f"time_{k}_s": v for k, v in t.seconds.items()},
+        }
+
+    def update(self, rollout, adv: torch.Tensor) -> dict[str, float]:
+        stats: dict[str, float] = {}
+        for _ in range(self.cfg.train.updates_per_step):
+            self.optimizer.zero_grad(set_to_none=True)
+            stats = self.policy.backward(rollout, adv)
+            stats["grad_norm"] = torch.nn.utils.clip_grad_norm_(self.policy.model.parameters(),
+                                                                self.cfg.train.grad_clip).item()
+            self.optimizer.step()
+        return stats
+
+    def train(self) -> dict[str, Any]:
+        from torch.utils.tensorboard import SummaryWriter
+        from tqdm import tqdm
+
+        cfg, steps = self.cfg, self.cfg.train.steps
+        writer = SummaryWriter(str(self.out / "tb"))
+        bar = tqdm(range(self.start_step, steps), initial=self.start_step, total=steps, desc="train",
+                   unit="it", disable=not self.progress, file=sys.stderr)
+        start = time.perf_counter()
+        with open(self.out / "metrics.jsonl", "a") as metrics:
+            for step in bar:
+                t0 = time.perf_counter()
+                row = self.iteration(step)
+                last = step + 1 == steps
+                if (step + 1) % cfg.train.checkpoint_every == 0 or last:
+                    checkpoint.save(self.out / "checkpoints", step + 1, self.policy.model, self.optimizer)
+                row["wall_s"] = time.perf_counter() - t0
+                row["elapsed_s"] = time.perf_counter() - start
+                metrics.write(json.dumps(row) + "\n")
+                metrics.flush()
+                for key, value in row.items():
+                    if key != "step" and isinstance(value, (int, float)):
+                        writer.add_scalar(key, value, step)
+                bar.set_postfix(reward=f"{row['reward_mean']:.3f}", std=f"{row['group_reward_std']:.3f}")
+        writer.close()
+        final = self.out / "final"
+        self.policy.save_pretrained(final)
+        summary = summarize(self.out / "metrics.jsonl", steps)
+        summary.update({"final_dir": str(final), "warm_start": self.warm, "policy": cfg.policy.kind,
+                        "resumed_from": self.start_step})
+        (self.out / "summary.json").write_text(json.dumps(summary, indent=2))
+        return summary
+
+
+def summarize(metrics_path: Path, steps: int, window: int = 5) -> dict[str, Any]:
+    """Summary of a run's metrics: first/last reward and the first-vs-last-window comparison.
+
+    `improvement_se` is (mean of the last `window` iterations - mean of the first) divided by the
+    standard error of that difference; > 3 is the bar for "clearly learned"."""
+    rows = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
+    rewards = [r["reward_mean"] for r in rows]
+    out: dict[str, Any] = {"steps": len(rows), "steps_requested": steps,
+                           "wall_s": sum(r["wall_s"] for r in rows)}
+    if not rows:
+        return out
+    out["reward_first"], out["reward_last"] = rewards[0], rewards[-1]
+    w = min(window, len(rows) // 2)
+    if w >= 2:
+        first, last = rewards[:w], rewards[-w:]
+        m1, m2 = sum(first) / w, sum(last) / w
+        v1 = sum((x - m1) ** 2 for x in first) / (w - 1)
+        v2 = sum((x - m2) ** 2 for x in last) / (w - 1)
+        se = math.sqrt(v1 / w + v2 / w)
+        out.update({f"reward_first{w}": m1, f"reward_last{w}": m2, "improvement_stderr": se,
+                    "improvement_se": (m2 - m1) / se if se > 0 else (math.inf if m2 > m1 else 0.0)})
+    return out

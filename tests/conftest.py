@@ -1,0 +1,30 @@
+import os
+
+import pytest
+import torch
+
+from spotlight.config import default_config
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _isolated_cache(tmp_path_factory):
+    """Warm starts cached by tests go to a per-session folder, never the user's cache."""
+    os.environ["SPOTLIGHT_CACHE"] = str(tmp_path_factory.mktemp("spotlight-cache"))
+
+
+@pytest.fixture(autouse=True)
+def _no_global_rng_leaks():
+    torch.manual_seed(1234)
+
+
+def small_dit_config(**over):
+    """A tiny-DiT run small enough for unit tests: short warm start, 2 prompts x 4 samples."""
+    base = {
+        "warm_start": {"steps": 20, "batch_size": 8},
+        "train": {"steps": 4, "prompts_per_step": 2, "group_size": 4, "checkpoint_every": 2},
+        "prompts": {"count": 4},
+        "sampler": {"num_steps": 4},
+    }
+    for key, value in over.items():
+        base.setdefault(key, {}).update(value) if isinstance(value, dict) else base.__setitem__(key, value)
+    return default_config(base)

@@ -1,0 +1,101 @@
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from spotlight import checkpoint
+from spotlight.config import ConfigError, to_yaml
+from spotlight.trainer import Trainer, summarize
+
+from conftest import small_dit_config
+
+
+def _final_weights(out):
+    return load_file(str(out / "final" / "diffusion_pytorch_model.safetensors"))
+
+
+def test_resume_from_checkpoint_gives_the_same_weights_as_an_uninterrupted_run(tmp_path):
+    cfg = small_dit_config()
+    Trainer(cfg, tmp_path / "straight", progress=False).build().train()
+
+    # the same run stopped after 2 of 4 iterations, then started again on the same folder
+    stopped = small_dit_config(train={"steps": 2})
+    Trainer(stopped, tmp_path / "resumed", progress=False).build().train()
+    resumed = Trainer(cfg, tmp_path / "resumed", progress=False).build()
+    assert resumed.start_step == 2
+    summary = resumed.train()
+
+    a, b = _final_weights(tmp_path / "straight"), _final_weights(tmp_path / "resumed")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    rows = [json.loads(l) for l in (tmp_path / "resumed" / "metrics.jsonl").read_text().splitlines()]
+    straight = [json.loads(l) for l in (tmp_path / "straight" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1, 2, 3]
+    assert [r["reward_mean"] for r in rows] == [r["reward_mean"] for r in straight]
+    assert summary["resumed_from"] == 2 and summary["steps"] == 4
+
+
+def test_a_crash_mid_run_resumes_from_the_newest_complete_checkpoint(tmp_path):
+    cfg = small_dit_config(train={"steps": 3, "checkpoint_every": 1})
+    t = Trainer(cfg, tmp_path, progress=False).build()
+    original = t.iteration
+    calls = []
+
+    def crash_on_third(step):
+        calls.append(step)
+        if step == 2:
+            raise RuntimeError("preempted")
+        return original(step)
+
+    t.iteration = crash_on_third
+    with pytest.raises(RuntimeError):
+        t.train()
+    # a half-written checkpoint folder is never taken for a complete one
+    (tmp_path / "checkpoints" / ".tmp-step-000003").mkdir()
+    assert checkpoint.latest(tmp_path / "checkpoints").step == 2
+    again = Trainer(cfg, tmp_path, progress=False).build()
+    assert again.start_step == 2
+    assert again.train()["steps"] == 3
+
+
+def test_resuming_with_another_config_is_refused(tmp_path):
+    Trainer(small_dit_config(train={"steps": 2}), tmp_path, progress=False).build().train()
+    with pytest.raises(ConfigError, match="different config"):
+        Trainer(small_dit_config(train={"lr": 3e-4}), tmp_path, progress=False).build()
+
+
+def test_cli_train_writes_metrics_summary_and_loadable_final_weights(tmp_path):
+    cfg = small_dit_config(train={"steps": 3})
+    path = tmp_path / "run.yaml"
+    path.write_text(to_yaml(cfg))
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-m", "spotlight.cli", "train", str(path), "--out", str(out),
+                           "--steps", "2", "--seed", "3", "--no-progress"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    rows = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1]
+    for r in rows:
+        assert {"step", "reward_mean", "reward_std", "wall_s"} <= r.keys()
+        assert 0 <= r["reward_mean"] <= 1 and r["wall_s"] > 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["steps"] == 2
+    assert summary["reward_first"] == rows[0]["reward_mean"] and summary["reward_last"] == rows[1]["reward_mean"]
+    assert "seed: 3" in (out / "config.yaml").read_text()
+    assert list((out / "tb").glob("events.out.tfevents.*"))
+
+    from diffusers import QwenImageTransformer2DModel
+
+    model = QwenImageTransformer2DModel.from_pretrained(str(out / "final"))
+    assert model.config.num_layers == 2
+
+
+def test_summary_standard_error_by_hand(tmp_path):
+    path = tmp_path / "m.jsonl"
+    rewards = [0.1, 0.2, 0.3, 0.5, 0.6, 0.7]
+    path.write_text("".join(json.dumps({"step": i, "reward_mean": r, "wall_s": 1.0}) + "\n" for i, r in enumerate(rewards)))
+    s = summarize(path, 6, window=3)
+    assert s["reward_first3"] == pytest.approx(0.2) and s["reward_last3"] == pytest.approx(0.6)
+    assert s["improvement_stderr"] == pytest.approx((0.01 / 3 + 0.01 / 3) ** 0.5)
+    assert s["improvement_se"] == pytest.approx(0.4 / (0.02 / 3) ** 0.5)
