@@ -25,6 +25,23 @@ def small_dit_config(**over):
         "prompts": {"count": 4},
         "sampler": {"num_steps": 4},
     }
+    return _with(base, over)
+
+
+def small_llm_config(**over):
+    """A tiny-LLM run small enough for unit tests: short warm start, 4 prompts x 4 samples."""
+    base = {
+        "policy": {"kind": "llm"},
+        "reward": {"name": "arithmetic"},
+        "prompts": {"name": "arithmetic", "count": 16},
+        "grpo": {"clip_low": 0.2, "clip_high": 0.28},
+        "warm_start": {"steps": 20, "batch_size": 8, "lr": 3e-3},
+        "train": {"steps": 4, "prompts_per_step": 4, "group_size": 4, "checkpoint_every": 2, "lr": 5e-4},
+    }
+    return _with(base, over)
+
+
+def _with(base, over):
     for key, value in over.items():
         base.setdefault(key, {}).update(value) if isinstance(value, dict) else base.__setitem__(key, value)
     return default_config(base)

@@ -35,3 +35,19 @@ def test_tiny_dit_learns_the_colour_reward(tmp_path):
     assert s["reward_last5"] > s["reward_first5"]
     assert s["improvement_se"] > 3, s
     assert (tmp_path / "out" / "final" / "diffusion_pytorch_model.safetensors").is_file()
+
+
+@pytest.mark.slow
+def test_tiny_llm_learns_arithmetic(tmp_path):
+    s = _train(tmp_path, "experiments/tiny_llm.yaml", {"train": {"steps": 40}})
+    assert s["steps"] == 40
+    assert s["reward_last5"] > s["reward_first5"]
+    assert s["improvement_se"] > 3, s
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    final = tmp_path / "out" / "final"
+    tokenizer = AutoTokenizer.from_pretrained(str(final))
+    model = AutoModelForCausalLM.from_pretrained(str(final))
+    assert tokenizer.decode(tokenizer.encode("07+13=", add_special_tokens=False)) == "07+13="
+    assert model.config.num_hidden_layers == 2

@@ -10,19 +10,23 @@ from spotlight import checkpoint
 from spotlight.config import ConfigError, to_yaml
 from spotlight.trainer import Trainer, summarize
 
-from conftest import small_dit_config
+from conftest import small_dit_config, small_llm_config
+
+CONFIGS = {"dit": small_dit_config, "llm": small_llm_config}
 
 
 def _final_weights(out):
-    return load_file(str(out / "final" / "diffusion_pytorch_model.safetensors"))
+    (weights,) = (out / "final").glob("*.safetensors")
+    return load_file(str(weights))
 
 
-def test_resume_from_checkpoint_gives_the_same_weights_as_an_uninterrupted_run(tmp_path):
-    cfg = small_dit_config()
+@pytest.mark.parametrize("kind", ["dit", "llm"])
+def test_resume_from_checkpoint_gives_the_same_weights_as_an_uninterrupted_run(tmp_path, kind):
+    cfg = CONFIGS[kind]()
     Trainer(cfg, tmp_path / "straight", progress=False).build().train()
 
     # the same run stopped after 2 of 4 iterations, then started again on the same folder
-    stopped = small_dit_config(train={"steps": 2})
+    stopped = CONFIGS[kind](train={"steps": 2})
     Trainer(stopped, tmp_path / "resumed", progress=False).build().train()
     resumed = Trainer(cfg, tmp_path / "resumed", progress=False).build()
     assert resumed.start_step == 2
