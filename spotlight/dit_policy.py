@@ -8,6 +8,7 @@ weights and applies the PPO-clip loss over (sample, SDE step) pairs.
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 from typing import Sequence
 
@@ -28,6 +29,12 @@ from spotlight.synthetic_images import images_to_latents, synthetic_images
 _WARM_START = 0x3A3  # stream tag of the warm start's data and noise
 
 
+def _local_scheduler_config(path: str | None) -> dict | None:
+    """A local checkpoint's scheduler/scheduler_config.json, when there is one."""
+    file = Path(path) / "scheduler" / "scheduler_config.json" if path else None
+    return json.loads(file.read_text()) if file is not None and file.is_file() else None
+
+
 class DiTPolicy:
     def __init__(self, cfg: RunConfig, model, encoder: PromptEncoder, decoder) -> None:
         self.cfg = cfg
@@ -39,14 +46,8 @@ class DiTPolicy:
         self.side = dit.latent_side
         self.channels = model.config.out_channels
         self.tokens = (self.side // 2) ** 2
-        scheduler_file = Path(dit.pretrained_path or "/nonexistent") / "scheduler" / "scheduler_config.json"
-        scheduler_config = None
-        if scheduler_file.is_file():
-            import json
-
-            scheduler_config = json.loads(scheduler_file.read_text())
-        self.sampler = FlowSDESampler(cfg.sampler, qwen_image_sigmas(cfg.sampler.num_steps, self.tokens, scheduler_config),
-                                      cfg.seed)
+        sigmas = qwen_image_sigmas(cfg.sampler.num_steps, self.tokens, _local_scheduler_config(dit.pretrained_path))
+        self.sampler = FlowSDESampler(cfg.sampler, sigmas, cfg.seed)
 
     @classmethod
     def from_config(cls, cfg: RunConfig) -> "DiTPolicy":

@@ -23,7 +23,7 @@ from typing import Any, Iterator
 import torch
 
 from spotlight import checkpoint
-from spotlight.config import ConfigError, RunConfig, to_yaml
+from spotlight.config import ConfigError, RunConfig, load_config, to_yaml
 from spotlight.grpo import group_advantages, group_std
 from spotlight.policy import Policy
 from spotlight.prompts import draw_prompts, prompt_set
@@ -95,17 +95,17 @@ class Trainer:
             self.start_step = ckpt.step
             self.log(f"resuming from {ckpt.path} (iteration {ckpt.step})")
         self._truncate_metrics(self.start_step)
-        (self.out / "config.yaml").write_text(to_yaml(cfg))
+        (self.out / "config.yaml").write_text(to_yaml(cfg))  # after the check: it is the resume key
         return self
 
     def _check_out_dir(self) -> None:
+        """Refuse to resume checkpoints that another config wrote (a changed step count is fine)."""
         self.out.mkdir(parents=True, exist_ok=True)
-        saved = self.out / "config.json"
+        saved = self.out / "config.yaml"
         if checkpoint.latest(self.out / "checkpoints") is not None and saved.is_file():
-            if json.loads(saved.read_text()) != json.loads(json.dumps(_resume_key(self.cfg))):
+            if _resume_key(load_config(saved)) != _resume_key(self.cfg):
                 raise ConfigError(f"{self.out}: holds checkpoints of a run with a different config; "
                                   "use a new --out folder or delete its checkpoints/")
-        saved.write_text(json.dumps(_resume_key(self.cfg), indent=1))
 
     def _truncate_metrics(self, step: int) -> None:
         """Drop rows of iterations after the resumed checkpoint: they are about to be redone."""
