@@ -1,7 +1,8 @@
 """The `spotlight` command line.
 
-    spotlight train [CONFIG] --out DIR [--steps N] [--seed S] [--runtime local]
-    spotlight bench throughput [--json]
+    spotlight train [CONFIG] --out DIR [--steps N] [--seed S] [--runtime ray|local] [--address A]
+                    [--preemption-trace TRACE] [--trace-speedup F]
+    spotlight bench throughput|scheduler [--json]
 
 Bad input (a config, a flag value) ends with one `spotlight: error: ...` line and exit code 2 —
 never a traceback.
@@ -15,6 +16,7 @@ import sys
 from pathlib import Path
 
 from spotlight.config import ConfigError, default_config, load_config
+from spotlight.traces import TraceError
 
 
 def _overrides(args: argparse.Namespace) -> dict:
@@ -25,6 +27,10 @@ def _overrides(args: argparse.Namespace) -> dict:
         over["seed"] = args.seed
     if args.device is not None:
         over["device"] = args.device
+    runtime = {k: v for k, v in (("kind", args.runtime), ("address", args.address),
+                                 ("trace_speedup", args.trace_speedup)) if v is not None}
+    if runtime:
+        over["runtime"] = runtime
     return over
 
 
@@ -33,10 +39,19 @@ def cmd_train(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, over) if args.config else default_config(over)
     name = Path(args.config).stem if args.config else "tiny_dit"
     out = Path(args.out) if args.out else Path("runs") / name
-    from spotlight.trainer import Trainer
+    from spotlight.trainer import Trainer, make_runtime
 
+    runtime = make_runtime(cfg)
+    if args.preemption_trace:
+        if cfg.runtime.kind != "ray":
+            raise ConfigError("--preemption-trace: replaying preemptions needs --runtime ray")
+        from spotlight.traces import load_trace, replay_schedule
+
+        trace = load_trace(args.preemption_trace)
+        runtime.actions = replay_schedule(trace, cfg.runtime.spot_workers, cfg.runtime.trace_speedup,
+                                          cfg.runtime.notice_s)
     log = (lambda msg: print(msg, file=sys.stderr)) if args.json else print
-    summary = Trainer(cfg, out, progress=not args.no_progress, log=log).build().train()
+    summary = Trainer(cfg, out, progress=not args.no_progress, log=log).build(runtime).train()
     if args.json:
         print(json.dumps(summary))
     else:
@@ -46,15 +61,28 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from spotlight.bench_throughput import run_throughput
+    if args.name == "throughput":
+        from spotlight.bench_throughput import run_throughput
 
-    result = run_throughput(repeats=args.repeats)
+        result = run_throughput(repeats=args.repeats)
+    else:
+        from spotlight.bench_scheduler import run_scheduler_bench
+
+        result = run_scheduler_bench(iterations=args.iterations)
     if args.json:
         print(json.dumps(result))
     else:
-        for key, value in result.items():
-            print(f"{key:>40}: {value:.4g}" if isinstance(value, float) else f"{key:>40}: {value}")
+        _print_table(result)
     return 0
+
+
+def _print_table(result: dict, indent: str = "") -> None:
+    for key, value in result.items():
+        if isinstance(value, dict):
+            print(f"{indent}{key}:")
+            _print_table(value, indent + "  ")
+        else:
+            print(f"{indent}{key:>40}: {value:.4g}" if isinstance(value, float) else f"{indent}{key:>40}: {value}")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -74,18 +102,26 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--steps", type=int, help="GRPO iterations (overrides train.steps)")
     train.add_argument("--seed", type=int, help="run seed (overrides seed)")
     train.add_argument("--device", help="torch device (overrides device), e.g. cpu or cuda")
-    train.add_argument("--runtime", choices=["local"], default="local",
-                       help="local: everything in this process (the only runtime so far)")
+    train.add_argument("--runtime", choices=["ray", "local"],
+                       help="ray (the default): learner, rollout and reward workers as Ray actors, on a local "
+                            "Ray cluster started for the run unless --address is given; local: one process")
+    train.add_argument("--address", help="join this Ray cluster (e.g. auto) instead of starting one")
+    train.add_argument("--preemption-trace", metavar="TRACE",
+                       help="replay this preemption trace on the spot workers (Bamboo CSV or GCP counts; see README)")
+    train.add_argument("--trace-speedup", type=float, metavar="F", help="replay the trace F times faster than real time")
     train.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
     train.set_defaults(func=cmd_train)
 
     bench = sub.add_parser("bench", help="benchmarks that print figures",
                            description="Benchmarks: figures of this machine, with ratios to a baseline run alongside.")
-    bench.add_argument("name", choices=["throughput"],
-                       help="throughput: tiny-DiT denoising steps/s and trained samples/s")
+    bench.add_argument("name", choices=["throughput", "scheduler"],
+                       help="throughput: tiny-DiT denoising steps/s and trained samples/s; scheduler: queue "
+                            "operations/s in-process and on Ray, and steps recomputed per preemption when a "
+                            "shipped trace is replayed, against restarting requests from step 0")
     bench.add_argument("--json", action="store_true", help="print one JSON object")
-    bench.add_argument("--repeats", type=int, default=5, help="timed repetitions (median reported)")
+    bench.add_argument("--repeats", type=int, default=5, help="throughput: timed repetitions (median reported)")
+    bench.add_argument("--iterations", type=int, default=6, help="scheduler: training iterations per replayed run")
     bench.set_defaults(func=cmd_bench)
     return parser
 
@@ -94,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (ConfigError, FileNotFoundError) as err:
+    except (ConfigError, FileNotFoundError, TraceError) as err:
         print(f"spotlight: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -214,6 +214,43 @@ class WarmStartConfig:
 
 
 @dataclass
+class RuntimeConfig:
+    """Where the roles run. `local`: one process; `ray`: the learner, rollout workers, the reward
+    worker and the request queue are Ray actors (a local cluster is started when none is given)."""
+
+    kind: Literal["ray", "local"] = "ray"
+    address: str | None = None
+    """Ray cluster to join (e.g. "auto" or "ray://head:10001"); None starts a local one."""
+    spot_workers: int = 2
+    """Rollout worker slots on spot capacity (actors that need the `spot` custom resource)."""
+    ondemand_workers: int = 1
+    """Rollout workers on on-demand capacity: they keep the run going when every spot slot is gone."""
+    commit_every: int = 1
+    """Denoising steps between partial-state commits: a death without notice loses at most this many."""
+    lease_s: float = 30.0
+    """A pulled request's lease; heartbeats (one per step) renew it; an expired lease re-queues it."""
+    notice_s: float = 120.0
+    """Warning a replayed trace gives before each removal, in trace seconds (AWS: 120; 0: none)."""
+    trace_speedup: float = 1.0
+    """A replayed trace runs this many times faster than real time."""
+    notice_sources: list[Literal["aws", "gcp"]] = field(default_factory=list)
+    """Metadata endpoints each rollout worker watches for a preemption notice (AWS IMDSv2 spot
+    instance-action and rebalance; GCP instance/preempted). Empty off the cloud."""
+    notice_poll_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        _check(self.spot_workers >= 0, "spot_workers", "an integer >= 0", self.spot_workers)
+        _check(self.ondemand_workers >= 0, "ondemand_workers", "an integer >= 0", self.ondemand_workers)
+        _check(self.spot_workers + self.ondemand_workers > 0, "ondemand_workers",
+               "at least one rollout worker in all (spot_workers + ondemand_workers > 0)", self.ondemand_workers)
+        _check(self.commit_every > 0, "commit_every", "a positive integer", self.commit_every)
+        _check(self.lease_s > 0, "lease_s", "a number > 0", self.lease_s)
+        _check(self.notice_s >= 0, "notice_s", "a number >= 0", self.notice_s)
+        _check(self.trace_speedup > 0, "trace_speedup", "a number > 0", self.trace_speedup)
+        _check(self.notice_poll_s > 0, "notice_poll_s", "a number > 0", self.notice_poll_s)
+
+
+@dataclass
 class RunConfig:
     """One training run. `RunConfig()` is the tiny DiT run."""
 
@@ -227,6 +264,7 @@ class RunConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     prompts: PromptsConfig = field(default_factory=PromptsConfig)
     warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
 
     def __post_init__(self) -> None:
         llm_rewards = {"arithmetic"}
@@ -280,6 +318,10 @@ def _coerce(value: Any, tp: Any, name: str) -> Any:
     if origin is Literal:
         _check(value in typing.get_args(tp), name, _type_name(tp), value)
         return value
+    if origin is list:
+        (arg,) = typing.get_args(tp)
+        _check(isinstance(value, (list, tuple)), name, f"a list of {_type_name(arg)}", value)
+        return [_coerce(v, arg, f"{name}[{i}]") for i, v in enumerate(value)]
     if origin is tuple:
         args = typing.get_args(tp)
         _check(isinstance(value, (list, tuple)) and len(value) == len(args), name, _type_name(tp), value)

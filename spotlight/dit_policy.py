@@ -36,6 +36,9 @@ def _local_scheduler_config(path: str | None) -> dict | None:
 
 
 class DiTPolicy:
+    resumable = True
+    """Rollout requests can stop after any step and resume from their SampleState."""
+
     def __init__(self, cfg: RunConfig, model, encoder: PromptEncoder, decoder) -> None:
         self.cfg = cfg
         self.model = model
@@ -93,17 +96,24 @@ class DiTPolicy:
         return self.decoder(unpack(state.latest, self.side))
 
     @torch.no_grad()
+    def finish(self, prompts: Sequence[Prompt], state: SampleState) -> Rollout:
+        """The rollout of samples whose state has reached the last step."""
+        if state.step != self.cfg.sampler.num_steps:
+            raise ValueError(f"samples are at step {state.step} of {self.cfg.sampler.num_steps}, not finished")
+        return Rollout(list(prompts), list(state.seeds), images=self.decode(state),
+                       data={"trajectory": state.trajectory, "log_probs": state.log_probs})
+
+    @torch.no_grad()
     def rollout(self, prompts: Sequence[Prompt], seeds: Sequence[int]) -> Rollout:
         mb = self.cfg.train.micro_batch
-        trajectories, log_probs, images = [], [], []
+        parts = []
         for lo in range(0, len(prompts), mb):
             ps, ss = list(prompts[lo:lo + mb]), list(seeds[lo:lo + mb])
-            state = self.advance(ps, self.init_state(ps, ss))
-            trajectories.append(state.trajectory)
-            log_probs.append(state.log_probs)
-            images.append(self.decode(state))
-        return Rollout(list(prompts), list(seeds), images=torch.cat(images),
-                       data={"trajectory": torch.cat(trajectories), "log_probs": torch.cat(log_probs)})
+            parts.append(self.finish(ps, self.advance(ps, self.init_state(ps, ss))))
+        return self.merge(parts)
+
+    def merge(self, parts: Sequence[Rollout]) -> Rollout:
+        return Rollout.concat(parts)
 
     # ---- the GRPO update --------------------------------------------------------------------
 

@@ -96,6 +96,9 @@ def gumbel(vocab: int, gen: torch.Generator) -> torch.Tensor:
 class LLMPolicy:
     """A causal LM policy over character prompts; see the module docstring for its invariants."""
 
+    resumable = False
+    """A rollout request is computed whole (a group of short completions); given back, it restarts."""
+
     def __init__(self, cfg: RunConfig, model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase) -> None:
         self.cfg = cfg
         self.llm = cfg.policy.llm
@@ -204,6 +207,12 @@ class LLMPolicy:
                 "old_logp": old_logp,
             },
         )
+
+    def merge(self, parts: Sequence[Rollout]) -> Rollout:
+        """Per-request rollouts in order; shorter completions are right-padded (pad tokens, attended
+        but masked out of the loss: they come after every real token, so causal attention keeps
+        the real tokens' log-probs unchanged)."""
+        return Rollout.concat(parts, pad={"input_ids": self.pad_id, "attention_mask": 1})
 
     def greedy(self, prompts: Sequence[Prompt]) -> list[str]:
         """Greedy completions (no randomness), micro-batched."""

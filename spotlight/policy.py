@@ -35,12 +35,38 @@ class Rollout:
     def __len__(self) -> int:
         return len(self.prompts)
 
+    @staticmethod
+    def concat(parts: Sequence["Rollout"], pad: dict[str, float] | None = None) -> "Rollout":
+        """Samples of `parts` in order. Tensors in `data` are concatenated on dim 0; where their
+        dim 1 differs (LLM completions of different lengths), they are right-padded first with
+        `pad[key]` (0 by default)."""
+        data: dict[str, Any] = {}
+        for key in parts[0].data:
+            tensors = [p.data[key] for p in parts]
+            width = max(t.shape[1] for t in tensors) if tensors[0].ndim > 1 else None
+            if width is not None:
+                fill = (pad or {}).get(key, 0)
+                tensors = [torch.nn.functional.pad(t, (0, width - t.shape[1]), value=fill) if t.ndim == 2 else t
+                           for t in tensors]
+            data[key] = torch.cat(tensors)
+        images = torch.cat([p.images for p in parts]) if parts[0].images is not None else None
+        completions = [c for p in parts for c in p.completions] if parts[0].completions is not None else None
+        return Rollout([q for p in parts for q in p.prompts], [s for p in parts for s in p.seeds],
+                       images=images, completions=completions, data=data)
+
 
 class Policy(Protocol):
     model: torch.nn.Module
+    resumable: bool
+    """True when a rollout can stop after a step and resume from a state (DiT: init_state / advance /
+    finish); False when a request is computed whole (LLM)."""
 
     def rollout(self, prompts: Sequence[Prompt], seeds: Sequence[int]) -> Rollout:
         """Sample once per (prompt, seed) pair with the current weights, under no_grad."""
+        ...
+
+    def merge(self, parts: Sequence[Rollout]) -> Rollout:
+        """One rollout from per-request parts, in order."""
         ...
 
     def backward(self, rollout: Rollout, advantages: torch.Tensor) -> dict[str, float]:

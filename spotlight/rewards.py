@@ -128,3 +128,14 @@ def build_reward(cfg: RewardConfig) -> Reward:
     if cfg.name not in factories:
         raise ConfigError(f"reward.name: expected one of {', '.join(sorted(factories))}, got {cfg.name!r}")
     return factories[cfg.name](cfg)
+
+
+class RewardWorker:
+    """The stateless reward role: scores per-request rollouts (a Ray actor in the ray runtime)."""
+
+    def __init__(self, cfg: RewardConfig) -> None:
+        self.reward = build_reward(cfg)
+
+    def score(self, parts: list[Rollout]) -> torch.Tensor:
+        """Rewards of all samples of `parts`, in order: (sum of len(part),)."""
+        return torch.cat([self.reward(p).float() for p in parts])

@@ -20,25 +20,20 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-import torch
-
+from schedulers.request import Kind, Request
 from spotlight import checkpoint
 from spotlight.config import ConfigError, RunConfig, load_config, to_yaml
 from spotlight.grpo import group_advantages, group_std
-from spotlight.policy import Policy
 from spotlight.prompts import draw_prompts, prompt_set
-from spotlight.rewards import build_reward
-from spotlight.warm_start import apply_warm_start
+from spotlight.runtime import LocalRuntime, Runtime
 
 
-def build_policy(cfg: RunConfig) -> Policy:
-    if cfg.policy.kind == "dit":
-        from spotlight.dit_policy import DiTPolicy
+def make_runtime(cfg: RunConfig) -> Runtime:
+    if cfg.runtime.kind == "local":
+        return LocalRuntime(cfg)
+    from spotlight.ray_runtime import RayRuntime
 
-        return DiTPolicy.from_config(cfg)
-    from spotlight.llm_policy import LLMPolicy
-
-    return LLMPolicy.from_config(cfg)
+    return RayRuntime(cfg)
 
 
 def sample_seeds(step: int, group_size: int) -> list[int]:
@@ -65,7 +60,8 @@ def _resume_key(cfg: RunConfig) -> dict[str, Any]:
 
 
 class Trainer:
-    """Construction is cheap; `build()` makes the policy, warm-starts it and resumes if it can."""
+    """The single controller. Construction is cheap; `build()` starts the runtime's roles (the learner
+    warm-starts and resumes if it can); `train()` runs the loop and shuts the runtime down."""
 
     def __init__(self, cfg: RunConfig, out: Path, progress: bool = True, log=print) -> None:
         self.cfg = cfg
@@ -75,25 +71,18 @@ class Trainer:
         self.start_step = 0
         self.warm: dict[str, Any] = {}
 
-    def build(self) -> "Trainer":
+    def build(self, runtime: Runtime | None = None) -> "Trainer":
         cfg = self.cfg
         self._check_out_dir()
-        torch.manual_seed(cfg.seed)  # nothing should draw from it; seeded so that nothing varies if something does
         self.prompts = prompt_set(cfg.prompts, cfg.seed)
-        self.reward = build_reward(cfg.reward)
-        self.policy = build_policy(cfg)
-        self.warm = apply_warm_start(self.policy, cfg, self.prompts)
+        self.runtime = runtime if runtime is not None else make_runtime(cfg)
+        info = self.runtime.build(self.out / "checkpoints")
+        self.warm, self.start_step = info["warm_start"], info["step"]
         if self.warm.get("steps"):
             how = "loaded from cache" if self.warm["cached"] else f"trained in {self.warm['seconds']:.0f} s"
             self.log(f"warm start ({self.warm['steps']} steps) {how}: {self.warm['path']}")
-        if cfg.grpo.kl_beta > 0:
-            self.policy.set_reference()
-        self.optimizer = torch.optim.Adam(self.policy.model.parameters(), lr=cfg.train.lr)
-        ckpt = checkpoint.latest(self.out / "checkpoints")
-        if ckpt is not None:
-            checkpoint.load(ckpt, self.policy.model, self.optimizer)
-            self.start_step = ckpt.step
-            self.log(f"resuming from {ckpt.path} (iteration {ckpt.step})")
+        if info["checkpoint"]:
+            self.log(f"resuming from {info['checkpoint']} (iteration {self.start_step})")
         self._truncate_metrics(self.start_step)
         (self.out / "config.yaml").write_text(to_yaml(cfg))  # after the check: it is the resume key
         return self
@@ -117,41 +106,51 @@ class Trainer:
 
     # ---- the loop -------------------------------------------------------------------------------
 
-    def iteration(self, step: int) -> dict[str, Any]:
-        cfg, t = self.cfg, PhaseTimer()
-        g = cfg.train.group_size
+    def requests(self, step: int) -> list[Request]:
+        """Iteration `step`'s rollout requests: one per prompt, G seeds each, at weight version `step`."""
+        cfg = self.cfg
         prompts = draw_prompts(self.prompts, cfg.train.prompts_per_step, cfg.seed, step)
-        group_prompts = [p for p in prompts for _ in range(g)]
-        seeds = sample_seeds(step, g) * len(prompts)
+        seeds = tuple(sample_seeds(step, cfg.train.group_size))
+        return [Request(f"it{step}/p{p.id}", Kind.ROLLOUT, p.id, p.text, seeds, weight_version=step, order=i)
+                for i, p in enumerate(prompts)]
+
+    def iteration(self, step: int) -> dict[str, Any]:
+        cfg, t, rt = self.cfg, PhaseTimer(), self.runtime
+        g = cfg.train.group_size
         with t("rollout"):
-            rollout = self.policy.rollout(group_prompts, seeds)
+            parts = rt.rollout(self.requests(step))
         with t("reward"):
-            rewards = self.reward(rollout).float()
+            rewards = rt.rewards(parts).float()
         with t("advantage"):
             adv = group_advantages(rewards, g, cfg.grpo.adv_eps, cfg.grpo.adv_clip)
         with t("update"):
-            stats = self.update(rollout, adv)
+            stats = rt.update(parts, adv)
         return {
             "step": step,
             "reward_mean": rewards.mean().item(),
             "reward_std": rewards.std(unbiased=False).item(),
             "group_reward_std": group_std(rewards, g).mean().item(),
-            "samples": len(rollout),
+            "samples": len(rewards),
             **stats,
             **{f"time_{k}_s": v for k, v in t.seconds.items()},
         }
 
-    def update(self, rollout, adv: torch.Tensor) -> dict[str, float]:
-        stats: dict[str, float] = {}
-        for _ in range(self.cfg.train.updates_per_step):
-            self.optimizer.zero_grad(set_to_none=True)
-            stats = self.policy.backward(rollout, adv)
-            stats["grad_norm"] = torch.nn.utils.clip_grad_norm_(self.policy.model.parameters(),
-                                                                self.cfg.train.grad_clip).item()
-            self.optimizer.step()
-        return stats
-
     def train(self) -> dict[str, Any]:
+        """Run the remaining iterations, write final/ and summary.json; always shuts the runtime down."""
+        try:
+            self._loop()
+            final = self.out / "final"
+            self.runtime.save_final(final)
+            summary = summarize(self.out / "metrics.jsonl", self.cfg.train.steps)
+            summary.update({"final_dir": str(final), "warm_start": self.warm, "policy": self.cfg.policy.kind,
+                            "runtime": self.cfg.runtime.kind, "resumed_from": self.start_step,
+                            **self.runtime.stats()})
+        finally:
+            self.runtime.shutdown()
+        (self.out / "summary.json").write_text(json.dumps(summary, indent=2))
+        return summary
+
+    def _loop(self) -> None:
         from torch.utils.tensorboard import SummaryWriter
         from tqdm import tqdm
 
@@ -164,9 +163,8 @@ class Trainer:
             for step in bar:
                 t0 = time.perf_counter()
                 row = self.iteration(step)
-                last = step + 1 == steps
-                if (step + 1) % cfg.train.checkpoint_every == 0 or last:
-                    checkpoint.save(self.out / "checkpoints", step + 1, self.policy.model, self.optimizer)
+                if (step + 1) % cfg.train.checkpoint_every == 0 or step + 1 == steps:
+                    self.runtime.save_checkpoint(self.out / "checkpoints")
                 row["wall_s"] = time.perf_counter() - t0
                 row["elapsed_s"] = time.perf_counter() - start
                 metrics.write(json.dumps(row) + "\n")
@@ -176,13 +174,6 @@ class Trainer:
                         writer.add_scalar(key, value, step)
                 bar.set_postfix(reward=f"{row['reward_mean']:.3f}", std=f"{row['group_reward_std']:.3f}")
         writer.close()
-        final = self.out / "final"
-        self.policy.save_pretrained(final)
-        summary = summarize(self.out / "metrics.jsonl", steps)
-        summary.update({"final_dir": str(final), "warm_start": self.warm, "policy": cfg.policy.kind,
-                        "resumed_from": self.start_step})
-        (self.out / "summary.json").write_text(json.dumps(summary, indent=2))
-        return summary
 
 
 def summarize(metrics_path: Path, steps: int, window: int = 5) -> dict[str, Any]:

@@ -24,6 +24,7 @@ def small_dit_config(**over):
         "train": {"steps": 4, "prompts_per_step": 2, "group_size": 4, "checkpoint_every": 2},
         "prompts": {"count": 4},
         "sampler": {"num_steps": 4},
+        "runtime": {"kind": "local"},
     }
     return _with(base, over)
 
@@ -37,6 +38,7 @@ def small_llm_config(**over):
         "grpo": {"clip_low": 0.2, "clip_high": 0.28},
         "warm_start": {"steps": 20, "batch_size": 8, "lr": 3e-3},
         "train": {"steps": 4, "prompts_per_step": 4, "group_size": 4, "checkpoint_every": 2, "lr": 5e-4},
+        "runtime": {"kind": "local"},
     }
     return _with(base, over)
 

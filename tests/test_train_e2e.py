@@ -30,7 +30,7 @@ def _train(tmp_path, config, overrides):
 
 @pytest.mark.slow
 def test_tiny_dit_learns_the_colour_reward(tmp_path):
-    s = _train(tmp_path, "experiments/tiny_dit.yaml", {"warm_start": {"steps": 600}, "train": {"steps": 20}})
+    s = _train(tmp_path, "experiments/tiny_dit.yaml", {"warm_start": {"steps": 600}, "train": {"steps": 20}, "runtime": {"kind": "local"}})
     assert s["steps"] == 20
     assert s["reward_last5"] > s["reward_first5"]
     assert s["improvement_se"] > 3, s
@@ -39,7 +39,7 @@ def test_tiny_dit_learns_the_colour_reward(tmp_path):
 
 @pytest.mark.slow
 def test_tiny_llm_learns_arithmetic(tmp_path):
-    s = _train(tmp_path, "experiments/tiny_llm.yaml", {"train": {"steps": 40}})
+    s = _train(tmp_path, "experiments/tiny_llm.yaml", {"train": {"steps": 40}, "runtime": {"kind": "local"}})
     assert s["steps"] == 40
     assert s["reward_last5"] > s["reward_first5"]
     assert s["improvement_se"] > 3, s

@@ -1,0 +1,206 @@
+"""The Ray runtime: the controller (this process) drives the roles as Ray actors.
+
+- learner (on-demand): a `Learner` actor — it trains, checkpoints and hands out weights;
+- request queue: a `QueueActor` (the pull queue on the wall clock);
+- rollout workers: `RolloutWorker` actors, `spot_workers` of them needing the `spot` custom
+  resource (a real cluster's spot nodes advertise it; a local cluster is started with plenty) and
+  `ondemand_workers` without it;
+- reward worker: a stateless `RewardWorker` actor.
+
+Each actor is Ray's wrapper over the plain class of the same name, tested without Ray.
+
+Preemptions come as `ReplayAction`s (from a trace via `traces.replay_schedule`, or from a chaos
+test): "notice" posts a `PreemptionNotice` to the worker through the queue (it gives its in-flight
+request back at the next step boundary and stops pulling); "kill" ends the actor with `ray.kill` —
+a death *without* notice when none came first, after which the queue re-queues its requests from
+their last committed state; "add" starts a fresh actor in a dead slot (new name, so a zombie's late
+commits are refused), which pulls at once. The replay clock runs only while a rollout phase runs
+(spot workers idle during the train phase, so that is when a preemption costs something), scaled
+by `runtime.trace_speedup` inside the schedule.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import ray
+import torch
+
+from schedulers.preemption import Cause, PreemptionNotice
+from schedulers.queue_actor import QueueActor, QueueClient
+from schedulers.request import Request
+from spotlight.config import RunConfig
+from spotlight.learner import Learner
+from spotlight.policy import Rollout
+from spotlight.rewards import RewardWorker
+from spotlight.rollout_worker import RolloutWorker
+from spotlight.runtime import scheduler_stats
+from spotlight.traces import ReplayAction
+
+SPOT_RESOURCE = "spot"
+"""Ray custom resource that spot nodes advertise; each spot rollout worker needs a sliver of it."""
+_SPOT_SLIVER = 0.001
+_POLL_S = 0.01
+
+
+@dataclass
+class Slot:
+    """One rollout worker place: spot slots come and go, on-demand ones stay."""
+
+    index: int
+    spot: bool
+    generation: int = 0
+    actor: Any = None
+    alive: bool = False
+    noticed: bool = False
+    serving: Any = None
+    """ObjectRef of the running `serve()` call, if any."""
+
+    @property
+    def name(self) -> str:
+        return f"{'spot' if self.spot else 'ondemand'}{self.index}.{self.generation}"
+
+
+@dataclass
+class RayRuntime:
+    cfg: RunConfig
+    actions: list[ReplayAction] = field(default_factory=list)
+    """Preemption schedule over spot slots, in replay-clock seconds (sorted)."""
+    preemptions: int = 0
+    workers_lost: int = 0
+
+    def __post_init__(self) -> None:
+        self._started_ray = False
+        self._trace_s = 0.0
+        self._next_action = 0
+        self._weights: Any = None
+
+    # ---- start-up -------------------------------------------------------------------------------
+
+    def build(self, checkpoints: Path) -> dict[str, Any]:
+        rt = self.cfg.runtime
+        if not ray.is_initialized():
+            if rt.address:
+                ray.init(address=rt.address)
+            else:
+                # Every torch process gets one thread: several 2-thread processes on 2 cores spin
+                # in OpenMP (measured here: a tiny-DiT update went from 0.9 s to 21 s).
+                ray.init(num_cpus=os.cpu_count(), resources={SPOT_RESOURCE: 1000.0}, include_dashboard=False,
+                         log_to_driver=False, runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}})
+            self._started_ray = True
+        self.queue = QueueActor.remote(lease_s=rt.lease_s)
+        self.learner = ray.remote(num_cpus=0)(Learner).remote(self.cfg)
+        self.reward = ray.remote(num_cpus=0)(RewardWorker).remote(self.cfg.reward)
+        info = ray.get(self.learner.build.remote(checkpoints))
+        self.version = info["step"]
+        self._weights = self.learner.weights.remote()
+        self.slots = ([Slot(i, spot=True) for i in range(rt.spot_workers)]
+                      + [Slot(i, spot=False) for i in range(rt.ondemand_workers)])
+        # Wait for the first fleet to be up, so the replay clock starts with workers ready to pull.
+        ray.get([self._start(slot) for slot in self.slots])
+        return info
+
+    def _start(self, slot: Slot) -> Any:
+        """Start a fresh actor in `slot`; returns the ObjectRef that resolves when it holds the weights."""
+        slot.generation += 1
+        options: dict[str, Any] = {"num_cpus": 0}
+        if slot.spot:
+            options["resources"] = {SPOT_RESOURCE: _SPOT_SLIVER}
+        actor_cls = ray.remote(RolloutWorker).options(**options)
+        slot.actor = actor_cls.remote(slot.name, self.cfg, QueueClient(self.queue),
+                                      commit_every=self.cfg.runtime.commit_every)
+        # Actor calls from one caller run in order: build, then the weights, then (later) serve.
+        slot.actor.build.remote()
+        slot.alive, slot.noticed, slot.serving = True, False, None
+        return slot.actor.set_weights.remote(self.version, self._weights)
+
+    # ---- preemptions ----------------------------------------------------------------------------
+
+    def _apply_due(self, now_s: float) -> None:
+        spot = {s.index: s for s in self.slots if s.spot}
+        while self._next_action < len(self.actions) and self.actions[self._next_action].at_s <= now_s:
+            action = self.actions[self._next_action]
+            self._next_action += 1
+            slot = spot.get(action.slot)
+            if slot is None:
+                continue
+            if action.action == "notice" and slot.alive and not slot.noticed:
+                ray.get(self.queue.notify.remote(slot.name, PreemptionNotice(Cause.TRACE, None, slot.name)))
+                slot.noticed = True
+                self.preemptions += 1
+            elif action.action == "kill" and slot.alive:
+                self._kill(slot, counted_as_lost=not slot.noticed)
+            elif action.action == "add" and not slot.alive:
+                self._start(slot)
+
+    def _kill(self, slot: Slot, counted_as_lost: bool) -> None:
+        ray.kill(slot.actor, no_restart=True)
+        slot.alive, slot.serving = False, None
+        self.workers_lost += counted_as_lost
+        ray.get(self.queue.worker_lost.remote(slot.name))
+
+    def _more_capacity_coming(self) -> bool:
+        return any(a.action == "add" for a in self.actions[self._next_action:])
+
+    # ---- the roles --------------------------------------------------------------------------------
+
+    def rollout(self, requests: list[Request]) -> list[Rollout]:
+        ids = [r.id for r in requests]
+        ray.get(self.queue.put.remote(requests))
+        start = time.monotonic()
+        while True:
+            self._apply_due(self._trace_s + time.monotonic() - start)
+            for slot in self.slots:
+                if slot.alive and not slot.noticed and slot.serving is None:
+                    slot.serving = slot.actor.serve.remote()
+            serving = {s.serving: s for s in self.slots if s.serving is not None}
+            if not serving and not self._more_capacity_coming():
+                raise RuntimeError("no rollout capacity left: every spot worker is gone, none is coming back, "
+                                   "and runtime.ondemand_workers is 0")
+            ready, _ = ray.wait(list(serving), num_returns=len(serving), timeout=_POLL_S) if serving else ([], [])
+            for ref in ready:
+                slot = serving[ref]
+                slot.serving = None
+                try:
+                    slot.noticed = slot.noticed or ray.get(ref)["noticed"]
+                except ray.exceptions.RayActorError:
+                    if slot.alive:  # died on its own (node lost): no notice came
+                        slot.alive = False
+                        self.workers_lost += 1
+                        ray.get(self.queue.worker_lost.remote(slot.name))
+            if ray.get(self.queue.is_done.remote(ids)):
+                break
+            if not serving:
+                time.sleep(_POLL_S)
+        self._trace_s += time.monotonic() - start
+        return ray.get(self.queue.results.remote(ids))
+
+    def rewards(self, parts: list[Rollout]) -> torch.Tensor:
+        return ray.get(self.reward.score.remote(parts))
+
+    def update(self, parts: list[Rollout], advantages: torch.Tensor) -> dict[str, float]:
+        stats = ray.get(self.learner.update.remote(parts, advantages))
+        self.version += 1
+        self._weights = self.learner.weights.remote()
+        for slot in self.slots:
+            if slot.alive:
+                slot.actor.set_weights.remote(self.version, self._weights)
+        return stats
+
+    def save_checkpoint(self, root: Path) -> str:
+        return ray.get(self.learner.save_checkpoint.remote(root))
+
+    def save_final(self, path: Path) -> None:
+        ray.get(self.learner.save_final.remote(path))
+
+    def stats(self) -> dict[str, int]:
+        return scheduler_stats(ray.get(self.queue.stats.remote()), self.preemptions, self.workers_lost)
+
+    def shutdown(self) -> None:
+        if self._started_ray:
+            ray.shutdown()
+            self._started_ray = False

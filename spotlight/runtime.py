@@ -1,0 +1,117 @@
+"""Runtimes: who executes the roles of an iteration. The controller (`trainer.Trainer`) sees only
+this interface, so the local and the Ray runtime run the same loop, the same queue and the same
+worker code — they differ in where the learner, rollout workers and reward worker live.
+
+`LocalRuntime` hosts everything in this process: the pull queue, one rollout worker that shares
+the learner's policy (no weight copies), and the reward worker. It never sees preemptions.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+from schedulers.clock import WallClock
+from schedulers.queue import PullQueue
+from schedulers.request import Request
+from spotlight.config import RunConfig
+from spotlight.learner import Learner
+from spotlight.policy import Rollout
+from spotlight.rewards import RewardWorker
+from spotlight.rollout_worker import RolloutWorker
+
+
+class Runtime(Protocol):
+    def build(self, checkpoints: Path) -> dict[str, Any]:
+        """Start the roles; the learner resumes from `checkpoints` if it can. Returns Learner.build's info."""
+        ...
+
+    @property
+    def version(self) -> int:
+        """Weight version = iterations the learner has applied."""
+        ...
+
+    def rollout(self, requests: list[Request]) -> list[Rollout]:
+        """Compute every request at the current weights; results in request order."""
+        ...
+
+    def rewards(self, parts: list[Rollout]) -> torch.Tensor: ...
+
+    def update(self, parts: list[Rollout], advantages: torch.Tensor) -> dict[str, float]:
+        """One learner update; the new weights are published to the rollout workers."""
+        ...
+
+    def save_checkpoint(self, root: Path) -> str: ...
+
+    def save_final(self, path: Path) -> None: ...
+
+    def stats(self) -> dict[str, int]:
+        """The scheduler and preemption counters that summary.json reports."""
+        ...
+
+    def shutdown(self) -> None: ...
+
+
+def scheduler_stats(queue_stats: dict[str, int], preemptions: int, workers_lost: int) -> dict[str, int]:
+    """summary.json's counters. requests_lost: put, neither completed nor cancelled — after a
+    finished run, any such request is work that vanished."""
+    return {
+        "preemptions": preemptions,
+        "workers_lost": workers_lost,
+        "requests_completed": queue_stats["requests_completed"],
+        "requests_resumed": queue_stats["requests_resumed"],
+        "requests_duplicated": queue_stats["requests_duplicated"],
+        "requests_lost": queue_stats["requests_put"] - queue_stats["requests_completed"]
+        - queue_stats["requests_cancelled"],
+        "requests_interrupted": queue_stats["requests_given_back"] + queue_stats["requests_requeued"]
+        + queue_stats["leases_expired"],
+        "steps_recomputed": queue_stats["steps_recomputed"],
+        # What restarting every preempted request from step 0 would have recomputed instead.
+        "steps_recomputed_restart_baseline": queue_stats["steps_recomputed"] + queue_stats["steps_resumed"],
+    }
+
+
+class LocalRuntime:
+    def __init__(self, cfg: RunConfig) -> None:
+        self.cfg = cfg
+        self.queue = PullQueue(WallClock(), cfg.runtime.lease_s)
+        self.learner = Learner(cfg)
+
+    def build(self, checkpoints: Path) -> dict[str, Any]:
+        info = self.learner.build(checkpoints)
+        self.worker = RolloutWorker("local", self.cfg, self.queue, policy=self.learner.policy,
+                                    commit_every=self.cfg.runtime.commit_every)
+        self.worker.set_weights(self.learner.version)
+        self.reward = RewardWorker(self.cfg.reward)
+        return info
+
+    @property
+    def version(self) -> int:
+        return self.learner.version
+
+    def rollout(self, requests: list[Request]) -> list[Rollout]:
+        self.queue.put(requests)
+        self.worker.serve()
+        return self.queue.results([r.id for r in requests])
+
+    def rewards(self, parts: list[Rollout]) -> torch.Tensor:
+        return self.reward.score(parts)
+
+    def update(self, parts: list[Rollout], advantages: torch.Tensor) -> dict[str, float]:
+        stats = self.learner.update(parts, advantages)
+        self.worker.set_weights(self.learner.version)
+        return stats
+
+    def save_checkpoint(self, root: Path) -> str:
+        return self.learner.save_checkpoint(root)
+
+    def save_final(self, path: Path) -> None:
+        self.learner.save_final(path)
+
+    def stats(self) -> dict[str, int]:
+        return scheduler_stats(self.queue.stats(), 0, 0)
+
+    def shutdown(self) -> None:
+        pass

@@ -1,0 +1,253 @@
+"""Preemption traces: recorded spot-fleet histories, loaded, validated and mapped onto local slots.
+
+A `Trace` is a time-ordered list of `TraceEvent`s (`add` or `remove` of a named node), with `t_s`
+in seconds since the trace began. Invariants, checked whenever a `Trace` is built: times never
+decrease; a node is added only while it is not live and removed only while it is. A removed node
+may join again later.
+
+`load_trace(path)` reads two formats, told apart by the first non-blank line:
+- Bamboo CSV, `delta_ms,add|remove,nodeN` (`data/traces/bamboo-*.csv`): cumulative milliseconds
+  since the start.
+- GCP counts, `date, time, count` (`data/traces/bamboo-gcloud-*.txt`): the live instance count
+  read at a time. A count increase by n adds n nodes named `gcp-<k>` (k = 1, 2, ... in order of
+  creation); a decrease by n removes the n most recently added live ones; `t_s` is relative to the
+  first line. The shipped files repeat each reading over three lines a minute apart, so a reading
+  may start before the previous one's repeats end: only the readings that change the count must be
+  in time order (and not before the previous change); repeats of the current count are ignored.
+Anything else is a `TraceError` whose message is one line, `FILE:LINE: what is wrong (expected ...)`.
+
+`replay_schedule(trace, slots, speedup, notice_s)` maps the trace onto `slots` local workers:
+- Trace nodes are numbered 0, 1, ... in order of first appearance; node k runs on slot k mod slots.
+  A slot is alive while at least one of its nodes is live.
+- Every `remove` preempts its node's slot, so a replay on 2 slots still feels every burst of a
+  32-node trace: a "notice" at max(0, t - notice_s, t_join) / speedup, where t_join is when the
+  removed node joined (no instance is warned before it exists; no notice when notice_s == 0), and
+  a "kill" at t / speedup. If the slot still has other live nodes, an "add" follows at the kill
+  time (replacement capacity joins at once).
+- An `add` of a node whose slot was dead emits "add" (so the initial fleet at t = 0 brings up each
+  slot once); an `add` to a live slot emits nothing.
+- Actions are sorted by time; ties keep trace order (notice, kill, add within one event).
+Hence the number of kills equals `trace.preemptions` for any slot count.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Literal
+
+BAMBOO_EXPECTED = 'lines like "480000,add,node1" (delta_ms,add|remove,node)'
+GCP_EXPECTED = 'lines like "2021-12-11, 11:11:30, 55" (date, time, count)'
+_GCP_FIRST_FIELD = re.compile(r"\s*\d{4}-\d{2}-\d{2}\s*,")
+
+
+class TraceError(ValueError):
+    """A trace that cannot be used. The message is one line: `FILE:LINE: what is wrong (expected ...)`
+    (just `FILE: ...` when no single line is at fault)."""
+
+
+@dataclass(frozen=True)
+class TraceEvent:
+    t_s: float
+    """Seconds since the trace began."""
+    action: Literal["add", "remove"]
+    node: str
+
+
+@dataclass
+class Trace:
+    events: list[TraceEvent]
+    source: str
+    """Where the trace came from (its path), for messages."""
+    end_s: float | None = None
+    """When observation ended, if later than the last event (GCP readings that did not change the
+    count); None means at the last event."""
+
+    def __post_init__(self) -> None:
+        _check(self.events, lambda i: f"{self.source}: event {i + 1}")
+
+    @property
+    def duration_s(self) -> float:
+        last = self.events[-1].t_s if self.events else 0.0
+        return last if self.end_s is None else max(last, self.end_s)
+
+    @property
+    def nodes(self) -> list[str]:
+        """Distinct node names in order of first appearance (the numbering `replay_schedule` uses)."""
+        return list(dict.fromkeys(e.node for e in self.events))
+
+    @property
+    def preemptions(self) -> int:
+        return sum(e.action == "remove" for e in self.events)
+
+    @property
+    def max_live(self) -> int:
+        return max((live for _, live in self.live_over_time()), default=0)
+
+    def live_over_time(self) -> list[tuple[float, int]]:
+        """(t_s, live node count after every event at t_s), one point per distinct time."""
+        points: list[tuple[float, int]] = []
+        live = 0
+        for e in self.events:
+            live += 1 if e.action == "add" else -1
+            if points and points[-1][0] == e.t_s:
+                points[-1] = (e.t_s, live)
+            else:
+                points.append((e.t_s, live))
+        return points
+
+
+def _check(events: list[TraceEvent], where: Callable[[int], str]) -> None:
+    """Raise TraceError at the first event that breaks the Trace invariants; `where(i)` locates it."""
+    live: set[str] = set()
+    previous = 0.0
+    for i, e in enumerate(events):
+        if e.action not in ("add", "remove"):
+            raise TraceError(f"{where(i)}: unknown event {e.action!r} (expected add or remove)")
+        if not math.isfinite(e.t_s) or e.t_s < 0:
+            raise TraceError(f"{where(i)}: time {e.t_s} s is not a finite time >= 0 (expected seconds since the start)")
+        if e.t_s < previous:
+            raise TraceError(
+                f"{where(i)}: time goes backwards, {e.t_s:g} s after {previous:g} s (expected non-decreasing times)"
+            )
+        if e.action == "add" and e.node in live:
+            raise TraceError(f"{where(i)}: {e.node} is added but is already live (expected a remove first)")
+        if e.action == "remove" and e.node not in live:
+            raise TraceError(f"{where(i)}: {e.node} is removed but is not live (expected an add first)")
+        if e.action == "add":
+            live.add(e.node)
+        else:
+            live.remove(e.node)
+        previous = e.t_s
+
+
+def load_trace(path: str | Path) -> Trace:
+    """Read a Bamboo CSV or GCP counts trace (format detected from the first non-blank line)."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise TraceError(f"{path}: no such trace file") from None
+    except IsADirectoryError:
+        raise TraceError(f"{path}: is a directory (expected a trace file)") from None
+    except UnicodeDecodeError:
+        raise TraceError(f"{path}: not a text file (expected {BAMBOO_EXPECTED} or {GCP_EXPECTED})") from None
+    lines = [(n, line) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
+    if not lines:
+        raise TraceError(f"{path}: empty trace file (expected {BAMBOO_EXPECTED} or {GCP_EXPECTED})")
+    if _GCP_FIRST_FIELD.match(lines[0][1]):
+        return _load_gcp(path, lines)
+    return _load_bamboo(path, lines)
+
+
+def _load_bamboo(path: Path, lines: list[tuple[int, str]]) -> Trace:
+    events: list[TraceEvent] = []
+    for n, line in lines:
+        fields = [f.strip() for f in line.split(",")]
+        if len(fields) != 3:
+            raise TraceError(f"{path}:{n}: {len(fields)} fields in {line.strip()!r} (expected {BAMBOO_EXPECTED})")
+        ms, action, node = fields
+        try:
+            t_ms = float(ms)
+        except ValueError:
+            raise TraceError(f"{path}:{n}: time {ms!r} is not a number (expected {BAMBOO_EXPECTED})") from None
+        if action not in ("add", "remove"):
+            raise TraceError(f"{path}:{n}: unknown event {action!r} (expected add or remove)")
+        if not node:
+            raise TraceError(f"{path}:{n}: empty node name (expected {BAMBOO_EXPECTED})")
+        if not (math.isfinite(t_ms) and t_ms >= 0):
+            raise TraceError(f"{path}:{n}: time {ms} ms is not a finite time >= 0 (expected ms since the start)")
+        if events and t_ms / 1000.0 < events[-1].t_s:
+            raise TraceError(
+                f"{path}:{n}: time goes backwards, {ms} ms after {events[-1].t_s * 1000:g} ms "
+                "(expected non-decreasing times)"
+            )
+        events.append(TraceEvent(t_ms / 1000.0, action, node))  # type: ignore[arg-type]
+    _check(events, lambda i: f"{path}:{lines[i][0]}")
+    return Trace(events, str(path))
+
+
+def _load_gcp(path: Path, lines: list[tuple[int, str]]) -> Trace:
+    events: list[TraceEvent] = []
+    live: list[str] = []  # a stack: decreases remove the most recently added nodes
+    created = 0
+    start: datetime | None = None
+    changed_at = 0.0  # time of the last reading that changed the count
+    last_s = 0.0
+    for n, line in lines:
+        fields = [f.strip() for f in line.split(",")]
+        if len(fields) != 3:
+            raise TraceError(f"{path}:{n}: {len(fields)} fields in {line.strip()!r} (expected {GCP_EXPECTED})")
+        try:
+            at = datetime.strptime(f"{fields[0]} {fields[1]}", "%Y-%m-%d %H:%M:%S")
+        except ValueError:
+            raise TraceError(
+                f"{path}:{n}: bad date/time {fields[0]!r}, {fields[1]!r} (expected YYYY-MM-DD, HH:MM:SS)"
+            ) from None
+        try:
+            count = int(fields[2])
+        except ValueError:
+            raise TraceError(f"{path}:{n}: count {fields[2]!r} is not an integer (expected {GCP_EXPECTED})") from None
+        if count < 0:
+            raise TraceError(f"{path}:{n}: count {count} is negative (expected a live instance count >= 0)")
+        if start is None:
+            start = at
+        t_s = (at - start).total_seconds()
+        last_s = max(last_s, t_s)
+        if count == len(live):
+            continue
+        if t_s < changed_at:
+            raise TraceError(
+                f"{path}:{n}: time goes backwards, {fields[0]} {fields[1]} is before the previous count "
+                f"change at +{changed_at:g} s (expected count changes in time order)"
+            )
+        changed_at = t_s
+        while count > len(live):
+            created += 1
+            live.append(f"gcp-{created}")
+            events.append(TraceEvent(t_s, "add", live[-1]))
+        while count < len(live):
+            events.append(TraceEvent(t_s, "remove", live.pop()))
+    return Trace(events, str(path), end_s=last_s)
+
+
+@dataclass(frozen=True)
+class ReplayAction:
+    at_s: float
+    """Replay time in seconds (trace time / speedup)."""
+    slot: int
+    action: Literal["notice", "kill", "add"]
+
+
+def replay_schedule(trace: Trace, slots: int, speedup: float = 1.0, notice_s: float = 120.0) -> list[ReplayAction]:
+    """The actions that replay `trace` on `slots` local slots (mapping in the module docstring).
+    `notice_s` is the warning before each kill in trace seconds (120 = AWS's two minutes)."""
+    if slots < 1:
+        raise ValueError(f"replay_schedule: slots must be >= 1, got {slots}")
+    if not speedup > 0:
+        raise ValueError(f"replay_schedule: speedup must be > 0, got {speedup}")
+    if notice_s < 0:
+        raise ValueError(f"replay_schedule: notice_s must be >= 0, got {notice_s}")
+    number = {node: k for k, node in enumerate(trace.nodes)}
+    live = [0] * slots
+    joined: dict[str, float] = {}
+    actions: list[ReplayAction] = []
+    for e in trace.events:
+        slot = number[e.node] % slots
+        if e.action == "add":
+            joined[e.node] = e.t_s
+            if live[slot] == 0:
+                actions.append(ReplayAction(e.t_s / speedup, slot, "add"))
+            live[slot] += 1
+            continue
+        if notice_s > 0:
+            actions.append(ReplayAction(max(0.0, e.t_s - notice_s, joined[e.node]) / speedup, slot, "notice"))
+        actions.append(ReplayAction(e.t_s / speedup, slot, "kill"))
+        live[slot] -= 1
+        if live[slot] > 0:
+            actions.append(ReplayAction(e.t_s / speedup, slot, "add"))
+    return sorted(actions, key=lambda a: a.at_s)  # stable: ties keep trace order
