@@ -233,10 +233,11 @@ class RuntimeConfig:
     """Warning a replayed trace gives before each removal, in trace seconds (AWS: 120; 0: none)."""
     trace_speedup: float = 1.0
     """A replayed trace runs this many times faster than real time."""
-    notice_sources: list[Literal["aws", "gcp"]] = field(default_factory=list)
-    """Metadata endpoints each rollout worker watches for a preemption notice (AWS IMDSv2 spot
-    instance-action and rebalance; GCP instance/preempted). Empty off the cloud."""
+    notice_sources: list[Literal["aws", "gcp", "sigterm"]] = field(default_factory=list)
+    """Where each rollout worker watches for a preemption notice: AWS IMDSv2 (spot instance-action,
+    rebalance recommendation), GCP (instance/preempted), SIGTERM to its process. Empty off the cloud."""
     notice_poll_s: float = 5.0
+    """Seconds between polls of the notice sources."""
 
     def __post_init__(self) -> None:
         _check(self.spot_workers >= 0, "spot_workers", "an integer >= 0", self.spot_workers)

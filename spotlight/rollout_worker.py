@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from schedulers.preemption import SigtermSource
 from schedulers.request import Request
 from spotlight.config import RunConfig
 from spotlight.learner import build_policy
@@ -32,6 +33,8 @@ class RolloutWorker:
         self.commit_every = commit_every
         self.version = -1
         self.notice: Any = None
+        self.sources: list[Any] = []
+        self.watcher: Any = None
 
     def build(self) -> "RolloutWorker":
         if self.policy is None:
@@ -40,7 +43,8 @@ class RolloutWorker:
         return self
 
     def _watch(self) -> None:
-        """Poll this node's metadata endpoints for a preemption notice in a background thread."""
+        """Watch this node for a preemption notice in a background thread: its metadata endpoints
+        (AWS IMDSv2, GCP) and/or SIGTERM, as `runtime.notice_sources` says."""
         names = self.cfg.runtime.notice_sources
         if not names:
             return
@@ -48,16 +52,27 @@ class RolloutWorker:
         from schedulers.preemption import NoticeWatcher
 
         clock = WallClock()
-        sources = []
         if "aws" in names:
             from cloud.aws import ImdsSpotWatcher
 
-            sources.append(ImdsSpotWatcher(clock))
+            self.sources.append(ImdsSpotWatcher(clock))
         if "gcp" in names:
             from cloud.gcp import GcpPreemptionWatcher
 
-            sources.append(GcpPreemptionWatcher(clock))
-        self.watcher = NoticeWatcher(sources, self.notify, clock, self.cfg.runtime.notice_poll_s).start()
+            self.sources.append(GcpPreemptionWatcher(clock))
+        if "sigterm" in names:
+            self.sources.append(SigtermSource(clock))  # build() runs on the process's main thread
+        self.watcher = NoticeWatcher(self.sources, self.notify, clock, self.cfg.runtime.notice_poll_s).start()
+
+    def close(self) -> None:
+        """Stop watching for notices (and give SIGTERM back to its previous handler)."""
+        if self.watcher is not None:
+            self.watcher.stop()
+            self.watcher = None
+        for source in self.sources:
+            if isinstance(source, SigtermSource):
+                source.uninstall()
+        self.sources = []
 
     def set_weights(self, version: int, state_dict: dict | None = None) -> None:
         """Load `state_dict` as weight version `version` (None: the shared policy already has them)."""
