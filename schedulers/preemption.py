@@ -81,18 +81,21 @@ _Handler = Callable[[int, "FrameType | None"], object] | int | None
 
 class SigtermSource:
     """A `NoticeSource` fed by SIGTERM. Constructing it installs a handler (main thread only)
-    that records a notice with `deadline = clock.now() + grace_s` and then calls the previous
-    handler if that was a Python callable. The default action (exit at once) is not chained: the
-    point of catching SIGTERM is to use the grace period. `uninstall()` (or leaving a `with`
-    block) restores the previous handler. The first SIGTERM sets the deadline; later ones keep it.
+    that records a notice with `deadline = clock.now() + grace_s`. By default it takes SIGTERM
+    over: the previous handler is not called, because the point of catching SIGTERM is to use the
+    grace period, and the usual previous handlers exit at once (the default action; Ray's worker
+    handler, which calls sys.exit). With `chain=True` a previous Python handler is called after the
+    notice is recorded. `uninstall()` (or leaving a `with` block) restores the previous handler.
+    The first SIGTERM sets the deadline; later ones keep it.
     """
 
-    def __init__(self, clock: Clock, grace_s: float = DEFAULT_SIGTERM_GRACE_S) -> None:
+    def __init__(self, clock: Clock, grace_s: float = DEFAULT_SIGTERM_GRACE_S, chain: bool = False) -> None:
         if grace_s < 0:
             raise ValueError(f"SigtermSource: grace_s must be >= 0, got {grace_s}")
         self._clock = clock
         self._grace_s = grace_s
         self._notice: PreemptionNotice | None = None
+        self._chain = chain
         self._handler = self._on_sigterm  # one bound-method object, so uninstall can recognise it
         self._previous: _Handler = signal.signal(signal.SIGTERM, self._handler)
 
@@ -101,7 +104,7 @@ class SigtermSource:
             self._notice = PreemptionNotice(
                 Cause.SIGTERM, self._clock.now() + self._grace_s, detail=f"SIGTERM, {self._grace_s:g} s grace"
             )
-        if callable(self._previous):
+        if self._chain and callable(self._previous):
             self._previous(signum, frame)
 
     def poll(self) -> PreemptionNotice | None:

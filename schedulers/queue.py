@@ -276,7 +276,8 @@ class PullQueue:
         requests_requeued counts requests re-queued by `worker_lost`/`forget_worker`, leases_expired
         those re-queued by a lease running out; steps_recomputed sums, over both, the steps a
         holder had reported beyond the committed step plus the one it was computing (work that
-        must be done again); steps_resumed
+        must be done again; steps_recomputed_given_back is the part of it from requests given back on
+        a notice); steps_resumed
         sums the committed steps requests were resumed from (work a restart from step 0 would redo)."""
         with self._lock:
             self._expire()
@@ -284,8 +285,8 @@ class PullQueue:
             per_id = Counter(request_id for request_id, _ in self._log)
             names = ("requests_put", "requests_completed", "requests_resumed", "requests_given_back",
                      "requests_requeued", "leases_expired", "duplicate_commits_rejected",
-                     "stale_commits_rejected", "requests_cancelled", "steps_recomputed", "steps_resumed",
-                     "checkpoints")
+                     "stale_commits_rejected", "requests_cancelled", "steps_recomputed",
+                     "steps_recomputed_given_back", "steps_resumed", "checkpoints")
             return {
                 **{name: self._counts[name] for name in names},
                 "requests_duplicated": sum(n > 1 for n in per_id.values()),
@@ -328,7 +329,10 @@ class PullQueue:
         gives a request back (on a notice) stops at a step boundary: nothing is in flight."""
         reached = self._progress.get(request_id)
         if reached is not None:
-            self._counts["steps_recomputed"] += max(0, reached - self._requests[request_id].step) + in_flight
+            lost = max(0, reached - self._requests[request_id].step) + in_flight
+            self._counts["steps_recomputed"] += lost
+            if not in_flight:
+                self._counts["steps_recomputed_given_back"] += lost
         self._release(request_id)
         self._enqueue(request_id)
 

@@ -21,8 +21,9 @@ from spotlight.config import default_config
 SHIPPED_TRACE = Path(__file__).resolve().parents[1] / "experiments" / "traces" / "bamboo-p3.csv"
 
 
-def replay_run(trace: Path, notice_s: float, iterations: int, speedup: float, spot: int) -> dict[str, Any]:
-    """One tiny-DiT Ray run with `trace` replayed; returns its summary."""
+def replay_run(trace: Path, notice_s: float, iterations: int, speedup: float,
+               spot: int) -> tuple[dict[str, Any], dict[str, int]]:
+    """One tiny-DiT Ray run with `trace` replayed; returns its summary and the queue's own counters."""
     from spotlight.ray_runtime import RayRuntime
     from spotlight.traces import load_trace, replay_schedule
     from spotlight.trainer import Trainer
@@ -34,7 +35,8 @@ def replay_run(trace: Path, notice_s: float, iterations: int, speedup: float, sp
     })
     runtime = RayRuntime(cfg, actions=replay_schedule(load_trace(trace), spot, speedup, notice_s))
     with tempfile.TemporaryDirectory() as out:
-        return Trainer(cfg, Path(out), progress=False, log=lambda _: None).build(runtime).train()
+        summary = Trainer(cfg, Path(out), progress=False, log=lambda _: None).build(runtime).train()
+    return summary, runtime.queue_stats
 
 
 def run_scheduler_bench(ops: int = 2000, iterations: int = 6, speedup: float = 3600.0, spot: int = 4,
@@ -44,7 +46,7 @@ def run_scheduler_bench(ops: int = 2000, iterations: int = 6, speedup: float = 3
     result: dict[str, Any] = {"queue": run_queue_bench(ops), "trace": str(trace), "trace_speedup": speedup,
                               "spot_workers": spot, "iterations": iterations}
     for name, notice_s in (("with_notice", 120.0), ("without_notice", 0.0)):
-        s = replay_run(trace, notice_s, iterations, speedup, spot)
+        s, q = replay_run(trace, notice_s, iterations, speedup, spot)
         hits, cut = s["preemptions"] + s["workers_lost"], max(s["requests_interrupted"], 1)
         result[name] = {
             **{k: s[k] for k in ("preemptions", "workers_lost", "requests_completed", "requests_interrupted",
@@ -54,5 +56,9 @@ def run_scheduler_bench(ops: int = 2000, iterations: int = 6, speedup: float = 3
             "restart_steps_recomputed_per_preemption": s["steps_recomputed_restart_baseline"] / max(hits, 1),
             "steps_recomputed_per_interrupted_request": s["steps_recomputed"] / cut,
             "restart_steps_recomputed_per_interrupted_request": s["steps_recomputed_restart_baseline"] / cut,
+            # The notice path alone: requests given back at a step boundary on a notice.
+            "requests_given_back": q["requests_given_back"],
+            "steps_recomputed_per_given_back_request": q["steps_recomputed_given_back"]
+            / max(q["requests_given_back"], 1),
         }
     return result

@@ -78,6 +78,7 @@ class RayRuntime:
         self._trace_s = 0.0
         self._next_action = 0
         self._weights: Any = None
+        self.queue_stats: dict[str, int] = {}
 
     # ---- start-up -------------------------------------------------------------------------------
 
@@ -101,7 +102,12 @@ class RayRuntime:
         self.slots = ([Slot(i, spot=True) for i in range(rt.spot_workers)]
                       + [Slot(i, spot=False) for i in range(rt.ondemand_workers)])
         # Wait for the first fleet to be up, so the replay clock starts with workers ready to pull.
-        ray.get([self._start(slot) for slot in self.slots])
+        # A spot worker can vanish during start-up too: that is a worker lost, not a failed run.
+        for slot, ready in [(slot, self._start(slot)) for slot in self.slots]:
+            try:
+                ray.get(ready)
+            except ray.exceptions.RayActorError:
+                self._lost(slot)
         return info
 
     def _start(self, slot: Slot) -> Any:
@@ -133,14 +139,19 @@ class RayRuntime:
                 slot.noticed = True
                 self.preemptions += 1
             elif action.action == "kill" and slot.alive:
-                self._kill(slot, counted_as_lost=not slot.noticed)
+                self._kill(slot)
             elif action.action == "add" and not slot.alive:
                 self._start(slot)
 
-    def _kill(self, slot: Slot, counted_as_lost: bool) -> None:
+    def _kill(self, slot: Slot) -> None:
+        """The trace's removal: end the actor; a death without notice if none came first."""
         ray.kill(slot.actor, no_restart=True)
+        self._lost(slot, without_notice=not slot.noticed)
+
+    def _lost(self, slot: Slot, without_notice: bool = True) -> None:
+        """`slot`'s actor is gone (killed, or reported dead by Ray): re-queue its work."""
         slot.alive, slot.serving = False, None
-        self.workers_lost += counted_as_lost
+        self.workers_lost += without_notice
         ray.get(self.queue.worker_lost.remote(slot.name))
 
     def _more_capacity_coming(self) -> bool:
@@ -169,9 +180,7 @@ class RayRuntime:
                     slot.noticed = slot.noticed or ray.get(ref)["noticed"]
                 except ray.exceptions.RayActorError:
                     if slot.alive:  # died on its own (node lost): no notice came
-                        slot.alive = False
-                        self.workers_lost += 1
-                        ray.get(self.queue.worker_lost.remote(slot.name))
+                        self._lost(slot)
             if ray.get(self.queue.is_done.remote(ids)):
                 break
             if not serving:
@@ -201,6 +210,7 @@ class RayRuntime:
         return scheduler_stats(ray.get(self.queue.stats.remote()), self.preemptions, self.workers_lost)
 
     def shutdown(self) -> None:
+        self.queue_stats = ray.get(self.queue.stats.remote())  # the queue's own counters outlive the cluster
         if self._started_ray:
             ray.shutdown()
             self._started_ray = False

@@ -55,7 +55,7 @@ def test_sigterm_source_records_notice_and_chains_previous_handler(restore_sigte
     seen = []
     signal.signal(signal.SIGTERM, lambda signum, frame: seen.append(signum))
     clock = ManualClock(50.0)
-    source = SigtermSource(clock, grace_s=20.0)
+    source = SigtermSource(clock, grace_s=20.0, chain=True)
     assert isinstance(source, NoticeSource)
     assert source.poll() is None
     os.kill(os.getpid(), signal.SIGTERM)
@@ -69,6 +69,18 @@ def test_sigterm_source_records_notice_and_chains_previous_handler(restore_sigte
     assert signal.getsignal(signal.SIGTERM) is not None
     os.kill(os.getpid(), signal.SIGTERM)  # the chained handler is back on its own
     assert seen == [signal.SIGTERM] * 3
+
+
+def test_sigterm_source_takes_sigterm_over_by_default(restore_sigterm):
+    """Ray's worker handler exits at once; a preemption notice must not be cut short by it."""
+    seen = []
+    signal.signal(signal.SIGTERM, lambda signum, frame: seen.append(signum))
+    source = SigtermSource(ManualClock(), grace_s=20.0)
+    os.kill(os.getpid(), signal.SIGTERM)
+    assert source.poll() is not None and seen == []
+    source.uninstall()
+    os.kill(os.getpid(), signal.SIGTERM)
+    assert seen == [signal.SIGTERM]
 
 
 def test_sigterm_source_over_default_handler_does_not_exit(restore_sigterm):

@@ -80,3 +80,38 @@ def test_a_shipped_trace_replayed_fast_changes_no_weight(tmp_path, undisturbed):
     assert summary["preemptions"] + summary["workers_lost"] >= 1, summary
     assert summary["requests_lost"] == 0 and summary["requests_duplicated"] == 0
     _assert_same_weights(weights, base_weights)
+
+
+@pytest.mark.slow
+def test_workers_killed_from_outside_are_detected_and_their_work_resumed(tmp_path, undisturbed):
+    """No schedule at all: a thread SIGKILLs two rollout-worker processes at random moments, the way
+    a vanished node looks to Ray. The controller learns it only from Ray reporting the actor dead."""
+    import os
+    import signal
+    import subprocess
+    import threading
+    import time
+
+    _, base_weights = undisturbed
+    rng = random.Random(3)
+
+    def pids(title):
+        out = subprocess.run(["pgrep", "-f", title], capture_output=True, text=True).stdout
+        return sorted(int(p) for p in out.split())
+
+    def killer():
+        deadline = time.monotonic() + 120
+        while not pids("ray::RolloutWorker.serve") and time.monotonic() < deadline:  # training has begun
+            time.sleep(0.05)
+        victims = rng.sample(pids("ray::RolloutWorker"), 2)
+        for victim in victims:
+            time.sleep(rng.uniform(0.2, 1.5))
+            os.kill(victim, signal.SIGKILL)
+
+    thread = threading.Thread(target=killer, daemon=True)
+    thread.start()
+    summary, weights = _run(tmp_path, "crash", [])
+    thread.join(timeout=1)
+    assert summary["workers_lost"] == 2, summary
+    assert summary["requests_lost"] == 0 and summary["requests_duplicated"] == 0
+    _assert_same_weights(weights, base_weights)
