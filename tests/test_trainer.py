@@ -68,6 +68,9 @@ def test_resuming_with_another_config_is_refused(tmp_path):
     Trainer(small_dit_config(train={"steps": 2}), tmp_path, progress=False).build().train()
     with pytest.raises(ConfigError, match="different config"):
         Trainer(small_dit_config(train={"lr": 3e-4}), tmp_path, progress=False).build()
+    # more iterations, or another place to run them, is the same run
+    again = Trainer(small_dit_config(train={"steps": 3}, runtime={"lease_s": 5.0}), tmp_path, progress=False).build()
+    assert again.start_step == 2
 
 
 def test_cli_train_writes_metrics_summary_and_loadable_final_weights(tmp_path):
