@@ -68,3 +68,16 @@ def test_train_on_ray_replaying_a_shipped_trace_reports_the_scheduler_counters(t
     assert summary["requests_completed"] == 3 * 4
     assert summary["requests_lost"] == 0 and summary["requests_duplicated"] == 0
     assert summary["preemptions"] + summary["workers_lost"] >= 1
+
+
+def test_an_unreachable_cluster_address_is_one_clear_error(tmp_path, config_file):
+    import socket
+
+    with socket.socket() as s:  # a port on loopback that nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = _cli("train", config_file, "--out", tmp_path / "out", "--address", f"127.0.0.1:{port}")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    (line,) = [l for l in proc.stderr.strip().splitlines() if l.startswith("spotlight: error:")]
+    assert f"runtime.address: cannot join the Ray cluster at '127.0.0.1:{port}'" in line
+    assert "Traceback" not in proc.stderr
