@@ -47,6 +47,12 @@ SPOT_RESOURCE = "spot"
 _SPOT_SLIVER = 0.001
 _POLL_S = 0.01
 
+# The actor facades, made once (each `ray.remote` call re-exports the class). num_cpus=0: the
+# roles share the node's cores and torch runs one thread in each.
+LearnerActor = ray.remote(num_cpus=0)(Learner)
+RewardActor = ray.remote(num_cpus=0)(RewardWorker)
+RolloutWorkerActor = ray.remote(num_cpus=0)(RolloutWorker)
+
 
 def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
     """Fail fast on a `host:port` nobody listens on: ray.init retries such an address for minutes."""
@@ -112,8 +118,8 @@ class RayRuntime:
                          log_to_driver=False, runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}})
             self._started_ray = True
         self.queue = QueueActor.remote(lease_s=rt.lease_s)
-        self.learner = ray.remote(num_cpus=0)(Learner).remote(self.cfg)
-        self.reward = ray.remote(num_cpus=0)(RewardWorker).remote(self.cfg.reward)
+        self.learner = LearnerActor.remote(self.cfg)
+        self.reward = RewardActor.remote(self.cfg.reward)
         info = ray.get(self.learner.build.remote(checkpoints))
         self.version = info["step"]
         self._weights = self.learner.weights.remote()
@@ -131,10 +137,8 @@ class RayRuntime:
     def _start(self, slot: Slot) -> Any:
         """Start a fresh actor in `slot`; returns the ObjectRef that resolves when it holds the weights."""
         slot.generation += 1
-        options: dict[str, Any] = {"num_cpus": 0}
-        if slot.spot:
-            options["resources"] = {SPOT_RESOURCE: _SPOT_SLIVER}
-        actor_cls = ray.remote(RolloutWorker).options(**options)
+        actor_cls = RolloutWorkerActor.options(resources={SPOT_RESOURCE: _SPOT_SLIVER}) if slot.spot \
+            else RolloutWorkerActor
         slot.actor = actor_cls.remote(slot.name, self.cfg, QueueClient(self.queue),
                                       commit_every=self.cfg.runtime.commit_every)
         # Actor calls from one caller run in order: build, then the weights, then (later) serve.
