@@ -151,9 +151,12 @@ class PullQueue:
                     heapq.heappush(heap, entry)
             return leases
 
-    def heartbeat(self, worker: str, progress: Mapping[str, int] | None = None) -> Any | None:
+    def heartbeat(self, worker: str, progress: Mapping[str, int] | None = None,
+                  report_cancelled: bool = False) -> Any:
         """Renew every lease `worker` holds and remember the step it reached on each
-        (`progress`: request id -> step); returns its pending preemption notice, if any."""
+        (`progress`: request id -> step); returns its pending preemption notice, if any. With
+        `report_cancelled`, returns (notice, ids in `progress` that were cancelled), so a worker
+        stops computing work nobody wants any more."""
         with self._lock:
             self._expire()
             deadline = self._clock.now() + self._lease_s
@@ -162,7 +165,11 @@ class PullQueue:
                 self._leases.move_to_end(request_id)
                 if progress is not None and request_id in progress:
                     self._progress[request_id] = progress[request_id]
-            return self._notices.get(worker)
+            notice = self._notices.get(worker)
+            if not report_cancelled:
+                return notice
+            cancelled = [r for r in progress or () if self._status.get(r) is Status.CANCELLED]
+            return notice, cancelled
 
     def checkpoint(self, worker: str, request_id: str, state: Any, step: int) -> bool:
         """Commit `worker`'s partial progress on a request it keeps computing; False (nothing

@@ -29,8 +29,9 @@ class _QueueActor:
              weight_version: int | None = None) -> list[Lease]:
         return self._queue.pull(worker, max_requests, kinds, weight_version)
 
-    def heartbeat(self, worker: str, progress: Mapping[str, int] | None = None) -> Any | None:
-        return self._queue.heartbeat(worker, progress)
+    def heartbeat(self, worker: str, progress: Mapping[str, int] | None = None,
+                  report_cancelled: bool = False) -> Any:
+        return self._queue.heartbeat(worker, progress, report_cancelled)
 
     def checkpoint(self, worker: str, request_id: str, state: Any, step: int) -> bool:
         return self._queue.checkpoint(worker, request_id, state, step)
@@ -89,8 +90,8 @@ class QueueClient:
              weight_version: int | None = None) -> list[Lease]:
         return ray.get(self.handle.pull.remote(worker, max_requests, kinds, weight_version))
 
-    def heartbeat(self, worker: str, progress: dict[str, int] | None = None) -> Any:
-        return ray.get(self.handle.heartbeat.remote(worker, progress))
+    def heartbeat(self, worker: str, progress: dict[str, int] | None = None, report_cancelled: bool = False) -> Any:
+        return ray.get(self.handle.heartbeat.remote(worker, progress, report_cancelled))
 
     def checkpoint(self, worker: str, request_id: str, state: Any, step: int) -> bool:
         return ray.get(self.handle.checkpoint.remote(worker, request_id, state, step))

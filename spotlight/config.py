@@ -252,6 +252,58 @@ class RuntimeConfig:
 
 
 @dataclass
+class ExplorationConfig:
+    """Seed exploration on stale weights (DESIGN.md, idea 1): while the learner trains θ(t+1), idle
+    rollout workers score candidate seeds of the next iteration's prompts with θ(t); the next rollout
+    uses, per prompt, the G seeds whose rewards contrast most."""
+
+    enabled: bool = False
+    """Off: every iteration uses fresh seeds and no exploration runs (plain GRPO)."""
+    planner: Literal["bandit", "uniform", "random"] = "bandit"
+    """How exploration samples are spread over prompts: `bandit` (to where they add the most group
+    reward variance), `uniform` (the same number per prompt), or `random` (none: random seeds, with
+    only the stale-rank monitor's few probe samples explored)."""
+    candidates_per_prompt: int = 32
+    """Most seeds explored per prompt and iteration (>= train.group_size)."""
+    budget_source: Literal["samples", "train_time"] = "samples"
+    """`samples`: exactly `samples_per_step` exploration samples per iteration, finished before the next
+    rollout starts (deterministic: same config and seed, same weights); `train_time`: as many as the
+    idle rollout workers compute while the learner trains — the rest is cancelled when new weights
+    are published, so exploration never delays an iteration (not deterministic)."""
+    samples_per_step: int = 128
+    """The `samples` budget: exploration samples per iteration over all prompts."""
+    request_size: int = 4
+    """Seeds per exploration request (computed as one batch by one worker)."""
+    round_samples: int = 64
+    """Bandit: samples handed out per planning round (results of a round steer the next)."""
+    num_steps: int | None = None
+    """Denoising steps of an exploration sample (DiT); None: sampler.num_steps. Fewer steps replay the
+    seed's first SDE noise draws on a coarser schedule."""
+    ode: bool = False
+    """DiT: explore with the deterministic ODE from the seed's initial noise (no SDE noise)."""
+    prompt_candidates: int = 1
+    """Prompts explored per rollout prompt: > 1 explores that many times more prompts and rolls out
+    those whose stale groups vary most (an LLM skips prompts its stale weights always or never solve)."""
+    monitor_seeds: int = 4
+    """Probe seeds per prompt the `random` planner explores, so the stale-rank monitor can measure."""
+    stale_rank_threshold: float = 0.3
+    """When the mean Spearman between seed rankings under θ(t-1) and θ(t) falls below this, seeds
+    are chosen at random until it recovers."""
+    optimism: float = 1.0
+    """Bandit: how much the spread of a little-explored prompt is inflated (UCB-style)."""
+
+    def __post_init__(self) -> None:
+        for name in ("candidates_per_prompt", "samples_per_step", "request_size", "round_samples",
+                     "prompt_candidates"):
+            _check(getattr(self, name) > 0, name, "a positive integer", getattr(self, name))
+        _check(self.monitor_seeds >= 0, "monitor_seeds", "an integer >= 0", self.monitor_seeds)
+        _check(self.num_steps is None or self.num_steps > 0, "num_steps", "a positive integer or null", self.num_steps)
+        _check(-1 <= self.stale_rank_threshold <= 1, "stale_rank_threshold", "a number in [-1, 1]",
+               self.stale_rank_threshold)
+        _check(self.optimism >= 0, "optimism", "a number >= 0", self.optimism)
+
+
+@dataclass
 class RunConfig:
     """One training run. `RunConfig()` is the tiny DiT run."""
 
@@ -266,8 +318,14 @@ class RunConfig:
     prompts: PromptsConfig = field(default_factory=PromptsConfig)
     warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    exploration: ExplorationConfig = field(default_factory=ExplorationConfig)
 
     def __post_init__(self) -> None:
+        ex = self.exploration
+        _check(ex.candidates_per_prompt >= self.train.group_size, "exploration.candidates_per_prompt",
+               f"at least train.group_size ({self.train.group_size})", ex.candidates_per_prompt)
+        _check(ex.monitor_seeds <= ex.candidates_per_prompt, "exploration.monitor_seeds",
+               f"at most exploration.candidates_per_prompt ({ex.candidates_per_prompt})", ex.monitor_seeds)
         llm_rewards = {"arithmetic"}
         if self.policy.kind == "llm":
             _check(self.reward.name in llm_rewards, "reward.name", f"one of {sorted(llm_rewards)} for an llm policy",

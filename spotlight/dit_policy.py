@@ -8,6 +8,7 @@ weights and applies the PPO-clip loss over (sample, SDE step) pairs.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 from pathlib import Path
 from typing import Sequence
@@ -71,6 +72,26 @@ class DiTPolicy:
                 f"latents, got {dit.pretrained_path!r}")
         return cls(cfg, model, encoder, decoder)
 
+    @property
+    def num_steps(self) -> int:
+        return self.sampler.cfg.num_steps
+
+    def for_exploration(self, num_steps: int | None, ode: bool) -> "DiTPolicy":
+        """This policy (same model, encoder and decoder: no copy) sampling as exploration does:
+        `num_steps` denoising steps (None: the rollout's), stochastic unless `ode`. A seed keeps its
+        identity: the initial noise and the k-th SDE step's noise are the rollout's own draws."""
+        steps = num_steps or self.num_steps
+        if steps == self.num_steps and not ode:
+            return self
+        view = copy.copy(self)
+        sampler_cfg = dataclasses.replace(self.cfg.sampler, num_steps=steps, sde_window=None)
+        view.cfg = dataclasses.replace(self.cfg, sampler=sampler_cfg)
+        sigmas = qwen_image_sigmas(steps, self.tokens, _local_scheduler_config(self.cfg.policy.dit.pretrained_path))
+        view.sampler = FlowSDESampler(sampler_cfg, sigmas, self.cfg.seed)
+        if ode:
+            view.sampler.sde_steps = range(0)
+        return view
+
     # ---- sampling ---------------------------------------------------------------------------
 
     def _conditioning(self, texts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -98,8 +119,8 @@ class DiTPolicy:
     @torch.no_grad()
     def finish(self, prompts: Sequence[Prompt], state: SampleState) -> Rollout:
         """The rollout of samples whose state has reached the last step."""
-        if state.step != self.cfg.sampler.num_steps:
-            raise ValueError(f"samples are at step {state.step} of {self.cfg.sampler.num_steps}, not finished")
+        if state.step != self.num_steps:
+            raise ValueError(f"samples are at step {state.step} of {self.num_steps}, not finished")
         return Rollout(list(prompts), list(state.seeds), images=self.decode(state),
                        data={"trajectory": state.trajectory, "log_probs": state.log_probs})
 

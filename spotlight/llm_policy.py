@@ -183,6 +183,10 @@ class LLMPolicy:
         return [self.tokenizer.decode(row[m.bool()].tolist(), skip_special_tokens=True)
                 for row, m in zip(tokens, live)]
 
+    def for_exploration(self, num_steps: int | None, ode: bool) -> "LLMPolicy":
+        """Exploration samples completions as rollouts do (the denoising settings are DiT-only)."""
+        return self
+
     def rollout(self, prompts: Sequence[Prompt], seeds: Sequence[int]) -> Rollout:
         """One sampled completion per (prompt, seed) pair, micro-batched, under no_grad."""
         if len(prompts) != len(seeds):

@@ -69,6 +69,11 @@ class Policy(Protocol):
         """One rollout from per-request parts, in order."""
         ...
 
+    def for_exploration(self, num_steps: int | None, ode: bool) -> "Policy":
+        """The policy as exploration samples with it (sharing the weights): possibly cheaper, with
+        every sample's seed keeping its noise."""
+        ...
+
     def backward(self, rollout: Rollout, advantages: torch.Tensor) -> dict[str, float]:
         """Accumulate gradients of the GRPO loss over the whole rollout (in micro-batches);
         returns scalar stats (loss, clip_frac, kl, ...)."""

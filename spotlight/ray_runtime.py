@@ -32,14 +32,16 @@ import ray
 import torch
 
 from schedulers.preemption import Cause, PreemptionNotice
+from schedulers.queue import Status
 from schedulers.queue_actor import QueueActor, QueueClient
-from schedulers.request import Request
+from schedulers.request import Kind, Request
 from spotlight.config import ConfigError, RunConfig
+from spotlight.exploration import ExplorationSession
 from spotlight.learner import Learner
 from spotlight.policy import Rollout
 from spotlight.rewards import RewardWorker
 from spotlight.rollout_worker import RolloutWorker
-from spotlight.runtime import scheduler_stats
+from spotlight.runtime import ExplorationRate, exploration_stats, scheduler_stats
 from spotlight.traces import ReplayAction
 
 SPOT_RESOURCE = "spot"
@@ -98,6 +100,7 @@ class RayRuntime:
         self._next_action = 0
         self._weights: Any = None
         self.queue_stats: dict[str, int] = {}
+        self.rate = ExplorationRate()
 
     # ---- start-up -------------------------------------------------------------------------------
 
@@ -181,46 +184,103 @@ class RayRuntime:
 
     # ---- the roles --------------------------------------------------------------------------------
 
+    def _pump(self, slots: list[Slot], kinds: list[Kind] | None = None) -> bool:
+        """One turn of keeping `slots` busy: start `serve(kinds)` on each live, un-noticed, idle slot,
+        wait up to a poll interval, and reap the serve calls that ended (a slot whose actor died on
+        its own was lost without notice). Returns whether any slot was serving."""
+        for slot in slots:
+            if slot.alive and not slot.noticed and slot.serving is None:
+                slot.serving = slot.actor.serve.remote(kinds)
+        serving = {s.serving: s for s in self.slots if s.serving is not None}
+        if not serving:
+            time.sleep(_POLL_S)
+            return False
+        ready, _ = ray.wait(list(serving), num_returns=len(serving), timeout=_POLL_S)
+        for ref in ready:
+            slot = serving[ref]
+            slot.serving = None
+            try:
+                slot.noticed = slot.noticed or ray.get(ref)["noticed"]
+            except ray.exceptions.RayActorError:
+                if slot.alive:  # died on its own (node lost): no notice came
+                    self._lost(slot)
+        return True
+
     def rollout(self, requests: list[Request]) -> list[Rollout]:
         ids = [r.id for r in requests]
         ray.get(self.queue.put.remote(requests))
         start = time.monotonic()
         while True:
             self._apply_due(self._trace_s + time.monotonic() - start)
-            for slot in self.slots:
-                if slot.alive and not slot.noticed and slot.serving is None:
-                    slot.serving = slot.actor.serve.remote()
-            serving = {s.serving: s for s in self.slots if s.serving is not None}
-            if not serving and not self._more_capacity_coming():
+            if not self._pump(self.slots) and not self._more_capacity_coming():
                 raise RuntimeError("no rollout capacity left: every spot worker is gone, none is coming back, "
                                    "and runtime.ondemand_workers is 0")
-            ready, _ = ray.wait(list(serving), num_returns=len(serving), timeout=_POLL_S) if serving else ([], [])
-            for ref in ready:
-                slot = serving[ref]
-                slot.serving = None
-                try:
-                    slot.noticed = slot.noticed or ray.get(ref)["noticed"]
-                except ray.exceptions.RayActorError:
-                    if slot.alive:  # died on its own (node lost): no notice came
-                        self._lost(slot)
             if ray.get(self.queue.is_done.remote(ids)):
                 break
-            if not serving:
-                time.sleep(_POLL_S)
         self._trace_s += time.monotonic() - start
         return ray.get(self.queue.results.remote(ids))
 
     def rewards(self, parts: list[Rollout]) -> torch.Tensor:
         return ray.get(self.reward.score.remote(parts))
 
-    def update(self, parts: list[Rollout], advantages: torch.Tensor) -> dict[str, float]:
-        stats = ray.get(self.learner.update.remote(parts, advantages))
+    def update(self, parts: list[Rollout], advantages: torch.Tensor,
+               exploration: ExplorationSession | None = None) -> dict[str, float]:
+        start = time.monotonic()
+        ref = self.learner.update.remote(parts, advantages)
+        explored = self._explore(exploration, ref, start) if exploration is not None else {}
+        stats = ray.get(ref)
+        if exploration is None:
+            self.rate.update_s = time.monotonic() - start
         self.version += 1
         self._weights = self.learner.weights.remote()
         for slot in self.slots:
             if slot.alive:
                 slot.actor.set_weights.remote(self.version, self._weights)
-        return stats
+        return {**stats, **explored}
+
+    def _explore(self, session: ExplorationSession, update: Any, start: float) -> dict[str, float]:
+        """Run `session`'s rounds on the idle spot workers (every worker when the run has no spot
+        slots) while the learner computes `update`. A time-bounded session ends when the update
+        does: what is in flight is cancelled (workers drop it at their next heartbeat), so the new
+        weights go out at once. A sample-bounded one is finished first (deterministic), with every
+        worker helping once the update is done."""
+        explorers = [s for s in self.slots if s.spot] or self.slots
+        session.begin(self.rate.estimate())
+        requests = session.next_requests()
+        ray.get(self.queue.put.remote(requests))
+        updating = True
+        while requests:
+            self._pump(explorers if updating else self.slots, [Kind.EXPLORATION])
+            if updating and ray.wait([update], timeout=0)[0]:
+                updating = False
+                updated = time.monotonic()
+                self.rate.update_s = updated - start
+                if session.time_bounded:
+                    session.cancelled += ray.get(self.queue.cancel.remote(Kind.EXPLORATION))
+                    self._record(session, [r for r, st in zip(requests, ray.get(
+                        [self.queue.status.remote(r.id) for r in requests])) if st is Status.COMPLETED])
+                    break
+            ids = [r.id for r in requests]
+            if ray.get(self.queue.is_done.remote(ids)):
+                self._record(session, requests)
+                requests = session.next_requests()
+                ray.get(self.queue.put.remote(requests))
+            elif not any(s.alive and not s.noticed for s in self.slots):
+                raise RuntimeError("no worker left to finish exploration (exploration.budget_source: samples)")
+        seconds = time.monotonic() - start
+        self.rate.explored(session.samples, seconds)
+        if updating:  # exploration ran out before the update did
+            ray.wait([update])
+            self.rate.update_s = time.monotonic() - start
+            return {**exploration_stats(session, seconds), "time_publish_wait_s": 0.0}
+        # How long the new weights waited for exploration after the update was done.
+        return {**exploration_stats(session, seconds), "time_publish_wait_s": time.monotonic() - updated}
+
+    def _record(self, session: ExplorationSession, requests: list[Request]) -> None:
+        if requests:
+            # The reward actor reads the results straight from the queue actor's reply.
+            results = self.queue.results.remote([r.id for r in requests])
+            session.record(requests, ray.get(self.reward.score.remote(results)))
 
     def save_checkpoint(self, root: Path) -> str:
         return ray.get(self.learner.save_checkpoint.remote(root))

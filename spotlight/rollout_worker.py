@@ -9,14 +9,21 @@ state, and pulls nothing more: with a notice, no finished step is ever recompute
 
 An LLM request is not resumable mid-way (its unit of work is a whole group of short completions):
 given back, it restarts from scratch.
+
+Exploration requests (`Kind.EXPLORATION`) run the same way with the policy's exploration settings
+(`exploration.num_steps`, `exploration.ode`); their result is only what the reward needs (images
+or completions, no trajectories). When the controller cancels exploration (new weights are out),
+the worker learns it from its next heartbeat and drops the request at once.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Collection
 from typing import Any
 
 from schedulers.preemption import SigtermSource
-from schedulers.request import Request
+from schedulers.request import Kind, Request
 from spotlight.config import RunConfig
 from spotlight.learner import build_policy
 from spotlight.policy import Policy, Rollout
@@ -35,6 +42,7 @@ class RolloutWorker:
         self.notice: Any = None
         self.sources: list[Any] = []
         self.watcher: Any = None
+        self._explorer: Policy | None = None
 
     def build(self) -> "RolloutWorker":
         if self.policy is None:
@@ -83,36 +91,54 @@ class RolloutWorker:
     def notify(self, notice: Any) -> None:
         self.notice = notice
 
-    def serve(self) -> dict[str, Any]:
-        """Pull and compute until the queue has nothing for this worker or a notice arrives."""
-        done = given_back = 0
+    def serve(self, kinds: Collection[Kind] | None = None) -> dict[str, Any]:
+        """Pull (requests of `kinds`; default all) and compute until the queue has nothing for this
+        worker or a notice arrives."""
+        done = given_back = cancelled = 0
         while self.notice is None:
             # Only requests for the weights held: a replacement worker whose serve() was queued before
             # newer weights arrived must leave newer requests for after its set_weights calls run.
-            leases = self.queue.pull(self.name, 1, weight_version=self.version)
+            leases = self.queue.pull(self.name, 1, kinds, weight_version=self.version)
             if not leases:
                 break
-            finished = self.compute(leases[0].request)
-            done += finished
-            given_back += not finished
-        return {"worker": self.name, "completed": done, "given_back": given_back, "noticed": self.notice is not None}
+            outcome = self.compute(leases[0].request)
+            done += outcome is True
+            given_back += outcome is False
+            cancelled += outcome is None
+        return {"worker": self.name, "completed": done, "given_back": given_back, "cancelled": cancelled,
+                "noticed": self.notice is not None}
 
-    def compute(self, req: Request) -> bool:
-        """Run `req` to the end and complete it (True), or give it back on a notice (False)."""
+    def policy_for(self, kind: Kind) -> Policy:
+        """The policy a request of `kind` is computed with (exploration may sample more cheaply)."""
+        if kind is not Kind.EXPLORATION:
+            return self.policy
+        if self._explorer is None:
+            ex = self.cfg.exploration
+            self._explorer = self.policy.for_exploration(ex.num_steps, ex.ode)
+        return self._explorer
+
+    def compute(self, req: Request) -> bool | None:
+        """Run `req` to the end and complete it (True), give it back on a notice (False), or drop it
+        because the controller cancelled it (None)."""
         if req.weight_version != self.version:
             raise RuntimeError(f"worker {self.name} holds weights v{self.version}, request {req.id} needs "
                                f"v{req.weight_version}: the runtime must publish weights before serving")
         prompts = [Prompt(req.prompt_id, req.prompt_text)] * len(req.seeds)
-        policy = self.policy
+        policy = self.policy_for(req.kind)
         if not policy.resumable:
-            if self._noticed(req, 0):
+            stop = self._stop(req, 0)
+            if stop == "notice":
                 self.queue.give_back(self.name, req.id, None, 0)
-                return False
+            if stop:
+                return None if stop == "cancelled" else False
             return self._complete(req, policy.rollout(prompts, list(req.seeds)))
         state = req.state if req.state is not None else policy.init_state(prompts, req.seeds)
-        last = self.cfg.sampler.num_steps
+        last = policy.num_steps
         while state.step < last:
-            if self._noticed(req, state.step):
+            stop = self._stop(req, state.step)
+            if stop == "cancelled":
+                return None
+            if stop == "notice":
                 self.queue.give_back(self.name, req.id, state, state.step)
                 return False
             state = policy.advance(prompts, state, state.step + 1)
@@ -120,12 +146,18 @@ class RolloutWorker:
                 self.queue.checkpoint(self.name, req.id, state, state.step)
         return self._complete(req, policy.finish(prompts, state))
 
-    def _noticed(self, req: Request, step: int) -> bool:
-        notice = self.queue.heartbeat(self.name, {req.id: step})
+    def _stop(self, req: Request, step: int) -> str | None:
+        """Heartbeat; "notice" if this worker must stop, "cancelled" if `req` was cancelled, else None."""
+        notice, cancelled = self.queue.heartbeat(self.name, {req.id: step}, report_cancelled=True)
         if notice is not None and self.notice is None:
             self.notice = notice
-        return self.notice is not None
+        if self.notice is not None:
+            return "notice"
+        return "cancelled" if req.id in cancelled else None
 
     def _complete(self, req: Request, result: Rollout) -> bool:
+        if req.kind is Kind.EXPLORATION:
+            # The controller needs only what the reward reads: no trajectories or log-probs to ship.
+            result = dataclasses.replace(result, data={})
         self.queue.complete(self.name, req.id, result)
         return True

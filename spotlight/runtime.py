@@ -3,13 +3,18 @@ this interface, so the local and the Ray runtime run the same loop, the same que
 worker code — they differ in where the learner, rollout workers and reward worker live.
 
 `LocalRuntime` hosts everything in this process: the pull queue, one rollout worker that shares
-the learner's policy (no weight copies), and the reward worker. It never sees preemptions.
+the learner's policy (no weight copies), and the reward worker. It never sees preemptions. It has
+no idle workers either: it explores (`update(..., exploration=...)`) serially before the update,
+with the weights the update is about to replace — the results equal the Ray runtime's, where
+exploration overlaps the update; a `train_time` budget lasts as long as the previous update did.
 """
 
 from __future__ import annotations
 
+import math
+import time
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -21,6 +26,9 @@ from spotlight.learner import Learner
 from spotlight.policy import Rollout
 from spotlight.rewards import RewardWorker
 from spotlight.rollout_worker import RolloutWorker
+
+if TYPE_CHECKING:
+    from spotlight.exploration import ExplorationSession
 
 
 class Runtime(Protocol):
@@ -39,8 +47,10 @@ class Runtime(Protocol):
 
     def rewards(self, parts: list[Rollout]) -> torch.Tensor: ...
 
-    def update(self, parts: list[Rollout], advantages: torch.Tensor) -> dict[str, float]:
-        """One learner update; the new weights are published to the rollout workers."""
+    def update(self, parts: list[Rollout], advantages: torch.Tensor,
+               exploration: "ExplorationSession | None" = None) -> dict[str, float]:
+        """One learner update; the new weights are published to the rollout workers. With
+        `exploration`, the workers idle meanwhile run its requests with the weights they hold."""
         ...
 
     def save_checkpoint(self, root: Path) -> str: ...
@@ -73,11 +83,37 @@ def scheduler_stats(queue_stats: dict[str, int], preemptions: int, workers_lost:
     }
 
 
+class ExplorationRate:
+    """What the runtime measured of its last train phases, to size a `train_time` budget: the
+    update's seconds and the exploration samples scored per second by all idle workers together."""
+
+    def __init__(self) -> None:
+        self.update_s: float | None = None
+        self.samples_per_s: float | None = None
+
+    def estimate(self) -> int | None:
+        """Samples the idle workers should score during the next update (None: not measured yet)."""
+        if self.update_s is None or not self.samples_per_s:
+            return None
+        return max(1, math.floor(self.update_s * self.samples_per_s))
+
+    def explored(self, samples: int, seconds: float) -> None:
+        if samples > 0 and seconds > 0:
+            self.samples_per_s = samples / seconds
+
+
+def exploration_stats(session: "ExplorationSession", seconds: float) -> dict[str, float]:
+    """The exploration part of an update's stats (metrics.jsonl)."""
+    return {"explored_samples": session.samples, "explore_cancelled": session.cancelled,
+            "explore_budget": session.budget, "time_explore_s": seconds}
+
+
 class LocalRuntime:
     def __init__(self, cfg: RunConfig) -> None:
         self.cfg = cfg
         self.queue = PullQueue(WallClock(), cfg.runtime.lease_s)
         self.learner = Learner(cfg)
+        self.rate = ExplorationRate()
 
     def build(self, checkpoints: Path) -> dict[str, Any]:
         info = self.learner.build(checkpoints)
@@ -99,10 +135,30 @@ class LocalRuntime:
     def rewards(self, parts: list[Rollout]) -> torch.Tensor:
         return self.reward.score(parts)
 
-    def update(self, parts: list[Rollout], advantages: torch.Tensor) -> dict[str, float]:
+    def update(self, parts: list[Rollout], advantages: torch.Tensor,
+               exploration: "ExplorationSession | None" = None) -> dict[str, float]:
+        explored = self._explore(exploration) if exploration is not None else {}
+        start = time.perf_counter()
         stats = self.learner.update(parts, advantages)
+        self.rate.update_s = time.perf_counter() - start
         self.worker.set_weights(self.learner.version)
-        return stats
+        return {**stats, **explored}
+
+    def _explore(self, session: "ExplorationSession") -> dict[str, float]:
+        """Run `session`'s rounds with the weights held (before the update replaces them)."""
+        start = time.perf_counter()
+        session.begin(self.rate.estimate())
+        # No idle worker here: a train_time budget lasts as long as the last update took.
+        deadline = start + self.rate.update_s if session.time_bounded and self.rate.update_s else math.inf
+        while time.perf_counter() < deadline:
+            requests = session.next_requests()
+            if not requests:
+                break
+            parts = self.rollout(requests)
+            session.record(requests, self.rewards(parts))
+        seconds = time.perf_counter() - start
+        self.rate.explored(session.samples, seconds)
+        return exploration_stats(session, seconds)
 
     def save_checkpoint(self, root: Path) -> str:
         return self.learner.save_checkpoint(root)

@@ -5,9 +5,12 @@ random draw derives from (run seed, iteration, prompt, sample seed), and a check
 optimiser and RNG states, so a run resumed from its newest checkpoint ends with the same weights as
 one that never stopped.
 
+With `exploration.enabled`, an `Explorer` picks each iteration's prompts and seeds from what idle
+workers explored with the previous weights during the previous train phase (`spotlight.exploration`).
+
 Outputs under DIR: metrics.jsonl (one row per iteration), summary.json, config.yaml, tb/
-(TensorBoard scalars), checkpoints/, and final/ (the model in safetensors, loadable by the library
-that built it).
+(TensorBoard scalars), checkpoints/, explorer/ (the planner state each checkpoint resumes with),
+and final/ (the model in safetensors, loadable by the library that built it).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from typing import Any, Iterator
 from schedulers.request import Kind, Request
 from spotlight import checkpoint
 from spotlight.config import ConfigError, RunConfig, load_config, to_yaml
+from spotlight.exploration import Explorer
 from spotlight.grpo import group_advantages, group_std
 from spotlight.prompts import draw_prompts, prompt_set
 from spotlight.runtime import LocalRuntime, Runtime
@@ -72,6 +76,7 @@ class Trainer:
         self.log = log
         self.start_step = 0
         self.warm: dict[str, Any] = {}
+        self.explorer: Explorer | None = None
 
     def build(self, runtime: Runtime | None = None) -> "Trainer":
         cfg = self.cfg
@@ -85,6 +90,10 @@ class Trainer:
             self.log(f"warm start ({self.warm['steps']} steps) {how}: {self.warm['path']}")
         if info["checkpoint"]:
             self.log(f"resuming from {info['checkpoint']} (iteration {self.start_step})")
+        if cfg.exploration.enabled:
+            self.explorer = Explorer(cfg, self.prompts, self.log)
+            if self.start_step > 0 and not self.explorer.load(self.out / "explorer", self.start_step):
+                self.log(f"no explorer state for iteration {self.start_step}: it starts with random seeds")
         self._truncate_metrics(self.start_step)
         (self.out / "config.yaml").write_text(to_yaml(cfg))  # after the check: it is the resume key
         return self
@@ -117,22 +126,30 @@ class Trainer:
                 for i, p in enumerate(prompts)]
 
     def iteration(self, step: int) -> dict[str, Any]:
-        cfg, t, rt = self.cfg, PhaseTimer(), self.runtime
+        cfg, t, rt, ex = self.cfg, PhaseTimer(), self.runtime, self.explorer
         g = cfg.train.group_size
+        requests = ex.plan(step) if ex is not None else self.requests(step)
         with t("rollout"):
-            parts = rt.rollout(self.requests(step))
+            parts = rt.rollout(requests)
         with t("reward"):
             rewards = rt.rewards(parts).float()
+        explored = ex.observe(step, requests, rewards) if ex is not None else {}
         with t("advantage"):
             adv = group_advantages(rewards, g, cfg.grpo.adv_eps, cfg.grpo.adv_clip)
+        # While the learner trains, idle workers explore the next iteration's seeds with these weights
+        # — after the last iteration too: a run extended later (--steps) resumes with them.
+        session = ex.session(step + 1, rt.version) if ex is not None else None
         with t("update"):
-            stats = rt.update(parts, adv)
+            stats = rt.update(parts, adv, session)
         return {
             "step": step,
             "reward_mean": rewards.mean().item(),
             "reward_std": rewards.std(unbiased=False).item(),
             "group_reward_std": group_std(rewards, g).mean().item(),
             "samples": len(rewards),
+            "explored_samples": 0,
+            "stale_rank_spearman": None,
+            **explored,
             **stats,
             **{f"time_{k}_s": v for k, v in t.seconds.items()},
         }
@@ -166,6 +183,8 @@ class Trainer:
                 t0 = time.perf_counter()
                 row = self.iteration(step)
                 if (step + 1) % cfg.train.checkpoint_every == 0 or step + 1 == steps:
+                    if self.explorer is not None:  # before the checkpoint that names it as resumable
+                        self.explorer.save(self.out / "explorer", step + 1)
                     self.runtime.save_checkpoint(self.out / "checkpoints")
                 row["wall_s"] = time.perf_counter() - t0
                 row["elapsed_s"] = time.perf_counter() - start

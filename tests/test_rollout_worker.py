@@ -28,12 +28,12 @@ class NoticeAfter:
     def __getattr__(self, name):
         return getattr(self.queue, name)
 
-    def heartbeat(self, worker, progress=None):
+    def heartbeat(self, worker, progress=None, report_cancelled=False):
         if worker == self.worker:
             self.beats -= 1
             if self.beats == 0:
                 self.queue.notify(worker, PreemptionNotice(Cause.TRACE, None, worker))
-        return self.queue.heartbeat(worker, progress)
+        return self.queue.heartbeat(worker, progress, report_cancelled)
 
 
 def _worker(name, queue, policy, cfg):
@@ -54,7 +54,7 @@ def test_a_notice_gives_the_request_back_at_a_step_boundary_and_the_resume_is_bi
     queue.put(_requests())
     first = _worker("spot", NoticeAfter(queue, "spot", beats=4), policy, cfg)
     out = first.serve()
-    assert out == {"worker": "spot", "completed": 0, "given_back": 1, "noticed": True}
+    assert out == {"worker": "spot", "completed": 0, "given_back": 1, "cancelled": 0, "noticed": True}
     assert queue.pull("spot") == []  # a noticed worker gets nothing more
     _worker("ondemand", queue, policy, cfg).serve()
 
