@@ -1,2 +1,3 @@
-"""Seed pools, variance-maximising seed selection, the bandit exploration planner and the
-stale-rank health monitor (DESIGN.md, idea 1). Nothing is implemented here yet."""
+"""Seed exploration on stale weights (DESIGN.md, idea 1): seed pools (`seed_pool`),
+variance-maximising seed selection (`selection`), the exploration planners (`allocation`) and the
+stale-rank health monitor (`stale_rank`)."""
