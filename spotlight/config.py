@@ -171,12 +171,20 @@ class TrainConfig:
     """Iterations between checkpoints (the last iteration is always checkpointed)."""
     micro_batch: int = 64
     """Samples per forward pass in rollout and update (bounds memory, not results)."""
+    eval_prompts: int = 0
+    """Prompts of a fixed evaluation set scored at the start of every iteration (0: no evaluation).
+    `eval_reward` is the policy's mean reward on fixed prompts and seeds, unbiased by how an
+    iteration chose its own seeds (exploration picks contrasting ones: their mean is not the policy's)."""
+    eval_seeds: int = 8
+    """Seeds per evaluation prompt."""
 
     def __post_init__(self) -> None:
         for name in ("steps", "prompts_per_step", "updates_per_step", "checkpoint_every", "micro_batch"):
             _check(getattr(self, name) > 0, name, "a positive integer", getattr(self, name))
         _check(self.group_size >= 2, "group_size", "an integer >= 2 (GRPO needs a group)", self.group_size)
         _check(self.lr > 0, "lr", "a number > 0", self.lr)
+        _check(self.eval_prompts >= 0, "eval_prompts", "an integer >= 0", self.eval_prompts)
+        _check(self.eval_seeds > 0, "eval_seeds", "a positive integer", self.eval_seeds)
         _check(self.grad_clip > 0, "grad_clip", "a number > 0", self.grad_clip)
 
 
@@ -272,8 +280,9 @@ class ExplorationConfig:
     are published, so exploration never delays an iteration (not deterministic)."""
     samples_per_step: int = 128
     """The `samples` budget: exploration samples per iteration over all prompts."""
-    request_size: int = 4
-    """Seeds per exploration request (computed as one batch by one worker)."""
+    request_size: int = 16
+    """Most seeds per exploration request (computed as one batch by one worker): a planner's
+    allocation to a prompt is cut into requests of this size."""
     round_samples: int = 64
     """Bandit: samples handed out per planning round (results of a round steer the next)."""
     num_steps: int | None = None

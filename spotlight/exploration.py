@@ -27,7 +27,7 @@ from typing import Any, Callable
 
 import torch
 
-from planners.allocation import make_planner
+from planners.allocation import make_planner, planner_from_dict
 from planners.seed_pool import SeedPool
 from planners.selection import group_variance, max_variance_subset
 from planners.stale_rank import StaleRankMonitor
@@ -122,8 +122,8 @@ class Explorer:
         self.prompts = prompts
         self.log = log
         self.planner = None if ex.planner == "random" else make_planner(
-            ex.planner, **({"round_samples": ex.round_samples, "chunk": ex.request_size, "optimism": ex.optimism,
-                            "seed": cfg.seed} if ex.planner == "bandit" else {}))
+            ex.planner, **({"round_samples": ex.round_samples, "chunk": max(1, cfg.train.group_size // 2),
+                            "optimism": ex.optimism, "seed": cfg.seed} if ex.planner == "bandit" else {}))
         self.monitor = StaleRankMonitor(ex.stale_rank_threshold)
         self.pool: SeedPool | None = None
         """Seeds explored for iteration `pool_step`."""
@@ -226,7 +226,7 @@ class Explorer:
         self.pool_step = state["pool_step"]
         self.pool = SeedPool.from_dict(state["pool"]) if state["pool"] is not None else None
         if self.planner is not None and state["planner"] is not None:
-            self.planner = type(self.planner).from_dict(state["planner"])
+            self.planner = planner_from_dict(state["planner"])
         self.monitor = StaleRankMonitor.from_dict(state["monitor"])
 
     def save(self, folder: Path, step: int, keep: int = 2) -> Path:

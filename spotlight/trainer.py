@@ -32,6 +32,12 @@ from spotlight.prompts import draw_prompts, prompt_set
 from spotlight.runtime import LocalRuntime, Runtime
 
 
+EVAL_SEED0 = 10**9
+"""Evaluation seeds start here: no training iteration's seeds come near."""
+EVAL_DRAW = -1
+"""The evaluation prompts are the draw of this (never trained) iteration index."""
+
+
 def make_runtime(cfg: RunConfig) -> Runtime:
     if cfg.runtime.kind == "local":
         return LocalRuntime(cfg)
@@ -125,10 +131,23 @@ class Trainer:
         return [Request(f"it{step}/p{p.id}", Kind.ROLLOUT, p.id, p.text, seeds, weight_version=step, order=i)
                 for i, p in enumerate(prompts)]
 
+    def evaluation_requests(self, step: int) -> list[Request]:
+        """Scoring the weights of iteration `step` on the fixed evaluation prompts and seeds (seeds
+        far above any training seed, so evaluation never shares noise with training)."""
+        cfg = self.cfg.train
+        prompts = draw_prompts(self.prompts, cfg.eval_prompts, self.cfg.seed, EVAL_DRAW)
+        seeds = tuple(range(EVAL_SEED0, EVAL_SEED0 + cfg.eval_seeds))
+        return [Request(f"eval{step}/p{p.id}", Kind.ROLLOUT, p.id, p.text, seeds, weight_version=step, order=i)
+                for i, p in enumerate(prompts)]
+
     def iteration(self, step: int) -> dict[str, Any]:
         cfg, t, rt, ex = self.cfg, PhaseTimer(), self.runtime, self.explorer
         g = cfg.train.group_size
         requests = ex.plan(step) if ex is not None else self.requests(step)
+        evaluation: dict[str, Any] = {}
+        if cfg.train.eval_prompts:
+            with t("eval"):
+                evaluation["eval_reward"] = rt.rewards(rt.rollout(self.evaluation_requests(step))).float().mean().item()
         with t("rollout"):
             parts = rt.rollout(requests)
         with t("reward"):
@@ -147,6 +166,7 @@ class Trainer:
             "reward_std": rewards.std(unbiased=False).item(),
             "group_reward_std": group_std(rewards, g).mean().item(),
             "samples": len(rewards),
+            **evaluation,
             "explored_samples": 0,
             "stale_rank_spearman": None,
             **explored,

@@ -1,0 +1,1 @@
+"""Experiment configs (YAML) and the scripts that run studies over them."""
