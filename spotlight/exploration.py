@@ -208,9 +208,8 @@ class Explorer:
                 pairs = [(stale[s], r) for s, r in zip(req.seeds, fresh) if s in stale]
                 if pairs:
                     groups.append(([a for a, _ in pairs], [b for _, b in pairs]))
-        healthy_before = self.monitor.healthy
-        spearman = self.monitor.observe(groups) if groups else None
-        if self.monitor.message and self.monitor.healthy != healthy_before:
+        spearman = self.monitor.observe(groups)
+        if self.monitor.message:  # set only when the health state changed
             self.log(f"iteration {step}: {self.monitor.message}")
         return {"stale_rank_spearman": spearman, "exploration_fallback": not self.monitor.healthy,
                 "explored_for_this_step": pool.total_explored() if pool is not None else 0}
