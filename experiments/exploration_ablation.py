@@ -35,8 +35,9 @@ HERE = Path(__file__).resolve().parent
 WINDOW = 3  # iterations in the trailing reward average, and in the first/last windows of the target
 TARGET_FRACTION = 0.75  # the target is 75% of the way from the random arm's first to its last window
 # dit: 8 x G=8 per prompt x 8 prompts — what 2 idle spot workers score during a train phase here
-# (update ~0.75 s; 64 samples ~0.15 s in-process); llm: 4 per candidate prompt x 64 candidates.
-SAMPLES_PER_STEP = {"dit": 512, "llm": 256}
+# (update ~0.75 s; 64 samples ~0.15 s in-process); llm: 8 per candidate prompt x 64 candidates, twice
+# the bandit's first round (G/2 each), so its allocation has something to decide.
+SAMPLES_PER_STEP = {"dit": 512, "llm": 512}
 METRIC = "eval_reward"  # fixed prompts and seeds: the policy's own reward, not the chosen seeds' mean
 EVAL = {"dit": {"eval_prompts": 8, "eval_seeds": 16}, "llm": {"eval_prompts": 64, "eval_seeds": 4}}
 PROMPT_CANDIDATES = {"dit": 1, "llm": 2}  # the llm also skips prompts its stale weights always/never solve

@@ -300,6 +300,10 @@ class ExplorationConfig:
     are chosen at random until it recovers."""
     optimism: float = 1.0
     """Bandit: how much the spread of a little-explored prompt is inflated (UCB-style)."""
+    explore_first: bool = True
+    """Explore the first iteration's seeds with the starting weights before its rollout. There is no
+    train phase yet to hide it in, so it is on the critical path, once per run; it spends
+    `samples_per_step` samples whatever the budget source (no update time has been measured yet)."""
 
     def __post_init__(self) -> None:
         for name in ("candidates_per_prompt", "samples_per_step", "request_size", "round_samples",

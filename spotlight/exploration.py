@@ -43,10 +43,14 @@ class ExplorationSession:
     """The exploration of one train phase: candidate seeds of iteration `step`'s prompts, scored
     with weight version `version` (the weights the workers hold while the learner trains)."""
 
-    def __init__(self, explorer: "Explorer", step: int, version: int, pool: SeedPool, prompts: list[Prompt]) -> None:
+    def __init__(self, explorer: "Explorer", step: int, version: int, pool: SeedPool, prompts: list[Prompt],
+                 critical_path: bool = False) -> None:
         self.explorer = explorer
         self.step = step
         self.version = version
+        self.critical_path = critical_path
+        """True for the exploration before a run's first rollout: nothing trains meanwhile, so it is
+        bounded by `samples_per_step` (there is no train time to fill) and every worker helps."""
         self.pool = pool
         self.prompts = {p.id: p for p in prompts}
         self.samples = 0
@@ -61,7 +65,7 @@ class ExplorationSession:
     @property
     def time_bounded(self) -> bool:
         """True when the runtime stops this session when new weights are out (not a sample count)."""
-        return self.explorer.cfg.exploration.budget_source == "train_time"
+        return self.explorer.cfg.exploration.budget_source == "train_time" and not self.critical_path
 
     def begin(self, estimated_samples: int | None = None) -> None:
         """Start planning. `estimated_samples`: what the runtime expects its idle workers to score
@@ -144,13 +148,21 @@ class Explorer:
         c = self.cfg.exploration.candidates_per_prompt
         return [step * c + k for k in range(c)]
 
-    def session(self, step: int, version: int) -> ExplorationSession:
+    def session(self, step: int, version: int, critical_path: bool = False) -> ExplorationSession:
         """Exploration of iteration `step`'s candidates with weight version `version`."""
         prompts = self.candidate_prompts(step)
         seeds = self.candidate_seeds(step)
         self.pool = SeedPool({p.id: seeds for p in prompts})
         self.pool_step = step
-        return ExplorationSession(self, step, version, self.pool, prompts)
+        return ExplorationSession(self, step, version, self.pool, prompts, critical_path)
+
+    def first_session(self, step: int, version: int) -> ExplorationSession | None:
+        """The critical-path exploration of a run's first iteration `step` (`explore_first`), when
+        nothing explored it during a train phase before; None when there is nothing to do."""
+        ex = self.cfg.exploration
+        if not ex.explore_first or ex.planner == "random" or self.pool_step == step:
+            return None
+        return self.session(step, version, critical_path=True)
 
     # ---- choosing the rollout ---------------------------------------------------------------------
 
@@ -204,7 +216,8 @@ class Explorer:
             if self.planner is not None:
                 self.planner.observe_group(req.prompt_id, fresh)
             if pool is not None:
-                stale = pool.rewards(req.prompt_id)
+                # Only rewards of older weights say how stale ranks hold (not a critical-path pass).
+                stale = {o.seed: o.reward for o in pool.observations(req.prompt_id) if o.version < req.weight_version}
                 pairs = [(stale[s], r) for s, r in zip(req.seeds, fresh) if s in stale]
                 if pairs:
                     groups.append(([a for a, _ in pairs], [b for _, b in pairs]))

@@ -238,17 +238,22 @@ class RayRuntime:
                 slot.actor.set_weights.remote(self.version, self._weights)
         return {**stats, **explored}
 
-    def _explore(self, session: ExplorationSession, update: Any, start: float) -> dict[str, float]:
+    def explore(self, session: ExplorationSession) -> dict[str, float]:
+        """Run `session` to its end on every worker, with nothing training meanwhile (the critical-path
+        exploration before a run's first rollout)."""
+        return self._explore(session, None, time.monotonic())
+
+    def _explore(self, session: ExplorationSession, update: Any | None, start: float) -> dict[str, float]:
         """Run `session`'s rounds on the idle spot workers (every worker when the run has no spot
         slots) while the learner computes `update`. A time-bounded session ends when the update
         does: what is in flight is cancelled (workers drop it at their next heartbeat), so the new
         weights go out at once. A sample-bounded one is finished first (deterministic), with every
-        worker helping once the update is done."""
+        worker helping once the update is done. With no `update`, every worker explores at once."""
         explorers = [s for s in self.slots if s.spot] or self.slots
         session.begin(self.rate.estimate())
         requests = session.next_requests()
         ray.get(self.queue.put.remote(requests))
-        updating = True
+        updating = update is not None
         while requests:
             self._pump(explorers if updating else self.slots, [Kind.EXPLORATION])
             if updating and ray.wait([update], timeout=0)[0]:
@@ -268,6 +273,8 @@ class RayRuntime:
             elif not any(s.alive and not s.noticed for s in self.slots):
                 raise RuntimeError("no worker left to finish exploration (exploration.budget_source: samples)")
         seconds = time.monotonic() - start
+        if update is None:  # all workers, not the idle ones a train phase has: not its rate
+            return exploration_stats(session, seconds)
         self.rate.explored(session.samples, seconds)
         if updating:  # exploration ran out before the update did
             ray.wait([update])

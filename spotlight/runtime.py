@@ -53,6 +53,11 @@ class Runtime(Protocol):
         `exploration`, the workers idle meanwhile run its requests with the weights they hold."""
         ...
 
+    def explore(self, session: "ExplorationSession") -> dict[str, float]:
+        """Run a critical-path exploration session (`session.critical_path`) with the current weights
+        on every worker; its stats for metrics.jsonl."""
+        ...
+
     def save_checkpoint(self, root: Path) -> str: ...
 
     def save_final(self, path: Path) -> None: ...
@@ -137,15 +142,15 @@ class LocalRuntime:
 
     def update(self, parts: list[Rollout], advantages: torch.Tensor,
                exploration: "ExplorationSession | None" = None) -> dict[str, float]:
-        explored = self._explore(exploration) if exploration is not None else {}
+        explored = self.explore(exploration) if exploration is not None else {}
         start = time.perf_counter()
         stats = self.learner.update(parts, advantages)
         self.rate.update_s = time.perf_counter() - start
         self.worker.set_weights(self.learner.version)
         return {**stats, **explored}
 
-    def _explore(self, session: "ExplorationSession") -> dict[str, float]:
-        """Run `session`'s rounds with the weights held (before the update replaces them)."""
+    def explore(self, session: "ExplorationSession") -> dict[str, float]:
+        """Run `session`'s rounds with the weights held (before an update replaces them)."""
         start = time.perf_counter()
         session.begin(self.rate.estimate())
         # No idle worker here: a train_time budget lasts as long as the last update took.
@@ -157,7 +162,8 @@ class LocalRuntime:
             parts = self.rollout(requests)
             session.record(requests, self.rewards(parts))
         seconds = time.perf_counter() - start
-        self.rate.explored(session.samples, seconds)
+        if not session.critical_path:
+            self.rate.explored(session.samples, seconds)
         return exploration_stats(session, seconds)
 
     def save_checkpoint(self, root: Path) -> str:

@@ -143,6 +143,12 @@ class Trainer:
     def iteration(self, step: int) -> dict[str, Any]:
         cfg, t, rt, ex = self.cfg, PhaseTimer(), self.runtime, self.explorer
         g = cfg.train.group_size
+        first = ex.first_session(step, rt.version) if ex is not None and step == self.start_step else None
+        explored_first = {}
+        if first is not None:  # nothing trained before this iteration to hide its exploration behind
+            with t("explore_first"):
+                done = rt.explore(first)
+            explored_first = {"explored_first_samples": done["explored_samples"]}
         requests = ex.plan(step) if ex is not None else self.requests(step)
         evaluation: dict[str, Any] = {}
         if cfg.train.eval_prompts:
@@ -170,6 +176,7 @@ class Trainer:
             "explored_samples": 0,
             "stale_rank_spearman": None,
             **explored,
+            **explored_first,
             **stats,
             **{f"time_{k}_s": v for k, v in t.seconds.items()},
         }

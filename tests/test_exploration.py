@@ -167,6 +167,9 @@ def test_training_with_exploration_reports_it_and_resumes_bit_identically(tmp_pa
     _, rows = _run(tmp_path, "full", cfg)
     # The last train phase explores too: a run extended with more steps resumes with its seeds.
     assert [r["explored_samples"] for r in rows] == [16, 16, 16, 16]
+    # The first iteration is explored too, with the starting weights, before its rollout; its
+    # exploration used the rollout's own weights, so it says nothing of stale ranks.
+    assert [r.get("explored_first_samples") for r in rows] == [16, None, None, None]
     assert rows[0]["stale_rank_spearman"] is None
     assert all(isinstance(r["stale_rank_spearman"], float) for r in rows[1:])
     assert all("group_reward_std" in r for r in rows)
@@ -179,6 +182,14 @@ def test_training_with_exploration_reports_it_and_resumes_bit_identically(tmp_pa
     a = load_file(str(tmp_path / "full" / "final" / "diffusion_pytorch_model.safetensors"))
     b = load_file(str(tmp_path / "resumed" / "final" / "diffusion_pytorch_model.safetensors"))
     assert all(torch.equal(a[k], b[k]) for k in a)
+    resumed = [json.loads(line) for line in (tmp_path / "resumed" / "metrics.jsonl").read_text().splitlines()]
+    assert [r.get("explored_first_samples") for r in resumed] == [16, None, None, None]  # not again at 2
+
+
+def test_without_explore_first_the_first_iteration_rolls_out_plain_seeds(tmp_path):
+    cfg = small_dit_config(exploration={**EXPLORE, "explore_first": False}, train={"steps": 1})
+    _, rows = _run(tmp_path, "plain", cfg)
+    assert "explored_first_samples" not in rows[0] and rows[0]["explored_for_this_step"] == 0
 
 
 def test_the_random_planner_explores_only_probe_seeds_and_still_measures(tmp_path):
