@@ -2,7 +2,7 @@
 
     spotlight train [CONFIG] --out DIR [--steps N] [--seed S] [--runtime ray|local] [--address A]
                     [--preemption-trace TRACE] [--trace-speedup F]
-    spotlight bench throughput|scheduler [--json]
+    spotlight bench throughput|scheduler|sp-regroup [--json]
 
 Bad input (a config, a flag value) ends with one `spotlight: error: ...` line and exit code 2 —
 never a traceback.
@@ -64,7 +64,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.name == "throughput":
         from spotlight.bench_throughput import run_throughput
 
-        result = run_throughput(repeats=args.repeats)
+        result = run_throughput(repeats=5 if args.repeats is None else args.repeats)
+    elif args.name == "sp-regroup":
+        from spotlight.bench_sp_regroup import run_sp_regroup_bench
+
+        try:
+            result = run_sp_regroup_bench(world=args.world, repeats=3 if args.repeats is None else args.repeats,
+                                          heads=args.heads)
+        except ValueError as err:  # a flag combination the bench cannot run, named by the error
+            raise ConfigError(str(err)) from None
     else:
         from spotlight.bench_scheduler import run_scheduler_bench
 
@@ -115,13 +123,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser("bench", help="benchmarks that print figures",
                            description="Benchmarks: figures of this machine, with ratios to a baseline run alongside.")
-    bench.add_argument("name", choices=["throughput", "scheduler"],
+    bench.add_argument("name", choices=["throughput", "scheduler", "sp-regroup"],
                        help="throughput: tiny-DiT denoising steps/s and trained samples/s; scheduler: queue "
                             "operations/s in-process and on Ray, and steps recomputed per preemption when a "
-                            "shipped trace is replayed, against restarting requests from step 0")
+                            "shipped trace is replayed, against restarting requests from step 0; sp-regroup: "
+                            "seconds for an SP group to serve again after losing a member (re-formed in place) "
+                            "against a restart from the checkpoint, and SP output error per degree")
     bench.add_argument("--json", action="store_true", help="print one JSON object")
-    bench.add_argument("--repeats", type=int, default=5, help="throughput: timed repetitions (median reported)")
+    bench.add_argument("--repeats", type=int, default=None,
+                       help="throughput: timed repetitions (default 5); sp-regroup: losses per recovery path "
+                            "(default 3); medians reported")
     bench.add_argument("--iterations", type=int, default=6, help="scheduler: training iterations per replayed run")
+    bench.add_argument("--world", type=int, default=4, help="sp-regroup: member processes (the first group's degree)")
+    bench.add_argument("--heads", type=int, default=4, help="sp-regroup: attention heads of the tiny DiT")
     bench.set_defaults(func=cmd_bench)
     return parser
 

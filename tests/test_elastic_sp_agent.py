@@ -1,0 +1,151 @@
+"""Member processes under a node agent: in-place regrouping after a SIGKILL, resuming from the
+committed step, and where a new member's weights come from.
+
+Real processes (a fork server with torch and diffusers preloaded), real gloo groups on 127.0.0.1
+with ports the OS picks, the real PullQueue; nothing is mocked. Every test closes its
+coordinator, which stops or kills every member it started.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from elastic_sp.agent import NodeAgent
+from elastic_sp.coordinator import Coordinator
+from elastic_sp.regroup_policy import UlyssesStepTime
+from elastic_sp.spec import ServeSpec, tiny_arch
+from elastic_sp.weights import NodeWeights, copy_into, digest
+from schedulers.clock import WallClock
+from schedulers.queue import PullQueue
+from schedulers.request import Kind, Request
+from spotlight.config import default_config
+
+SPEC = ServeSpec(arch=tiny_arch(2), run=default_config({"sampler": {"num_steps": 6}}), timeout_s=30.0)
+
+
+def request(rid: str) -> Request:
+    return Request(rid, Kind.ROLLOUT, prompt_id=3, prompt_text="a red image", seeds=(11, 12), weight_version=0)
+
+
+def assert_no_members_left(coord: Coordinator) -> None:
+    for h in coord.members.values():
+        assert not h.process.is_alive(), f"member {h.name} (pid {h.pid}) outlived close()"
+        with pytest.raises(ProcessLookupError):
+            os.kill(h.pid, 0)  # reaped, not a zombie
+
+
+@pytest.fixture
+def source_weights():
+    return NodeWeights.share(SPEC.build_model().state_dict())
+
+
+def test_member_killed_mid_rollout_resumes_from_its_committed_step_bit_identically(source_weights):
+    queue = PullQueue(WallClock(), lease_s=600.0)
+    # At most 32 of the 64 image tokens per device: the policy forms groups of 2 and keeps the
+    # third member spare — the one that replaces the member killed below.
+    coord = Coordinator(SPEC, [NodeAgent("n0", SPEC, source_weights)], queue, step_time=UlyssesStepTime(),
+                        max_tokens_per_device=32)
+    try:
+        for name in ("m0", "m1", "m2"):
+            coord.add("n0", name)
+        coord.wait_ready()
+        coord.wait_formed()
+        assert [g.members for g in coord.groups.values()] == [["m0", "m1"]]
+
+        queue.put(request("undisturbed"))
+        coord.plan()
+        coord.run_until(lambda: queue.is_done(["undisturbed"]), 120, "the undisturbed request")
+
+        queue.put(request("disturbed"))
+        coord.plan()
+        coord.run_until(lambda: any(e.kind == "committed" and e.data["request"] == "disturbed"
+                                    and e.data["step"] == 3 for e in coord.events), 120, "step 3")
+        coord.kill("m0")  # rank 0, the member that reports the steps; no notice
+        coord.run_until(lambda: queue.is_done(["disturbed"]), 120, "the resumed request")
+
+        ref, got = queue.result("undisturbed"), queue.result("disturbed")
+        # Same degree (2) before and after, same shards per rank, weights copied bit for bit, and
+        # the sampler's noise is a function of (seed, prompt, step): the resumed sample is the
+        # undisturbed one exactly, not just closely.
+        assert torch.equal(got.trajectory, ref.trajectory)
+        assert torch.equal(got.log_probs, ref.log_probs)
+        assert got.step == ref.step == 6
+
+        stats = queue.stats()
+        assert stats["requests_resumed"] == 1 and stats["requests_duplicated"] == 0
+        assert stats["steps_resumed"] >= 3  # resumed from its committed step, not from 0
+        leases = [e.data for e in coord.events if e.kind == "leased" and e.data["request"] == "disturbed"]
+        assert leases[0]["step"] == 0 and leases[-1]["step"] >= 3
+        final_group = coord.groups[next(iter(coord.groups))]
+        assert sorted(final_group.members) == ["m1", "m2"]  # re-formed in place with the spare
+        ready = {e.data["member"]: e.data["source"] for e in coord.events if e.kind == "ready"}
+        assert ready == {"m0": "node", "m1": "node", "m2": "node"}  # no checkpoint read at all
+    finally:
+        coord.close()
+    assert_no_members_left(coord)
+
+
+def test_weights_copied_within_a_node_and_over_the_network_equal_the_source(source_weights):
+    want = digest(source_weights.tensors)
+    fresh = ServeSpec(arch=tiny_arch(2), run=default_config({"seed": 99})).build_model()
+    assert digest(fresh) != want
+    copy_into(fresh, source_weights.tensors)  # the intra-node copy itself
+    assert digest(fresh) == want
+
+    queue = PullQueue(WallClock(), lease_s=600.0)
+    with_copy, empty = NodeAgent("n0", SPEC, source_weights), NodeAgent("n1", SPEC)  # n1: a new node
+    coord = Coordinator(SPEC, [with_copy, empty], queue, auto_regroup=False)
+    try:
+        coord.add("n0", "a0")
+        coord.add("n1", "b0")  # n1 has no copy but a0 has one: a peer sends it
+        coord.wait_ready()
+        coord.wait_formed(coord.form([["a0", "b0"]]))
+        coord.run_until(lambda: empty.weights is not None, 60, "n1 to keep the weights b0 received")
+        coord.add("n1", "b1")  # now from n1's own shared memory
+        coord.wait_ready()
+        sources = {e.data["member"]: e.data["source"] for e in coord.events if e.kind == "ready"}
+        assert sources == {"a0": "node", "b0": "none", "b1": "node"}
+        for name in ("a0", "b0", "b1"):
+            assert coord.digest(name) == want, name
+        assert digest(empty.weights.tensors) == want
+        assert digest(with_copy.weights.tensors) == want  # the source was only read
+    finally:
+        coord.close()
+    assert_no_members_left(coord)
+
+
+def test_retire_with_notice_gives_the_request_back_at_a_step_boundary(source_weights):
+    queue = PullQueue(WallClock(), lease_s=600.0)
+    coord = Coordinator(SPEC, [NodeAgent("n0", SPEC, source_weights)], queue, step_time=UlyssesStepTime(),
+                        max_tokens_per_device=32)
+    try:
+        for name in ("m0", "m1", "m2"):
+            coord.add("n0", name)
+        coord.wait_ready()
+        coord.wait_formed()
+        queue.put(request("r"))
+        coord.plan()
+        coord.run_until(lambda: any(e.kind == "committed" and e.data["step"] == 2 for e in coord.events), 120)
+        coord.retire("m1")
+        coord.run_until(lambda: queue.is_done(["r"]), 120, "the request after the notice")
+        stats = queue.stats()
+        assert stats["requests_given_back"] == 1 and stats["requests_requeued"] == 0
+        assert stats["steps_recomputed"] == 0  # with a notice no finished step is computed twice
+        assert not coord.members["m1"].process.is_alive()
+        assert sorted(coord.groups[next(iter(coord.groups))].members) == ["m0", "m2"]
+        assert queue.result("r").step == 6
+    finally:
+        coord.close()
+    assert_no_members_left(coord)
+
+
+def test_forming_a_group_of_an_impossible_degree_is_a_clear_error():
+    coord = Coordinator(SPEC, [NodeAgent("n0", SPEC)], PullQueue(WallClock()), auto_regroup=False)
+    with pytest.raises(ValueError, match=r"SP degree 3 exceeds the model's 2 attention heads"):
+        coord.form([["a", "b", "c"]])
+    with pytest.raises(ValueError, match=r"members \['a', 'b'\] are not alive and ready"):
+        coord.form([["a", "b"]])
+    coord.close()
