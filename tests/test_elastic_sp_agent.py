@@ -42,10 +42,10 @@ def source_weights():
     return NodeWeights.share(SPEC.build_model().state_dict())
 
 
-def test_member_killed_mid_rollout_resumes_from_its_committed_step_bit_identically(source_weights):
+def three_members(source_weights) -> tuple[PullQueue, Coordinator]:
+    """Three members on one node, formed. At most 32 of the 64 image tokens per device: the policy
+    forms one group of 2 and keeps the third member spare."""
     queue = PullQueue(WallClock(), lease_s=600.0)
-    # At most 32 of the 64 image tokens per device: the policy forms groups of 2 and keeps the
-    # third member spare — the one that replaces the member killed below.
     coord = Coordinator(SPEC, [NodeAgent("n0", SPEC, source_weights)], queue, step_time=UlyssesStepTime(),
                         max_tokens_per_device=32)
     try:
@@ -53,6 +53,16 @@ def test_member_killed_mid_rollout_resumes_from_its_committed_step_bit_identical
             coord.add("n0", name)
         coord.wait_ready()
         coord.wait_formed()
+    except BaseException:
+        coord.close()
+        raise
+    return queue, coord
+
+
+def test_member_killed_mid_rollout_resumes_from_its_committed_step_bit_identically(source_weights):
+    # The third member is spare — the one that replaces the member killed below.
+    queue, coord = three_members(source_weights)
+    try:
         assert [g.members for g in coord.groups.values()] == [["m0", "m1"]]
 
         queue.put(request("undisturbed"))
@@ -118,14 +128,8 @@ def test_weights_copied_within_a_node_and_over_the_network_equal_the_source(sour
 
 
 def test_retire_with_notice_gives_the_request_back_at_a_step_boundary(source_weights):
-    queue = PullQueue(WallClock(), lease_s=600.0)
-    coord = Coordinator(SPEC, [NodeAgent("n0", SPEC, source_weights)], queue, step_time=UlyssesStepTime(),
-                        max_tokens_per_device=32)
+    queue, coord = three_members(source_weights)
     try:
-        for name in ("m0", "m1", "m2"):
-            coord.add("n0", name)
-        coord.wait_ready()
-        coord.wait_formed()
         queue.put(request("r"))
         coord.plan()
         coord.run_until(lambda: any(e.kind == "committed" and e.data["step"] == 2 for e in coord.events), 120)
