@@ -156,11 +156,16 @@ class Explorer:
         self.pool_step = step
         return ExplorationSession(self, step, version, self.pool, prompts, critical_path)
 
+    @property
+    def explores_first(self) -> bool:
+        """Whether a run's first iteration is explored on the critical path (the random planner
+        chooses no seeds, so it has nothing to explore for)."""
+        return self.cfg.exploration.explore_first and self.planner is not None
+
     def first_session(self, step: int, version: int) -> ExplorationSession | None:
         """The critical-path exploration of a run's first iteration `step` (`explore_first`), when
         nothing explored it during a train phase before; None when there is nothing to do."""
-        ex = self.cfg.exploration
-        if not ex.explore_first or ex.planner == "random" or self.pool_step == step:
+        if not self.explores_first or self.pool_step == step:
             return None
         return self.session(step, version, critical_path=True)
 

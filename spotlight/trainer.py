@@ -99,7 +99,8 @@ class Trainer:
         if cfg.exploration.enabled:
             self.explorer = Explorer(cfg, self.prompts, self.log)
             if self.start_step > 0 and not self.explorer.load(self.out / "explorer", self.start_step):
-                self.log(f"no explorer state for iteration {self.start_step}: it starts with random seeds")
+                then = "explored first, on the critical path" if self.explorer.explores_first else "on random seeds"
+                self.log(f"no explorer state for iteration {self.start_step}: it starts {then}")
         self._truncate_metrics(self.start_step)
         (self.out / "config.yaml").write_text(to_yaml(cfg))  # after the check: it is the resume key
         return self
