@@ -317,6 +317,56 @@ class ExplorationConfig:
 
 
 @dataclass
+class CloudConfig:
+    """The fleet a run is launched onto and priced with: `spotlight launch` turns it into SkyPilot
+    tasks (an on-demand head, spot worker pools), and the cost meter prices its instance-seconds.
+    Nothing here changes what a run computes, so a resume may change any of it."""
+
+    gpu: str = "H100"
+    """Accelerator of the head (learner) and the workers' first choice, as SkyPilot and the price
+    table name it (e.g. H100, A100-80GB, L4)."""
+    gpus_per_node: int = 1
+    """Accelerators per node (head and workers); a node is one instance of the price table."""
+    fallback_gpus: list[str] = field(default_factory=list)
+    """Further accelerators a spot worker pool may take when `gpu` has no spot capacity."""
+    accelerator_order: Literal["any_of", "ordered"] = "any_of"
+    """How SkyPilot picks among `gpu` + `fallback_gpus`: the cheapest available (`any_of`) or the
+    first available in this order (`ordered`)."""
+    instance_type: str | None = None
+    """Price-table row the meter uses for every node; None: the cheapest row with `gpu` x `gpus_per_node`."""
+    provider: Literal["aws", "gcp"] | None = None
+    """Cloud to launch on; None lets SkyPilot choose among those enabled."""
+    region: str | None = None
+    worker_pools: int = 1
+    """Spot worker pools (one SkyPilot managed job each); runtime.spot_workers nodes are split among them."""
+    job_recovery: Literal["FAILOVER", "EAGER_NEXT_REGION"] = "EAGER_NEXT_REGION"
+    """SkyPilot's recovery strategy for a preempted spot pool."""
+    max_restarts_on_errors: int = 3
+    """SkyPilot restarts of a pool whose job failed by itself (not preempted)."""
+    checkpoint_uri: str | None = None
+    """Where checkpoints and committed in-flight state live besides the run folder: s3://bucket/prefix
+    (honours $AWS_ENDPOINT_URL) or file:///path; None: the run folder only."""
+    budget_usd: float | None = None
+    """Stop cleanly (final checkpoint, summary says why) before the metered cost would exceed this."""
+    deadline_h: float | None = None
+    """Hours from the start the run must finish in: spot workers fall back to on-demand when the
+    run falls behind uniform progress toward it."""
+    prices: str | None = None
+    """Price table CSV; None: the shipped table (cloud/prices.csv)."""
+    price_scale: float = 1.0
+    """Multiplies every price (tests scale prices so a budget binds on a tiny CPU run)."""
+
+    def __post_init__(self) -> None:
+        _check(self.gpus_per_node > 0, "gpus_per_node", "a positive integer", self.gpus_per_node)
+        _check(self.worker_pools > 0, "worker_pools", "a positive integer", self.worker_pools)
+        _check(self.max_restarts_on_errors >= 0, "max_restarts_on_errors", "an integer >= 0",
+               self.max_restarts_on_errors)
+        _check(self.budget_usd is None or self.budget_usd > 0, "budget_usd", "a number > 0 or null", self.budget_usd)
+        _check(self.deadline_h is None or self.deadline_h > 0, "deadline_h", "a number > 0 or null", self.deadline_h)
+        _check(self.price_scale > 0, "price_scale", "a number > 0", self.price_scale)
+
+
+@dataclass
 class RunConfig:
     """One training run. `RunConfig()` is the tiny DiT run."""
 
@@ -332,6 +382,7 @@ class RunConfig:
     warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     exploration: ExplorationConfig = field(default_factory=ExplorationConfig)
+    cloud: CloudConfig = field(default_factory=CloudConfig)
 
     def __post_init__(self) -> None:
         ex = self.exploration

@@ -63,11 +63,12 @@ class PhaseTimer:
 
 
 def _resume_key(cfg: RunConfig) -> dict[str, Any]:
-    """What must match for a run folder to be resumed: everything but the iteration count and the
-    runtime section (where the roles run changes no result: local and Ray runs end bit-identical)."""
+    """What must match for a run folder to be resumed: everything but the iteration count, the
+    runtime section (where the roles run changes no result: local and Ray runs end bit-identical)
+    and the cloud section (where it runs and what it may cost)."""
     d = cfg.to_dict()
     d["train"] = {k: v for k, v in d["train"].items() if k != "steps"}
-    del d["runtime"]
+    del d["runtime"], d["cloud"]
     return d
 
 
