@@ -12,8 +12,11 @@ uses. Every member is a daemon process, is killed by `close` if it does not stop
 exits by itself when its agent's end of the pipe closes: no member outlives its agent.
 
 The agent only starts, stops and watches processes and holds weights; which groups its members
-form is the coordinator's business (`coordinator.py`), whose event loop waits on the pipes and
-process sentinels the agent exposes.
+form is the coordinator's business (`coordinator.py`). The coordinator sees every agent through
+the `Agent` interface below: it waits on the agent's `waitables()` and reads what they carry with
+`receive()` — the members' reports, and `Lost` for a member that died. `NodeAgent` is the agent
+in the coordinator's own process (one node, or tests); `agent_server.RemoteAgent` is the same
+interface over a connection to an agent that runs as its own long-lived process on its node.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import torch.multiprocessing as mp
 
@@ -61,41 +64,84 @@ def _child_env() -> Iterator[None]:
 
 @dataclass(eq=False)
 class MemberHandle:
-    """The agent's side of one member process."""
+    """What the coordinator knows of one member process."""
 
     name: str
     node: str
-    process: Any
-    channel: P.Channel
     source: Source
     started: float
     device: str
+    pid: int | None = None
     ready: P.Ready | None = None
     alive: bool = True
-    extra: dict[str, Any] = field(default_factory=dict)
+    exitcode: int | None = None
+    process: Any = None
+    """The process object, for the agent that started it (None seen through a remote agent)."""
+    channel: P.Channel | None = None
+
+
+class Agent(Protocol):
+    """A node agent as the coordinator drives it (`NodeAgent` here, `agent_server.RemoteAgent`)."""
+
+    node: str
+    members: dict[str, MemberHandle]
 
     @property
-    def pid(self) -> int:
-        return self.process.pid
+    def has_weights(self) -> bool:
+        """Whether the node holds a live copy of the weights (a new member can copy it)."""
+        ...
 
-    @property
-    def sentinel(self) -> int:
-        return self.process.sentinel
+    def spawn(self, name: str, source: Source, start_method: str | None = None,
+              device: str | None = None) -> MemberHandle: ...
+
+    def send(self, name: str, msg: Any) -> None:
+        """A command to member `name`; a dead member's loss is reported by `receive`, not here."""
+        ...
+
+    def kill(self, name: str) -> None: ...
+
+    def stop(self, name: str, timeout_s: float = 5.0) -> None: ...
+
+    def waitables(self) -> list[Any]:
+        """Objects for `multiprocessing.connection.wait`; when one is ready, `receive(it)`."""
+        ...
+
+    def receive(self, obj: Any) -> list[tuple[str, Any]]:
+        """(member, report) pairs that `obj` carries, in order; a member's death comes after what
+        it said before it (its last commit counts) as `(member, Lost(...))`. The agent has already
+        collected a lost member's process."""
+        ...
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class Lost:
+    """A member process ended without being told to (SIGKILL, a crash, its node gone)."""
+
+    member: str
+    exitcode: int | None
 
 
 class NodeAgent:
+    """The agent in the caller's process (see the module docstring)."""
+
     def __init__(self, node: str, spec: ServeSpec, weights: NodeWeights | None = None,
                  checkpoint: str | Path | None = None, start_method: str = "forkserver") -> None:
         self.node = node
         self.spec = spec
         self.weights = weights
-        """The node's live copy; None until a member receives the weights from a peer."""
+        """The node's live copy; None until a member exports the weights it received from a peer."""
         self.checkpoint = str(checkpoint) if checkpoint is not None else None
         self.start_method = start_method
         self.members: dict[str, MemberHandle] = {}
 
+    @property
+    def has_weights(self) -> bool:
+        return self.weights is not None
+
     def spawn(self, name: str, source: Source, start_method: str | None = None, device: str | None = None) -> MemberHandle:
-        """Start member `name` (its Ready report arrives on its channel). `source`: see `Source`."""
+        """Start member `name` (its Ready report arrives through `receive`). `source`: see `Source`."""
         if name in self.members and self.members[name].alive:
             raise ValueError(f"member {name!r} is already running on node {self.node}")
         if source == "node" and self.weights is None:
@@ -121,7 +167,8 @@ class NodeAgent:
         with _child_env():
             proc.start()
         theirs.close()
-        handle = MemberHandle(name, self.node, proc, P.Channel(ours), source, started, device)
+        handle = MemberHandle(name, self.node, source, started, device, pid=proc.pid, process=proc,
+                              channel=P.Channel(ours))
         self.members[name] = handle
         return handle
 
@@ -130,6 +177,10 @@ class NodeAgent:
         if self.weights is None:
             self.weights = NodeWeights(tensors, version)
 
+    def send(self, name: str, msg: Any) -> None:
+        with contextlib.suppress(OSError, ValueError):  # a closed pipe: its death is reported by receive
+            self.members[name].channel.send(msg)
+
     def kill(self, name: str) -> None:
         """SIGKILL member `name`: a death without notice, as a preempted device gives."""
         os.kill(self.members[name].pid, signal.SIGKILL)
@@ -137,30 +188,52 @@ class NodeAgent:
     def stop(self, name: str, timeout_s: float = 5.0) -> None:
         """Ask member `name` to exit; kill it if it has not within `timeout_s`."""
         handle = self.members[name]
-        with contextlib.suppress(OSError, ValueError):
-            handle.channel.send(P.Stop())
+        self.send(name, P.Stop())
         handle.process.join(timeout_s)
         if handle.process.is_alive():
             handle.process.kill()
             handle.process.join(timeout_s)
-        handle.alive = False
-        with contextlib.suppress(OSError):
-            handle.channel.close()
+        self._collected(handle)
 
-    def reap(self, name: str) -> None:
-        """Collect a member that died (its exit status), so no zombie is left."""
-        handle = self.members[name]
+    def waitables(self) -> list[Any]:
+        live = [h for h in self.members.values() if h.alive]
+        return [h.channel.conn for h in live] + [h.process.sentinel for h in live]
+
+    def receive(self, obj: Any) -> list[tuple[str, Any]]:
+        handle = next((h for h in self.members.values() if h.alive and obj in (h.channel.conn, h.process.sentinel)),
+                      None)
+        if handle is None:
+            return []
+        out: list[tuple[str, Any]] = []
+        pipe_open = True
+        while True:  # everything it said, also when it died right after saying it
+            try:
+                if not handle.channel.conn.poll():
+                    break
+                msg = handle.channel.recv()
+            except (EOFError, OSError):
+                pipe_open = False
+                break
+            if isinstance(msg, P.Exported):  # the node keeps the weights a member received from a peer
+                self.adopt(msg.tensors)
+            out.append((handle.name, msg))
+        if not pipe_open or obj == handle.process.sentinel:
+            self._collected(handle)
+            out.append((handle.name, Lost(handle.name, handle.exitcode)))
+        return out
+
+    def _collected(self, handle: MemberHandle) -> None:
+        """Reap an ended member (its exit status; no zombie is left) and close its pipe."""
         handle.process.join(1.0)
-        handle.alive = False
+        handle.alive, handle.exitcode = False, handle.process.exitcode
         with contextlib.suppress(OSError):
             handle.channel.close()
 
     def close(self) -> None:
         """Stop every member: ask all first, then wait, then kill what is left."""
-        live = [h for h in self.members.values() if h.process.is_alive()]
+        live = [h for h in self.members.values() if h.alive and h.process.is_alive()]
         for h in live:
-            with contextlib.suppress(OSError, ValueError):
-                h.channel.send(P.Stop())
+            self.send(h.name, P.Stop())
         deadline = time.monotonic() + 5.0
         for h in live:
             h.process.join(max(0.0, deadline - time.monotonic()))
@@ -168,9 +241,8 @@ class NodeAgent:
                 h.process.kill()
                 h.process.join(5.0)
         for h in self.members.values():
-            h.alive = False
-            with contextlib.suppress(OSError):
-                h.channel.close()
+            if h.alive:
+                self._collected(h)
 
     def __enter__(self) -> NodeAgent:
         return self

@@ -1,8 +1,9 @@
 """The SP coordinator: group membership, in-place regrouping, and serving the pull queue with groups.
 
 It sees every member of every node agent, forms groups as the regroup policy says, and keeps one
-event loop (`poll`) over the members' pipes and process sentinels. A sentinel firing is a member
-lost without notice; it is noticed as soon as the process is gone (~25 ms after a SIGKILL on a
+event loop (`poll`) over what the agents expose (`agent.Agent`: for an agent in this process, the
+members' pipes and process sentinels; for an agent in its own process, its connection, which
+relays them). A member's death (`agent.Lost`) is a member lost without notice; it is noticed as soon as the process is gone (~25 ms after a SIGKILL on a
 loaded 2-core machine, most of it the kernel tearing the process down), not when a collective
 times out. A group whose collective failed first (gloo saw the dead peer's sockets reset) reports
 itself broken; that is handled the same way.
@@ -28,7 +29,6 @@ a lease; BUSY -> READY on completion; any -> dissolved (broken, re-planned, or r
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import itertools
 from collections.abc import Callable, Sequence
@@ -42,7 +42,7 @@ import torch
 import torch.distributed as dist
 
 from elastic_sp import protocol as P
-from elastic_sp.agent import MemberHandle, NodeAgent, Source
+from elastic_sp.agent import Agent, Lost, MemberHandle, Source
 from elastic_sp.regroup_policy import (
     StepTimeModel,
     UlyssesStepTime,
@@ -103,7 +103,7 @@ class Event:
 
 
 class Coordinator:
-    def __init__(self, spec: ServeSpec, agents: Sequence[NodeAgent], queue: PullQueue,
+    def __init__(self, spec: ServeSpec, agents: Sequence[Agent], queue: PullQueue,
                  step_time: StepTimeModel | None = None, clock: Clock | None = None,
                  max_tokens_per_device: int | None = None, auto_regroup: bool = True,
                  weight_version: int | None = None) -> None:
@@ -135,9 +135,9 @@ class Coordinator:
         else a peer's over its first group, else — no live copy anywhere — the checkpoint."""
         agent = self.agents[node]
         if source is None:
-            if agent.weights is not None:
+            if agent.has_weights:
                 source = "node"
-            elif any(a.weights is not None for a in self.agents.values()) or any(
+            elif any(a.has_weights for a in self.agents.values()) or any(
                     self.has_weights.get(m) for m, h in self.members.items() if h.alive):
                 source = "peer"
             else:
@@ -180,7 +180,7 @@ class Coordinator:
             for n in names:
                 h = self.members[n]
                 if h.ready is None and not h.alive:
-                    raise RuntimeError(f"member {n} died while starting (exit code {h.process.exitcode})")
+                    raise RuntimeError(f"member {n} died while starting (exit code {h.exitcode})")
             return all(self.members[n].ready is not None for n in names)
 
         self.run_until(done, timeout_s, f"members {names} to be ready")
@@ -244,26 +244,23 @@ class Coordinator:
 
     def poll(self, timeout_s: float = 0.05) -> None:
         """Handle what the members reported and who died, waiting up to `timeout_s` for anything."""
-        live = [h for h in self.members.values() if h.alive]
-        waitables: dict[Any, MemberHandle] = {}
-        for h in live:
-            waitables[h.channel.conn] = h
-            waitables[h.sentinel] = h
+        waitables: dict[Any, Agent] = {obj: a for a in self.agents.values() for obj in a.waitables()}
         if self._replan_at is not None:
             timeout_s = max(0.0, min(timeout_s, self._replan_at - self.clock.now()))
-        dead: list[MemberHandle] = []
-        for obj in wait_any(list(waitables), timeout_s):
-            h = waitables[obj]
-            if not h.alive:
+        if any(getattr(a, "buffered", False) for a in self.agents.values()):
+            timeout_s = 0.0  # reports already read off a connection wait for nothing
+        ready = wait_any(list(waitables), timeout_s) if waitables else []
+        reports = [r for a in self.agents.values() if getattr(a, "buffered", False) for r in a.receive(None)]
+        for obj in ready:
+            reports += waitables[obj].receive(obj)
+        for name, msg in reports:
+            h = self.members.get(name)
+            if h is None:
                 continue
-            if obj is h.channel.conn:
-                if not self._drain(h):
-                    dead.append(h)
-            else:
-                self._drain(h)  # what it said before it died still counts (a committed step)
-                dead.append(h)
-        for h in dict.fromkeys(dead):
-            self._lost(h)
+            if isinstance(msg, Lost):
+                self._lost(h)
+            else:  # also what a member said just before it died: its last commit counts
+                self._on_message(h, msg)
         if self._replan_at is not None and self.clock.now() >= self._replan_at:
             self._replan()
         self._dispatch()  # requests put since the last look go to idle groups
@@ -298,21 +295,9 @@ class Coordinator:
     def _event(self, kind: str, **data: Any) -> None:
         self.events.append(Event(self.clock.now(), kind, data))
 
-    def _drain(self, h: MemberHandle) -> bool:
-        """Handle every message waiting from `h`; False if its pipe is closed (it died)."""
-        while True:
-            try:
-                if not h.channel.conn.poll():
-                    return True
-                msg = h.channel.recv()
-            except (EOFError, OSError):
-                return False
-            self._on_message(h, msg)
-
     def _send(self, name: str, msg: Any) -> None:
-        """Send a command; a member whose pipe is closed has died, which its sentinel reports."""
-        with contextlib.suppress(OSError, ValueError):
-            self.members[name].channel.send(msg)
+        """Send a command; a member whose pipe is closed has died, which its agent reports."""
+        self.agents[self.members[name].node].send(name, msg)
 
     def _on_message(self, h: MemberHandle, msg: Any) -> None:
         if isinstance(msg, P.Ready):
@@ -333,7 +318,7 @@ class Coordinator:
                 for m in g.members:
                     self.has_weights[m] = True
                 for m in newly:  # weights came over the network: make them the node's live copy
-                    if self.agents[self.members[m].node].weights is None:
+                    if not self.agents[self.members[m].node].has_weights:
                         self._send(m, P.Export())
                 self._event("formed", group=g.name, generation=g.generation, degree=g.degree,
                             rendezvous_s=max(f.rendezvous_s for f in g.formed.values()),
@@ -354,8 +339,7 @@ class Coordinator:
                 # group would include the dead member and break again.
                 if self.auto_regroup:
                     self._replan_at = self.clock.now() + BROKEN_GRACE_S
-        elif isinstance(msg, P.Exported):
-            self.agents[h.node].adopt(msg.tensors)
+        elif isinstance(msg, P.Exported):  # its agent has adopted them as the node's copy
             self._event("exported", member=h.name, node=h.node)
         elif isinstance(msg, P.Digested):
             self.digests[h.name] = msg.digest
@@ -405,10 +389,9 @@ class Coordinator:
             self._dispatch()
 
     def _lost(self, h: MemberHandle) -> None:
-        if not h.alive:
-            return
-        self.agents[h.node].reap(h.name)
-        self._event("lost", member=h.name, exitcode=h.process.exitcode)
+        """Member `h` died (its agent has collected it)."""
+        h.alive = False
+        self._event("lost", member=h.name, exitcode=h.exitcode)
         g = self.groups.get(self.group_of.get(h.name, ""))
         if g is not None:
             self._dissolve(g, f"member {h.name} lost")

@@ -2,7 +2,10 @@
 against recovering by a restart; and how close SP output is to the single-process output.
 
 Setup: one node agent with the tiny DiT's weights in shared memory (loaded once from a checkpoint
-file), `world` member processes, one SP group of degree `world` serving a rollout request.
+file), `world` member processes, one SP group of degree `world` serving a rollout request. With
+`agent="process"` (the default, as deployed) the agent is its own process
+(`elastic_sp.agent_server`) and every command and report crosses its TCP connection; with
+`agent="local"` it lives in the bench's process.
 
 1. max_abs_err: for each degree the heads allow (up to `world`), one forward on a group of that
    degree against the single-process forward, at 64 image tokens and at 25 (padded).
@@ -31,6 +34,7 @@ from typing import Any
 import torch
 
 from elastic_sp.agent import NodeAgent
+from elastic_sp.agent_server import RemoteAgent
 from elastic_sp.coordinator import Coordinator
 from elastic_sp.regroup_policy import UlyssesStepTime, valid_degrees
 from elastic_sp.spec import ServeSpec, tiny_arch
@@ -58,10 +62,13 @@ def _inputs(side: int) -> tuple[torch.Tensor, ...]:
 class _Run:
     """The bench's cluster: one agent, its members, the coordinator, the queue."""
 
-    def __init__(self, spec: ServeSpec, checkpoint: Path, world: int) -> None:
+    def __init__(self, spec: ServeSpec, checkpoint: Path, world: int, agent: str) -> None:
         self.spec, self.world = spec, world
         self.queue = PullQueue(WallClock(), lease_s=3600.0)
-        self.agent = NodeAgent("node0", spec, NodeWeights.from_checkpoint(checkpoint), checkpoint=checkpoint)
+        if agent == "process":
+            self.agent = RemoteAgent.start("node0", spec, checkpoint, load_weights=True)
+        else:
+            self.agent = NodeAgent("node0", spec, NodeWeights.from_checkpoint(checkpoint), checkpoint=checkpoint)
         self.coord = Coordinator(spec, [self.agent], self.queue, step_time=UlyssesStepTime())
         self._names = (f"m{i}" for i in range(10 ** 6))
 
@@ -102,10 +109,12 @@ class _Run:
 
 
 def run_sp_regroup_bench(world: int = 4, repeats: int = 3, heads: int = 4, steps: int = 8, kill_at_step: int = 2,
-                         rendezvous_repeats: int = 5, cold: bool = True) -> dict[str, Any]:
+                         rendezvous_repeats: int = 5, cold: bool = True, agent: str = "process") -> dict[str, Any]:
     """The figures described in the module docstring, as one dict (medians over `repeats`)."""
     if world < 2:
         raise ValueError(f"--world must be >= 2 (a group must lose a member and go on), got {world}")
+    if agent not in ("process", "local"):
+        raise ValueError(f"--agent must be process or local, got {agent!r}")
     if repeats < 1:
         raise ValueError(f"--repeats must be >= 1, got {repeats}")
     if not 0 < kill_at_step < steps:
@@ -118,7 +127,7 @@ def run_sp_regroup_bench(world: int = 4, repeats: int = 3, heads: int = 4, steps
     with tempfile.TemporaryDirectory(prefix="sp-regroup-") as tmp:
         model = spec.build_model()
         checkpoint = save_checkpoint(model.state_dict(), Path(tmp) / "model.safetensors")
-        run = _Run(spec, checkpoint, world)
+        run = _Run(spec, checkpoint, world, agent)
         try:
             run.add(world)
             run.coord.wait_ready(timeout_s=300)
@@ -197,6 +206,7 @@ def run_sp_regroup_bench(world: int = 4, repeats: int = 3, heads: int = 4, steps
     rendezvous_s = statistics.median(rendezvous)
     out: dict[str, Any] = {
         "world": world,
+        "agent": agent,
         "heads": heads,
         "tokens": spec.seq_len,
         "steps": steps,

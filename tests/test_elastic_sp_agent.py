@@ -113,7 +113,7 @@ def test_weights_copied_within_a_node_and_over_the_network_equal_the_source(sour
         coord.add("n1", "b0")  # n1 has no copy but a0 has one: a peer sends it
         coord.wait_ready()
         coord.wait_formed(coord.form([["a0", "b0"]]))
-        coord.run_until(lambda: empty.weights is not None, 60, "n1 to keep the weights b0 received")
+        coord.run_until(lambda: empty.has_weights, 60, "n1 to keep the weights b0 received")
         coord.add("n1", "b1")  # now from n1's own shared memory
         coord.wait_ready()
         sources = {e.data["member"]: e.data["source"] for e in coord.events if e.kind == "ready"}

@@ -1,0 +1,120 @@
+"""Node agents as their own processes (`elastic_sp.agent_server`): the coordinator drives them over
+authenticated TCP connections, as it would agents on other machines.
+
+Real agent processes (`python -m elastic_sp.agent_server`), real member processes under them, real
+gloo groups; nothing is mocked.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+import torch
+
+from elastic_sp.agent_server import RemoteAgent
+from elastic_sp.coordinator import Coordinator
+from elastic_sp.regroup_policy import UlyssesStepTime
+from elastic_sp.weights import digest, save_checkpoint
+from schedulers.clock import WallClock
+from schedulers.queue import PullQueue
+from tests.test_elastic_sp_agent import SPEC, request
+
+
+def gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    with open(f"/proc/{pid}/stat") as f:  # a zombie still answers kill(pid, 0)
+        return f.read().split(")")[-1].split()[0] == "Z"
+
+
+def wait_gone(pids, timeout_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if all(gone(p) for p in pids):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.fixture
+def checkpoint(tmp_path):
+    model = SPEC.build_model()
+    return save_checkpoint(model.state_dict(), tmp_path / "model.safetensors"), digest(model)
+
+
+def test_weights_go_between_agent_processes_over_the_network_and_stay_with_the_node(checkpoint):
+    path, want = checkpoint
+    n0 = RemoteAgent.start("n0", SPEC, checkpoint=path, load_weights=True)  # the node that starts the deployment
+    n1 = RemoteAgent.start("n1", SPEC)  # a node added later: no weights, no checkpoint path
+    coord = Coordinator(SPEC, [n0, n1], PullQueue(WallClock(), lease_s=600.0), auto_regroup=False)
+    try:
+        assert len({os.getpid(), n0.pid, n1.pid}) == 3
+        assert n0.has_weights and not n1.has_weights
+        coord.add("n0", "a0")
+        coord.add("n1", "b0")  # from a0, over the group they form
+        coord.wait_ready()
+        coord.wait_formed(coord.form([["a0", "b0"]]))
+        coord.run_until(lambda: n1.has_weights, 60, "n1 to keep the weights b0 received")
+        coord.add("n1", "b1")  # from n1's own shared memory, in n1's agent process
+        coord.wait_ready()
+        sources = {e.data["member"]: e.data["source"] for e in coord.events if e.kind == "ready"}
+        assert sources == {"a0": "node", "b0": "none", "b1": "node"}
+        for name in ("a0", "b0", "b1"):
+            assert coord.digest(name) == want, name
+        members = [h.pid for h in coord.members.values()]
+
+        # The coordinator goes away; n1's agent process stays, stops its members and keeps the weights.
+        n1.close(shutdown=False)
+        assert wait_gone([coord.members["b0"].pid, coord.members["b1"].pid])
+        assert not gone(n1.pid)
+        again = RemoteAgent.connect(n1.address, SPEC, authkey=n1.authkey)  # a restarted coordinator
+        assert again.has_weights and again.pid == n1.pid
+        again.close(shutdown=False)
+    finally:
+        coord.close()
+        n1.close(shutdown=True)
+    assert wait_gone(members + [n0.pid, n1.pid])
+
+
+def test_losing_a_whole_node_mid_rollout_resumes_the_request_on_the_other_node(checkpoint):
+    path, _ = checkpoint
+    nodes = [RemoteAgent.start("n0", SPEC, checkpoint=path, load_weights=True),
+             RemoteAgent.start("n1", SPEC, checkpoint=path, load_weights=True)]
+    queue = PullQueue(WallClock(), lease_s=600.0)
+    # At most 32 of the 64 image tokens per device: groups of 2, so 2 members per node make 2 groups.
+    coord = Coordinator(SPEC, nodes, queue, step_time=UlyssesStepTime(), max_tokens_per_device=32)
+    try:
+        for node in ("n0", "n1"):
+            for i in range(2):
+                coord.add(node, f"{node}m{i}")
+        coord.wait_ready()
+        coord.wait_formed()
+        queue.put(request("undisturbed"))
+        coord.plan()
+        coord.run_until(lambda: queue.is_done(["undisturbed"]), 120, "the undisturbed request")
+
+        queue.put(request("disturbed"))
+        coord.plan()
+        coord.run_until(lambda: any(e.kind == "committed" and e.data["request"] == "disturbed"
+                                    and e.data["step"] == 3 for e in coord.events), 120, "step 3")
+        serving = next(g for g in coord.groups.values() if g.lease is not None)
+        lost_node = next(n for n in nodes if n.node == coord.members[serving.members[0]].node)
+        doomed = [h.pid for h in coord.members.values() if h.node == lost_node.node]
+        os.kill(lost_node.pid, signal.SIGKILL)  # the node is reclaimed: agent and members, no notice
+        coord.run_until(lambda: queue.is_done(["disturbed"]), 120, "the resumed request")
+
+        ref, got = queue.result("undisturbed"), queue.result("disturbed")
+        assert torch.equal(got.trajectory, ref.trajectory)
+        assert torch.equal(got.log_probs, ref.log_probs)
+        stats = queue.stats()
+        assert stats["requests_resumed"] == 1 and stats["steps_resumed"] >= 3
+        lost = {e.data["member"] for e in coord.events if e.kind == "lost"}
+        assert lost == {h.name for h in coord.members.values() if h.node == lost_node.node}
+        assert wait_gone(doomed)  # members exit when their agent's pipe closes
+    finally:
+        coord.close()
