@@ -7,7 +7,7 @@ CONFIG ?= experiments/tiny_dit.yaml
 OUT ?= runs/$(basename $(notdir $(CONFIG)))
 PYTEST_ARGS ?=
 
-.PHONY: venv train test bench clean
+.PHONY: venv train test bench clean sky-venv
 
 venv: $(STAMP)
 
@@ -27,6 +27,18 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(VENV)/bin/spotlight bench throughput
+
+# SkyPilot in its own virtualenv: it pins click<8.2, which the Hugging Face stack does not accept.
+# `spotlight launch` runs its Python ($(SKY_VENV)/bin/python, or $SPOTLIGHT_SKY_PYTHON) as a subprocess.
+SKY_VENV ?= .venv-sky
+SKYPILOT_VERSION := 0.14.1
+
+sky-venv: $(SKY_VENV)/.installed
+
+$(SKY_VENV)/.installed:
+	python3 -m venv $(SKY_VENV)
+	$(SKY_VENV)/bin/pip install --quiet skypilot==$(SKYPILOT_VERSION)
+	touch $@
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

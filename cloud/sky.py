@@ -1,0 +1,366 @@
+"""SkyPilot tasks of a run: the run config turned into task YAMLs, checked by SkyPilot, launched.
+
+`write_tasks` writes, for a run named NAME, into one folder:
+- `head.yaml`: one on-demand node (`use_spot: false`) running the controller and the learner. It
+  starts the Ray head and `spotlight train run.yaml` on it; the on-demand rollout workers run there.
+- `workers-<i>.yaml`, one per `cloud.worker_pools`: `runtime.spot_workers` spot nodes in all
+  (`use_spot: true`; `cloud.gpu` and `cloud.fallback_gpus` as `any_of` or `ordered` choices;
+  SkyPilot's `job_recovery`). Every node joins the head's Ray cluster and advertises the `spot`
+  custom resource, which is what the spot rollout workers are placed by. The head's address comes
+  in `$SPOTLIGHT_HEAD_IP`, filled in at launch.
+- `run.yaml`: the resolved run config, file-mounted onto the head.
+
+SkyPilot pins `click<8.2`, which the Hugging Face stack does not accept, so SkyPilot lives in its
+own virtualenv and this module never imports `sky`: it runs that environment's Python
+(`sky_python()`) to validate and its `sky` executable to launch.
+
+Validation is `sky.Task.from_yaml` on every file, in one subprocess. It is SkyPilot's own offline
+check — duplicate keys, the task and resources JSON schemas, env var names, resource fields — and
+needs no cloud account and no network. SkyPilot checks accelerator names only later
+(`Resources.validate`, at launch), against catalogs it downloads from GitHub, so GPU names are
+checked here, before anything is written, against `KNOWN_GPUS` and the price table's `gpu` column.
+
+`launch_tasks` starts the head as a cluster (`sky launch`) and each pool as a managed job
+(`sky jobs launch`), so SkyPilot's spot recovery applies to the pools.
+"""
+
+from __future__ import annotations
+
+import csv
+import ipaddress
+import json
+import os
+import re
+import subprocess
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from spotlight.config import ConfigError, RunConfig, to_yaml
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+"""The project: the tasks' `workdir`, installed on every node by their `setup`."""
+
+SKY_PYTHON_ENV = "SPOTLIGHT_SKY_PYTHON"
+DEFAULT_SKY_PYTHON = REPO_ROOT / ".venv-sky" / "bin" / "python"
+"""Where `make sky-venv` puts SkyPilot's Python; `$SPOTLIGHT_SKY_PYTHON` overrides it."""
+
+HEAD_IP_ENV = "SPOTLIGHT_HEAD_IP"
+
+# SkyPilot's common GPUs (`sky.catalog.get_common_gpus()` in 0.14) and the other GPUs its AWS and
+# GCP catalogs list, as SkyPilot spells them. Names are matched without regard to case.
+KNOWN_GPUS = (
+    "A10", "A10G", "A100", "A100-80GB", "B200", "GH200", "H100", "H100-MEGA", "H200", "K80", "L4",
+    "L40S", "M60", "P100", "P4", "RTX5090", "RTXPRO6000", "T4", "T4g", "V100", "V100-32GB",
+)
+
+# Ray's ports, fixed so that exactly these are opened. SkyPilot runs its own Ray on every node on
+# 6380 (dashboard 8266, object manager 8076): ours stays clear of them. Head and pools are separate
+# SkyPilot clusters, each in its own security group, so Ray traffic between them needs `ports`.
+RAY_PORT = 6379
+RAY_NODE_PORTS = {
+    "--node-manager-port": 6385,
+    "--object-manager-port": 6386,
+    "--runtime-env-agent-port": 6387,
+    "--dashboard-agent-grpc-port": 6388,
+    "--dashboard-agent-listen-port": 6389,
+    "--metrics-export-port": 6390,
+}
+RAY_WORKER_PORTS = (10002, 10999)
+"""Ports of Ray's worker processes: at most 998 actors and tasks per node."""
+RAY_OPEN_PORTS = [RAY_PORT, "6385-6390", f"{RAY_WORKER_PORTS[0]}-{RAY_WORKER_PORTS[1]}"]
+
+REMOTE_DIR = "~/spotlight"
+"""Where the head keeps run.yaml and the run folder."""
+
+HEAD_WAIT_S = 900
+"""How long a spot node waits for the head's Ray to answer before its job fails (and is restarted)."""
+
+# SkyPilot cluster and job names; lower case because GCP accepts only that.
+_NAME = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+
+
+class SkyError(RuntimeError):
+    """SkyPilot is missing, rejects a task, or a launch step failed; `str(err)` is one line."""
+
+
+@dataclass(frozen=True)
+class Validation:
+    """What SkyPilot made of each task file: `errors` maps a file to SkyPilot's first line."""
+
+    python: Path
+    version: str
+    errors: dict[Path, str]
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+
+# ---- names and GPUs --------------------------------------------------------------------------------
+
+
+def run_name(config_path: str | Path) -> str:
+    """The default run name: the config's file name, made a valid cluster name (tiny_dit -> tiny-dit)."""
+    name = re.sub(r"[^a-z0-9]+", "-", Path(config_path).stem.lower()).strip("-")
+    return name if name[:1].isalpha() else f"run-{name}".rstrip("-")
+
+
+def check_name(name: str) -> str:
+    if not _NAME.fullmatch(name) or len(name) > 40:
+        raise ConfigError(f"--name: expected lower-case letters, digits and '-', starting with a letter, "
+                          f"at most 40 characters (a SkyPilot cluster name), got {name!r}")
+    return name
+
+
+def known_gpus(prices: Path | None = None) -> dict[str, str]:
+    """Accelerator names SkyPilot knows, lower-cased -> as spelled: `KNOWN_GPUS` plus the `gpu`
+    column of the price table, when one is there (a table that cannot be read adds nothing: the
+    price meter reports what is wrong with it)."""
+    names = {g.lower(): g for g in KNOWN_GPUS}
+    path = prices if prices is not None else REPO_ROOT / "cloud" / "prices.csv"
+    try:
+        with open(path, newline="") as f:
+            for row in csv.DictReader(f):
+                gpu = (row.get("gpu") or "").strip()
+                if gpu:
+                    names.setdefault(gpu.lower(), gpu)
+    except (OSError, csv.Error, UnicodeDecodeError):
+        pass
+    return names
+
+
+def accelerators(cfg: RunConfig) -> list[str]:
+    """`cloud.gpu` then `cloud.fallback_gpus`, spelled as SkyPilot spells them, without repeats.
+    An unknown name is a `ConfigError` naming its field."""
+    cloud = cfg.cloud
+    known = known_gpus(Path(cloud.prices) if cloud.prices else None)
+    out: list[str] = []
+    for field_name, gpu in [("cloud.gpu", cloud.gpu)] + [(f"cloud.fallback_gpus[{i}]", g)
+                                                          for i, g in enumerate(cloud.fallback_gpus)]:
+        canonical = known.get(gpu.strip().lower())
+        if canonical is None:
+            raise ConfigError(f"{field_name}: expected an accelerator SkyPilot knows "
+                              f"({', '.join(sorted(known.values(), key=str.lower))}), got {gpu!r}")
+        if canonical not in out:
+            out.append(canonical)
+    return out
+
+
+def pool_sizes(cfg: RunConfig) -> list[int]:
+    """`runtime.spot_workers` nodes split over `cloud.worker_pools` pools, the first ones one larger."""
+    total, pools = cfg.runtime.spot_workers, cfg.cloud.worker_pools
+    if total == 0:
+        return []  # an on-demand-only run: the head alone
+    if pools > total:
+        raise ConfigError(f"cloud.worker_pools: expected at most runtime.spot_workers ({total}) pools, "
+                          f"one node or more each, got {pools}")
+    return [total // pools + (i < total % pools) for i in range(pools)]
+
+
+# ---- the tasks --------------------------------------------------------------------------------------
+
+
+def _infra(cfg: RunConfig) -> str | None:
+    provider, region = cfg.cloud.provider, cfg.cloud.region
+    if region:
+        return f"{provider or '*'}/{region}"
+    return provider
+
+
+def _ray_ports() -> str:
+    fixed = " ".join(f"{flag} {port}" for flag, port in RAY_NODE_PORTS.items())
+    return f"{fixed} --min-worker-port {RAY_WORKER_PORTS[0]} --max-worker-port {RAY_WORKER_PORTS[1]}"
+
+
+_SETUP = "pip install -e '.[gpu]'\n"
+"""On a GPU node a plain install pulls the CUDA build of torch, which is what it needs there."""
+
+
+def head_task(cfg: RunConfig, name: str, run_yaml: Path) -> dict[str, Any]:
+    gpu = accelerators(cfg)[0]
+    resources: dict[str, Any] = {"accelerators": f"{gpu}:{cfg.cloud.gpus_per_node}", "use_spot": False,
+                                 "ports": RAY_OPEN_PORTS}
+    if _infra(cfg):
+        resources = {"infra": _infra(cfg), **resources}
+    remote_config = f"{REMOTE_DIR}/run.yaml"
+    run = (
+        "set -eo pipefail\n"
+        # A second `sky launch` of the same head re-runs this: reuse the Ray head that is still up.
+        # (Never `ray stop`: it would also stop the Ray SkyPilot itself runs on this node.)
+        f"ray status --address 127.0.0.1:{RAY_PORT} >/dev/null 2>&1 || \\\n"
+        f"  ray start --head --port {RAY_PORT} {_ray_ports()} --disable-usage-stats\n"
+        # An explicit address: `auto` could find SkyPilot's own Ray cluster on this node.
+        # The run folder is resumed from its newest checkpoint when this runs again.
+        f"spotlight train {remote_config} --address 127.0.0.1:{RAY_PORT} "
+        f"--out {REMOTE_DIR}/runs/{name} --no-progress\n"
+    )
+    return {
+        "name": f"{name}-head",
+        "workdir": str(REPO_ROOT),
+        "num_nodes": 1,
+        "resources": resources,
+        "file_mounts": {remote_config: str(run_yaml)},
+        "setup": _SETUP,
+        "run": run,
+    }
+
+
+def worker_task(cfg: RunConfig, name: str, index: int, nodes: int) -> dict[str, Any]:
+    cloud = cfg.cloud
+    choices = [f"{g}:{cloud.gpus_per_node}" for g in accelerators(cfg)]
+    resources: dict[str, Any] = {"use_spot": True, "ports": RAY_OPEN_PORTS}
+    if _infra(cfg):
+        resources = {"infra": _infra(cfg), **resources}
+    if len(choices) == 1:
+        resources["accelerators"] = choices[0]
+    else:
+        resources[cloud.accelerator_order] = [{"accelerators": c} for c in choices]
+    resources["job_recovery"] = {"strategy": cloud.job_recovery,
+                                 "max_restarts_on_errors": cloud.max_restarts_on_errors}
+    head = f"${HEAD_IP_ENV}"
+    run = (
+        "set -uo pipefail\n"
+        # No apostrophe in this message: bash pairs quotes inside "${VAR:?...}".
+        f": \"${{{HEAD_IP_ENV}:?is set by spotlight launch to the address of the head}}\"\n"
+        f"head_up() {{ timeout 5 bash -c \"exec 3<>/dev/tcp/{head}/{RAY_PORT}\" 2>/dev/null; }}\n"
+        f"for _ in $(seq {HEAD_WAIT_S // 5}); do head_up && break; sleep 5; done\n"
+        # The `spot` amount only marks the node: each spot rollout worker needs a sliver of it, so
+        # the node's CPUs and GPUs bound how many land here, not this number.
+        f"ray start --address {head}:{RAY_PORT} --resources '{{\"spot\": {cloud.gpus_per_node}}}' "
+        f"{_ray_ports()} --disable-usage-stats --block\n"
+        "code=$?\n"
+        # The head's Ray gone means the run has ended: finish this job so SkyPilot does not
+        # restart it. Anything else is a failure that `max_restarts_on_errors` may cure.
+        "if ! head_up; then echo \"spotlight: the head's Ray cluster is gone: the run has ended\"; exit 0; fi\n"
+        "exit $code\n"
+    )
+    return {
+        "name": f"{name}-workers-{index}",
+        "workdir": str(REPO_ROOT),
+        "num_nodes": nodes,
+        "resources": resources,
+        # Empty here; `launch_tasks` passes the head's address with `--env`.
+        "envs": {HEAD_IP_ENV: ""},
+        "setup": _SETUP,
+        "run": run,
+    }
+
+
+class _TaskDumper(yaml.SafeDumper):
+    """Writes multi-line strings (setup, run) as `|` blocks, so a task reads like a shell script."""
+
+
+_TaskDumper.add_representer(str, lambda dumper, s: dumper.represent_scalar(
+    "tag:yaml.org,2002:str", s, style="|" if "\n" in s else None))
+
+
+def write_tasks(cfg: RunConfig, out: str | Path, name: str) -> list[Path]:
+    """Write run.yaml, head.yaml and workers-<i>.yaml into `out`; returns the task files (head
+    first). Nothing is written when the config cannot become tasks (a `ConfigError`)."""
+    name = check_name(name)
+    sizes = pool_sizes(cfg)
+    accelerators(cfg)  # an unknown GPU is reported before any file is touched
+    out = Path(out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    run_yaml = out / "run.yaml"
+    run_yaml.write_text(to_yaml(cfg))
+    tasks = [("head.yaml", head_task(cfg, name, run_yaml))]
+    tasks += [(f"workers-{i}.yaml", worker_task(cfg, name, i, n)) for i, n in enumerate(sizes)]
+    for stale in out.glob("workers-*.yaml"):  # pools of an earlier, larger split
+        stale.unlink()
+    paths = []
+    for filename, task in tasks:
+        path = out / filename
+        path.write_text(yaml.dump(task, Dumper=_TaskDumper, sort_keys=False, width=120))
+        paths.append(path)
+    return paths
+
+
+# ---- SkyPilot's environment -------------------------------------------------------------------------
+
+
+def sky_python() -> tuple[Path | None, str]:
+    """SkyPilot's Python: `$SPOTLIGHT_SKY_PYTHON` when set, else the repo's `.venv-sky`. Returns
+    (path, "") or (None, why there is none)."""
+    named = os.environ.get(SKY_PYTHON_ENV)
+    if named:
+        path = Path(named)
+        if path.is_file() and os.access(path, os.X_OK):
+            return path, ""
+        return None, f"${SKY_PYTHON_ENV} names {named}, which is not an executable file"
+    if DEFAULT_SKY_PYTHON.is_file():
+        return DEFAULT_SKY_PYTHON, ""
+    return None, f"no SkyPilot environment (create it with `make sky-venv`, or set ${SKY_PYTHON_ENV})"
+
+
+# Runs in SkyPilot's Python: one JSON line per file, marked, since SkyPilot may print to stdout too.
+_VALIDATE = r"""
+import json, sys
+import sky
+print("SPOTLIGHT-SKY " + json.dumps({"version": sky.__version__}), flush=True)
+for path in sys.argv[1:]:
+    try:
+        sky.Task.from_yaml(path)
+        error = None
+    except Exception as err:  # SkyPilot raises ValueError and its own errors here
+        text = str(err).strip()
+        error = (text.splitlines() or [type(err).__name__])[0]
+    print("SPOTLIGHT-SKY " + json.dumps({"file": path, "error": error}), flush=True)
+"""
+
+
+def validate(paths: Sequence[Path], python: Path, timeout_s: float = 300.0) -> Validation:
+    """Run `sky.Task.from_yaml` on every file in one subprocess of SkyPilot's Python."""
+    env = {**os.environ, "SKYPILOT_DISABLE_USAGE_COLLECTION": "1"}
+    try:
+        proc = subprocess.run([str(python), "-c", _VALIDATE, *map(str, paths)], capture_output=True,
+                              text=True, timeout=timeout_s, env=env)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        raise SkyError(f"{python}: cannot run SkyPilot's Python ({err})") from None
+    records = [json.loads(line.removeprefix("SPOTLIGHT-SKY ")) for line in proc.stdout.splitlines()
+               if line.startswith("SPOTLIGHT-SKY ")]
+    if not records or proc.returncode != 0:
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise SkyError(f"{python}: SkyPilot could not be run to validate the tasks ({tail})")
+    errors = {Path(r["file"]): r["error"] for r in records[1:] if r["error"] is not None}
+    return Validation(python=python, version=records[0]["version"], errors=errors)
+
+
+# ---- launching --------------------------------------------------------------------------------------
+
+
+Runner = Callable[..., subprocess.CompletedProcess]
+
+
+def launch_tasks(paths: Sequence[Path], name: str, sky: Path,
+                 run: Runner = subprocess.run) -> str:
+    """Start the head (`sky launch`, a cluster named NAME-head), read its IP, then submit every pool
+    as a managed job (`sky jobs launch`) with the IP in $SPOTLIGHT_HEAD_IP. `paths` are
+    `write_tasks`' files, head first. Returns the head's IP. The output of `sky` goes to the user."""
+    head, *pools = paths
+    cluster = f"{name}-head"
+
+    def call(*args: str, capture: bool = False) -> str:
+        cmd = [str(sky), *args]
+        proc = run(cmd, capture_output=capture, text=True)
+        if proc.returncode != 0:
+            where = (proc.stderr or "").strip().splitlines()[-1:] if capture else []
+            detail = f": {where[0]}" if where else " (its output is above)"
+            raise SkyError(f"`sky {' '.join(args)}` exited with {proc.returncode}{detail}")
+        return proc.stdout if capture else ""
+
+    call("launch", "-c", cluster, str(head), "-y", "-d")
+    lines = [line.strip() for line in call("status", "--ip", cluster, capture=True).splitlines() if line.strip()]
+    ip = lines[-1] if lines else ""
+    try:
+        ipaddress.ip_address(ip)
+    except ValueError:
+        raise SkyError(f"`sky status --ip {cluster}`: expected the head's IP address, got {ip!r}") from None
+    for path in pools:
+        job = f"{name}-{path.stem}"  # NAME-workers-<i>
+        call("jobs", "launch", "-n", job, str(path), "--env", f"{HEAD_IP_ENV}={ip}", "-y", "-d")
+    return ip

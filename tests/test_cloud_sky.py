@@ -1,0 +1,251 @@
+"""`cloud.sky` and `spotlight launch`: the SkyPilot tasks of a run, checked by SkyPilot itself.
+
+The real check runs SkyPilot's Python (`$SPOTLIGHT_SKY_PYTHON` or `.venv-sky`, `make sky-venv`); it
+is skipped without one, except under CI, where it must run. Launching is tested against a fake `sky`
+executable that records its arguments.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+from cloud import sky
+from spotlight.cli import main
+from spotlight.config import ConfigError, load_config, to_yaml
+
+from conftest import small_dit_config
+
+
+def _fleet(**cloud):
+    """The tiny DiT with 3 spot nodes in 2 pools and two fall-back GPUs (spelled in odd cases)."""
+    base = {"gpu": "h100", "fallback_gpus": ["A100-80GB", "l4"], "worker_pools": 2,
+            "job_recovery": "FAILOVER", "max_restarts_on_errors": 5}
+    return small_dit_config(runtime={"kind": "ray", "spot_workers": 3}, cloud={**base, **cloud})
+
+
+def _config_file(tmp_path, cfg, name="fleet_run.yaml"):
+    path = tmp_path / name
+    path.write_text(to_yaml(cfg))
+    return path
+
+
+def _load(path):
+    return yaml.safe_load(Path(path).read_text())
+
+
+@pytest.fixture
+def sky_python():
+    python, why = sky.sky_python()
+    if python is None:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI validates the task YAMLs with SkyPilot, but cannot: {why}")
+        pytest.skip(f"validating with SkyPilot needs its virtualenv: {why}")
+    return python
+
+
+@pytest.fixture
+def no_sky(monkeypatch, tmp_path):
+    monkeypatch.setenv(sky.SKY_PYTHON_ENV, str(tmp_path / "no-such-python"))
+
+
+# ---- the tasks ----------------------------------------------------------------------------------
+
+
+def test_a_run_becomes_an_on_demand_head_and_spot_pools(tmp_path):
+    cfg = _fleet()
+    paths = sky.write_tasks(cfg, tmp_path / "tasks", "fleet")
+    assert [p.name for p in paths] == ["head.yaml", "workers-0.yaml", "workers-1.yaml"]
+    assert sorted(p.name for p in (tmp_path / "tasks").iterdir()) == [
+        "head.yaml", "run.yaml", "workers-0.yaml", "workers-1.yaml"]
+
+    head = _load(paths[0])
+    assert head["name"] == "fleet-head" and head["num_nodes"] == 1
+    assert head["resources"]["use_spot"] is False
+    assert head["resources"]["accelerators"] == "H100:1"
+    assert sky.RAY_PORT in head["resources"]["ports"]
+    assert head["workdir"] == str(sky.REPO_ROOT)
+    assert "pip install -e '.[gpu]'" in head["setup"]
+    # The head mounts the resolved config and trains it on the Ray cluster it starts.
+    (remote, local), = head["file_mounts"].items()
+    assert local == str((tmp_path / "tasks" / "run.yaml").resolve())
+    assert load_config(local).to_dict() == cfg.to_dict()
+    assert f"ray start --head --port {sky.RAY_PORT}" in head["run"]
+    assert f"spotlight train {remote} --address 127.0.0.1:{sky.RAY_PORT} --out ~/spotlight/runs/fleet" in head["run"]
+
+    workers = [_load(p) for p in paths[1:]]
+    assert [w["num_nodes"] for w in workers] == [2, 1]  # runtime.spot_workers = 3 over 2 pools
+    for i, w in enumerate(workers):
+        res = w["resources"]
+        assert w["name"] == f"fleet-workers-{i}"
+        assert res["use_spot"] is True
+        assert res["any_of"] == [{"accelerators": "H100:1"}, {"accelerators": "A100-80GB:1"},
+                                 {"accelerators": "L4:1"}]
+        assert res["job_recovery"] == {"strategy": "FAILOVER", "max_restarts_on_errors": 5}
+        assert w["envs"] == {sky.HEAD_IP_ENV: ""}
+        assert f"ray start --address ${sky.HEAD_IP_ENV}:{sky.RAY_PORT}" in w["run"]
+        assert "--resources '{\"spot\": 1}'" in w["run"] and "--block" in w["run"]
+    for task in [head, *workers]:  # the scripts are bash that parses
+        for script in (task["setup"], task["run"]):
+            subprocess.run(["bash", "-n"], input=script, text=True, check=True)
+
+
+def test_ordered_fallbacks_a_single_gpu_and_the_infra(tmp_path):
+    ordered = sky.write_tasks(_fleet(accelerator_order="ordered", gpus_per_node=8), tmp_path / "a", "a")
+    assert _load(ordered[1])["resources"]["ordered"][0] == {"accelerators": "H100:8"}
+    assert "any_of" not in _load(ordered[1])["resources"]
+
+    single = sky.write_tasks(_fleet(fallback_gpus=[], provider="gcp", region="us-central1", worker_pools=1),
+                             tmp_path / "b", "b")
+    (worker,) = [_load(p)["resources"] for p in single[1:]]
+    assert worker["accelerators"] == "H100:1" and "any_of" not in worker
+    assert worker["infra"] == _load(single[0])["resources"]["infra"] == "gcp/us-central1"
+    region_only = sky.write_tasks(_fleet(region="eu-west-1"), tmp_path / "c", "c")
+    assert _load(region_only[0])["resources"]["infra"] == "*/eu-west-1"
+
+
+def test_pools_split_the_spot_nodes_and_a_rewrite_drops_stale_pools(tmp_path):
+    out = tmp_path / "tasks"
+    sky.write_tasks(_fleet(worker_pools=3), out, "r")
+    assert sorted(p.name for p in out.glob("workers-*.yaml")) == ["workers-0.yaml", "workers-1.yaml", "workers-2.yaml"]
+    sky.write_tasks(_fleet(worker_pools=1), out, "r")
+    assert [_load(p)["num_nodes"] for p in out.glob("workers-*.yaml")] == [3]
+    head_only = small_dit_config(runtime={"kind": "ray", "spot_workers": 0, "ondemand_workers": 1})
+    assert [p.name for p in sky.write_tasks(head_only, out, "r")] == ["head.yaml"]
+    with pytest.raises(ConfigError, match=r"cloud.worker_pools: expected at most runtime.spot_workers \(3\)"):
+        sky.write_tasks(_fleet(worker_pools=4), tmp_path / "x", "r")
+
+
+def test_a_worker_node_refuses_to_start_without_the_heads_address(tmp_path):
+    (_, pool, *_) = sky.write_tasks(_fleet(), tmp_path, "r")
+    proc = subprocess.run(["bash", "-c", _load(pool)["run"]], capture_output=True, text=True, timeout=10,
+                          env={**os.environ, sky.HEAD_IP_ENV: ""})
+    assert proc.returncode != 0 and "set by spotlight launch" in proc.stderr
+
+
+def test_the_price_tables_gpus_are_known_too(tmp_path):
+    prices = tmp_path / "prices.csv"
+    prices.write_text("instance_type,gpu,gpus,ondemand_usd_h,spot_usd_h,source,date\n"
+                      "x9.large,MI300X,1,6.0,2.0,test,2025-01-01\n")
+    assert sky.known_gpus(prices)["mi300x"] == "MI300X"
+    assert sky.accelerators(_fleet(gpu="mi300x", fallback_gpus=["H100"], prices=str(prices))) == ["MI300X", "H100"]
+    assert "mi300x" not in sky.known_gpus(tmp_path / "missing.csv")
+
+
+def test_run_names_are_cluster_names():
+    assert sky.run_name("experiments/tiny_dit.yaml") == "tiny-dit"
+    assert sky.run_name("runs/2024_Q1.yaml") == "run-2024-q1"
+    with pytest.raises(ConfigError, match="--name"):
+        sky.check_name("Has_Underscore")
+
+
+# ---- the CLI ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cloud, field, bad", [
+    ({"gpu": "H900"}, "cloud.gpu", "'H900'"),
+    ({"fallback_gpus": ["A100", "X1"]}, "cloud.fallback_gpus[1]", "'X1'"),
+])
+def test_an_unknown_gpu_is_one_line_and_writes_nothing(tmp_path, capsys, cloud, field, bad):
+    config = _config_file(tmp_path, _fleet(**cloud))
+    assert main(["launch", str(config), "--dryrun", "--out", str(tmp_path / "tasks")]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"spotlight: error: {config}: {field}: expected an accelerator SkyPilot knows")
+    assert line.endswith(f"got {bad}") and "H100" in line
+    assert not (tmp_path / "tasks").exists()
+
+
+def test_without_skypilot_the_dryrun_writes_the_tasks_and_says_validation_was_skipped(tmp_path, capsys, no_sky):
+    config = _config_file(tmp_path, _fleet())
+    out = tmp_path / "tasks"
+    assert main(["launch", str(config), "--dryrun", "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "SkyPilot validation skipped" in err and sky.SKY_PYTHON_ENV in err
+    assert sorted(p.name for p in out.glob("*.yaml")) == ["head.yaml", "run.yaml", "workers-0.yaml", "workers-1.yaml"]
+    assert _load(out / "workers-0.yaml")["resources"]["use_spot"] is True
+
+    assert main(["launch", str(config), "--dryrun", "--strict", "--out", str(out)]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("spotlight: error: SkyPilot validation skipped (--strict)")
+    assert main(["launch", str(config), "--out", str(out)]) == 2  # launching needs SkyPilot
+    assert capsys.readouterr().err.startswith("spotlight: error: cannot launch:")
+
+
+def test_skypilot_accepts_the_generated_tasks(tmp_path, capsys, monkeypatch, sky_python):
+    monkeypatch.setenv(sky.SKY_PYTHON_ENV, str(sky_python))
+    config = _config_file(tmp_path, _fleet(provider="aws", region="us-east-1"))
+    out = tmp_path / "tasks"
+    assert main(["launch", str(config), "--dryrun", "--strict", "--out", str(out)]) == 0
+    printed = capsys.readouterr()
+    assert "validated with SkyPilot 0.14" in printed.out, printed.err
+    assert [_load(out / f"workers-{i}.yaml")["resources"]["use_spot"] for i in (0, 1)] == [True, True]
+
+
+def test_a_task_skypilot_rejects_is_named_with_skypilots_reason(tmp_path, sky_python):
+    head, pool, _ = sky.write_tasks(_fleet(), tmp_path, "r")
+    broken = tmp_path / "broken.yaml"
+    task = _load(pool)
+    task["resources"]["use_spot"] = "yes"
+    broken.write_text(yaml.safe_dump(task))
+    checked = sky.validate([head, pool, broken], sky_python)  # one subprocess for all three
+    assert checked.version.startswith("0.14")
+    assert list(checked.errors) == [broken]
+    assert "use_spot" in checked.errors[broken] and "\n" not in checked.errors[broken]
+
+
+# ---- launching ----------------------------------------------------------------------------------
+
+
+def _fake_sky(tmp_path, ip="203.0.113.7", fail_on=None):
+    """A `sky` executable that records its argv, answers `status --ip`, and fails on `fail_on`."""
+    log = tmp_path / "sky-calls.jsonl"
+    exe = tmp_path / "bin" / "sky"
+    exe.parent.mkdir()
+    exe.write_text(textwrap.dedent(f"""\
+        #!{sys.executable}
+        import json, sys
+        args = sys.argv[1:]
+        with open({str(log)!r}, "a") as f:
+            f.write(json.dumps(args) + "\\n")
+        if {fail_on!r} is not None and args[:2] == {fail_on!r}:
+            print("sky: no spot capacity anywhere", file=sys.stderr)
+            sys.exit(3)
+        if args[:2] == ["status", "--ip"]:
+            print("Checking cluster status...")
+            print({ip!r})
+        """))
+    exe.chmod(0o755)
+    return exe, log
+
+
+def test_launch_starts_the_head_then_each_pool_as_a_managed_job_with_its_address(tmp_path):
+    paths = sky.write_tasks(_fleet(), tmp_path / "tasks", "fleet")
+    exe, log = _fake_sky(tmp_path)
+    assert sky.launch_tasks(paths, "fleet", exe) == "203.0.113.7"
+    calls = [json.loads(line) for line in log.read_text().splitlines()]
+    env = ["--env", "SPOTLIGHT_HEAD_IP=203.0.113.7"]
+    assert calls == [
+        ["launch", "-c", "fleet-head", str(paths[0]), "-y", "-d"],
+        ["status", "--ip", "fleet-head"],
+        ["jobs", "launch", "-n", "fleet-workers-0", str(paths[1]), *env, "-y", "-d"],
+        ["jobs", "launch", "-n", "fleet-workers-1", str(paths[2]), *env, "-y", "-d"],
+    ]
+
+
+def test_a_failed_launch_step_is_one_line_naming_the_command(tmp_path):
+    paths = sky.write_tasks(_fleet(), tmp_path / "tasks", "fleet")
+    exe, log = _fake_sky(tmp_path, fail_on=["jobs", "launch"])
+    with pytest.raises(sky.SkyError, match=r"^`sky jobs launch -n fleet-workers-0 .*` exited with 3"):
+        sky.launch_tasks(paths, "fleet", exe)
+    assert len(log.read_text().splitlines()) == 3  # no second pool after the first failed
+
+    other = tmp_path / "other"
+    other.mkdir()
+    exe2, _ = _fake_sky(other, ip="not-an-ip")
+    with pytest.raises(sky.SkyError, match=r"--ip fleet-head`: expected the head's IP address, got 'not-an-ip'"):
+        sky.launch_tasks(paths, "fleet", exe2)
