@@ -1,4 +1,17 @@
-"""The AWS provider.
+"""The AWS provider: checkpoints in S3, spot prices, and spot interruption notices.
+
+Storage: `S3Store` is a `cloud.store.Store` over one bucket and key prefix (`s3://BUCKET/PREFIX`).
+Objects are written with one PUT (or a multipart upload for files over 64 MB, completed in one
+call), so a reader sees a whole object or the previous one. The endpoint is `endpoint_url`, else
+$AWS_ENDPOINT_URL_S3, else $AWS_ENDPOINT_URL (boto3's own variables, read here so that a custom
+endpoint, i.e. an S3-compatible server such as MinIO or moto, also gets path-style addressing).
+Every call is retried by `cloud.retry.Backoff` under the injected clock on transient failures —
+HTTP 5xx and 429, SlowDown/throttling codes, connection errors, timeouts, checksum mismatches —
+and by nothing else (botocore's own retries are off, so tests control every wait); anything else
+(no credentials, no such bucket, access denied) fails at once with one `StoreError` line.
+A file whose multipart upload fails is re-sent whole.
+
+Spot prices: `spot_price_history` reads `describe_spot_price_history`, all pages.
 
 Preemption notices: `ImdsSpotWatcher` is a `schedulers.preemption.NoticeSource` over the EC2
 instance metadata service (IMDSv2). It reads
@@ -9,27 +22,34 @@ instance metadata service (IMDSv2). It reads
   at elevated risk -> `Cause.AWS_REBALANCE`, deadline None (advisory; often earlier, may never
   be followed by an interruption).
 Every request carries a session token from `PUT latest/api/token` (TTL 6 h), renewed before it
-expires or when IMDS answers 401. Only the standard library is used here; an endpoint that fails
-or times out (1 s) means no notice this time.
+expires or when IMDS answers 401. Only the standard library is used for IMDS; an endpoint that
+fails or times out (1 s) means no notice this time.
 
-Invariant: `poll()` never raises on a network or HTTP failure and never blocks longer than about
-three request timeouts.
+`AwsProvider` is the `cloud.provider.Provider` over the S3 store and the IMDS watcher.
 
-(S3 storage and spot prices, which use boto3 imported lazily, are added to this module separately.)
+Invariants: `poll()` never raises on a network or HTTP failure and never blocks longer than about
+three request timeouts. boto3 is imported only when an S3 store or a price query is made.
 """
 
 from __future__ import annotations
 
 import http.client
 import json
+import logging
 import os
 import urllib.error
 import urllib.request
-from collections.abc import Callable
-from datetime import datetime, timezone
+from collections.abc import Callable, Iterable
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
 
-from schedulers.clock import Clock
-from schedulers.preemption import Cause, PreemptionNotice
+from cloud.retry import Backoff, GaveUp, one_line
+from cloud.store import LocalStore, MissingKey, Store, StoreError, StoreURIError, check_key, parse_store_uri
+from schedulers.clock import Clock, WallClock
+from schedulers.preemption import Cause, NoticeSource, PreemptionNotice
+
+log = logging.getLogger(__name__)
 
 IMDS_ENDPOINT_ENV = "SPOTLIGHT_IMDS_ENDPOINT"
 DEFAULT_IMDS_ENDPOINT = "http://169.254.169.254"
@@ -137,3 +157,250 @@ class ImdsSpotWatcher:
 def _as_utc(moment: datetime) -> datetime:
     """Naive datetimes from IMDS or `utcnow` are UTC."""
     return moment if moment.tzinfo is not None else moment.replace(tzinfo=timezone.utc)
+
+
+# ---- S3 ------------------------------------------------------------------------------------------
+
+# S3 error codes that mean "try again later" whatever the HTTP status says.
+TRANSIENT_S3_CODES = frozenset({
+    "SlowDown", "Throttling", "ThrottlingException", "RequestThrottled", "RequestLimitExceeded",
+    "TooManyRequestsException", "RequestTimeout", "RequestTimeoutException", "InternalError",
+    "ServiceUnavailable", "BadDigest", "IncompleteBody", "PriorRequestNotComplete",
+})
+# One PUT up to 64 MB; bigger files go in 64 MB parts, 8 at a time (s3transfer's defaults are 8 MB
+# parts, which would make a 40 GB Qwen-Image checkpoint 5000 requests instead of 640).
+MULTIPART_CHUNK_BYTES = 64 * 1024 * 1024
+
+
+def endpoint_from_env() -> str | None:
+    """The S3 endpoint boto3 would use from the environment ($AWS_ENDPOINT_URL_S3, $AWS_ENDPOINT_URL)."""
+    return os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or None
+
+
+def transient_s3_error(err: BaseException) -> bool:
+    """Whether `err` (or what it wraps: s3transfer re-raises client errors as S3UploadFailedError)
+    is worth retrying: HTTP 5xx/429, a throttling code, a connection or read failure, a checksum
+    mismatch in transit."""
+    from botocore.exceptions import (
+        ChecksumError, ClientError, ConnectionError, FlexibleChecksumError, HTTPClientError, IncompleteReadError,
+    )
+    from s3transfer.exceptions import RetriesExceededError
+
+    seen: set[int] = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, ClientError):
+            status = err.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0
+            return status >= 500 or status == 429 or err.response.get("Error", {}).get("Code") in TRANSIENT_S3_CODES
+        if isinstance(err, (HTTPClientError, ConnectionError, IncompleteReadError, ChecksumError,
+                            FlexibleChecksumError, RetriesExceededError)):
+            return True
+        err = err.__cause__ or err.__context__  # type: ignore[assignment]
+    return False
+
+
+def _client_error(err: BaseException | None) -> Any:
+    """The botocore ClientError `err` is or wraps (s3transfer wraps it in its own errors), or None."""
+    from botocore.exceptions import ClientError
+
+    seen: set[int] = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, ClientError):
+            return err
+        err = err.__cause__ or err.__context__
+    return None
+
+
+def describe_s3_error(err: BaseException) -> str:
+    """A short name for a failure: "SlowDown (HTTP 503): Please reduce your request rate." for an
+    S3 error answer (however wrapped), else the error's first line."""
+    client = _client_error(err)
+    if client is None:
+        return one_line(err)
+    error = client.response.get("Error", {})
+    status = client.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+    message = str(error.get("Message") or "").strip()
+    return f"{error.get('Code', '?')} (HTTP {status})" + (f": {message}" if message else "")
+
+
+class S3Store:
+    """A `cloud.store.Store` in S3 or any S3-compatible server (see the module docstring).
+
+    `prefix` is the key prefix inside `bucket` ('' for the whole bucket). `clock` and `backoff`
+    decide how transient failures are waited out (a `ManualClock` in tests); `retries` counts the
+    retries taken so far. `client` replaces the boto3 client made here (one with other settings).
+    """
+
+    def __init__(
+        self,
+        bucket: str,
+        prefix: str = "",
+        *,
+        endpoint_url: str | None = None,
+        region: str | None = None,
+        clock: Clock | None = None,
+        backoff: Backoff = Backoff(),
+        client: Any = None,
+    ) -> None:
+        import boto3
+        from boto3.s3.transfer import TransferConfig
+        from botocore.config import Config
+
+        self.bucket, self.prefix = bucket, prefix.strip("/")
+        self.uri = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
+        self.endpoint_url = endpoint_url or endpoint_from_env()
+        self.clock: Clock = clock if clock is not None else WallClock()
+        self.backoff = backoff
+        self.retries = 0
+        if client is None:
+            config = Config(
+                retries={"mode": "standard", "total_max_attempts": 1},  # Backoff is the only retry layer
+                connect_timeout=10, read_timeout=60,
+                # S3-compatible servers (MinIO, Ceph, moto) rarely resolve BUCKET.host names.
+                s3={"addressing_style": "path"} if self.endpoint_url else None,
+            )
+            # A session of its own: boto3's default session is not thread-safe to create clients from.
+            client = boto3.session.Session().client("s3", endpoint_url=self.endpoint_url, region_name=region,
+                                                    config=config)
+        self.client = client
+        self._transfer = TransferConfig(multipart_threshold=MULTIPART_CHUNK_BYTES,
+                                        multipart_chunksize=MULTIPART_CHUNK_BYTES, max_concurrency=8)
+
+    def __repr__(self) -> str:
+        return f"S3Store({self.uri!r}, endpoint_url={self.endpoint_url!r})"
+
+    def _key(self, key: str) -> str:
+        check_key(key)
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    def _call(self, op: str, key: str, fn: Callable[[], Any]) -> Any:
+        """`fn()` with retries; every failure that is not retried away becomes one StoreError line."""
+        from boto3.exceptions import Boto3Error
+        from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
+
+        where = f"{self.uri}/{key}" if key else self.uri
+        try:
+            return self.backoff.call(fn, transient=transient_s3_error, clock=self.clock, what=f"{op} {where}",
+                                     on_retry=lambda err, n, wait: self._on_retry(f"{op} {where}", err, n, wait),
+                                     describe=describe_s3_error)
+        except GaveUp as err:
+            raise StoreError(str(err)) from err
+        except NoCredentialsError:
+            raise StoreError(f"{op} {where}: no AWS credentials (set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, "
+                             "or AWS_PROFILE)") from None
+        except (ClientError, BotoCoreError, Boto3Error) as err:
+            client = _client_error(err)
+            code = client.response.get("Error", {}).get("Code") if client is not None else None
+            if code in ("NoSuchKey", "404", "NotFound"):
+                raise MissingKey(f"{where}: no such object") from None
+            if code == "NoSuchBucket":
+                raise StoreError(f"{op} {where}: bucket {self.bucket!r} does not exist"
+                                 + (f" at {self.endpoint_url}" if self.endpoint_url else "")) from None
+            raise StoreError(f"{op} {where}: {describe_s3_error(err)}") from err
+
+    def _on_retry(self, what: str, err: BaseException, retry: int, wait_s: float) -> None:
+        self.retries += 1
+        log.warning("%s: %s; retry %d in %.2f s", what, describe_s3_error(err), retry, wait_s)
+
+    def put(self, key: str, data: bytes) -> None:
+        k = self._key(key)
+        self._call("PUT", key, lambda: self.client.put_object(Bucket=self.bucket, Key=k, Body=data))
+
+    def put_file(self, key: str, path: Path) -> None:
+        k = self._key(key)
+        self._call("PUT", key, lambda: self.client.upload_file(str(path), self.bucket, k, Config=self._transfer))
+
+    def get(self, key: str) -> bytes:
+        k = self._key(key)
+        # The body is read inside the retried call: a connection cut mid-body is retried too.
+        return self._call("GET", key, lambda: self.client.get_object(Bucket=self.bucket, Key=k)["Body"].read())
+
+    def get_file(self, key: str, path: Path) -> None:
+        k = self._key(key)
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        # s3transfer writes a temporary file next to `path` and renames it when the download is whole.
+        self._call("GET", key, lambda: self.client.download_file(self.bucket, k, str(path), Config=self._transfer))
+
+    def list(self, prefix: str = "") -> list[str]:
+        full = f"{self.prefix}/{prefix}" if self.prefix else prefix
+        cut = len(self.prefix) + 1 if self.prefix else 0
+
+        def fetch() -> list[str]:
+            pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=full)
+            return [obj["Key"][cut:] for page in pages for obj in page.get("Contents", [])]
+
+        return sorted(self._call("LIST", prefix, fetch))
+
+    def delete(self, key: str) -> None:
+        k = self._key(key)
+        self._call("DELETE", key, lambda: self.client.delete_object(Bucket=self.bucket, Key=k))
+
+
+# ---- spot prices ---------------------------------------------------------------------------------
+
+
+def spot_price_history(
+    instance_types: Iterable[str],
+    region: str | None = None,
+    days: float = 1.0,
+    product: str = "Linux/UNIX",
+    client: Any = None,
+) -> list[dict[str, Any]]:
+    """Spot prices of `instance_types` over the last `days`, every page of EC2's
+    `describe_spot_price_history`, in the order EC2 returns them (newest first per zone).
+
+    Rows: {"instance_type", "availability_zone", "spot_usd_h" (float, USD per instance-hour),
+    "timestamp" (ISO 8601, UTC)}. `client` is an EC2 client to use instead of one made for `region`
+    (else $AWS_DEFAULT_REGION). A missing region is a ValueError with one line."""
+    types = list(instance_types)
+    if not types:
+        return []
+    if not days > 0:
+        raise ValueError(f"spot_price_history: days must be > 0, got {days}")
+    if client is None:
+        import boto3
+        from botocore.exceptions import NoRegionError
+
+        try:
+            client = boto3.session.Session().client("ec2", region_name=region)
+        except NoRegionError:
+            raise ValueError("spot_price_history: no AWS region (pass region= or set AWS_DEFAULT_REGION)") from None
+    start = datetime.now(timezone.utc) - timedelta(days=days)
+    pages = client.get_paginator("describe_spot_price_history").paginate(
+        InstanceTypes=types, ProductDescriptions=[product], StartTime=start)
+    rows = []
+    for page in pages:
+        for item in page.get("SpotPriceHistory", []):
+            rows.append({
+                "instance_type": item["InstanceType"],
+                "availability_zone": item.get("AvailabilityZone"),
+                "spot_usd_h": float(item["SpotPrice"]),
+                "timestamp": _as_utc(item["Timestamp"]).astimezone(timezone.utc).isoformat(),
+            })
+    return rows
+
+
+# ---- the provider --------------------------------------------------------------------------------
+
+
+class AwsProvider:
+    """The `cloud.provider.Provider` for AWS: S3 stores (and local paths) and IMDSv2 notices.
+    `imds_endpoint` overrides $SPOTLIGHT_IMDS_ENDPOINT; `store_options` go to every S3Store."""
+
+    name = "aws"
+
+    def __init__(self, imds_endpoint: str | None = None, **store_options: Any) -> None:
+        self.imds_endpoint = imds_endpoint
+        self.store_options = store_options
+
+    def open_store(self, uri: str) -> Store:
+        where = parse_store_uri(uri)
+        if where.scheme == "s3":
+            return S3Store(where.bucket, where.prefix, **self.store_options)
+        if where.path is None:  # pragma: no cover - parse_store_uri gives s3 or file only
+            raise StoreURIError(f"{uri}: not a store the AWS provider opens (expected s3://BUCKET/PREFIX or a path)")
+        return LocalStore(where.path)
+
+    def notice_source(self, clock: Clock) -> NoticeSource:
+        return ImdsSpotWatcher(clock, self.imds_endpoint)

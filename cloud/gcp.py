@@ -1,4 +1,5 @@
-"""The GCP provider.
+"""The GCP provider (`GcpProvider`): preemption notices from the GCE metadata server; checkpoints
+in a folder or an S3-compatible endpoint (native gs:// storage is not implemented yet).
 
 Preemption notices: `GcpPreemptionWatcher` is a `schedulers.preemption.NoticeSource` over the GCE
 metadata server. `GET computeMetadata/v1/instance/preempted` (header `Metadata-Flavor: Google`)
@@ -16,9 +17,11 @@ from __future__ import annotations
 import http.client
 import os
 import urllib.request
+from typing import Any
 
+from cloud.store import Store, open_store
 from schedulers.clock import Clock
-from schedulers.preemption import Cause, PreemptionNotice
+from schedulers.preemption import Cause, NoticeSource, PreemptionNotice
 
 GCE_METADATA_ENDPOINT_ENV = "SPOTLIGHT_GCE_METADATA_ENDPOINT"
 DEFAULT_GCE_METADATA_ENDPOINT = "http://metadata.google.internal"
@@ -64,3 +67,22 @@ class GcpPreemptionWatcher:
                 return response.read().strip().upper() == b"TRUE"
         except (OSError, http.client.HTTPException):
             return False  # transient (HTTPError included): no notice this time
+
+
+class GcpProvider:
+    """The `cloud.provider.Provider` for GCP: GCE metadata notices. Stores: a folder (a mounted
+    disk or gcsfuse bucket), or s3://BUCKET/PREFIX against an S3-compatible endpoint (GCS's XML
+    API with HMAC keys, AWS_ENDPOINT_URL=https://storage.googleapis.com). gs:// URIs are refused
+    with one line saying so. `metadata_endpoint` overrides $SPOTLIGHT_GCE_METADATA_ENDPOINT."""
+
+    name = "gcp"
+
+    def __init__(self, metadata_endpoint: str | None = None, **store_options: Any) -> None:
+        self.metadata_endpoint = metadata_endpoint
+        self.store_options = store_options
+
+    def open_store(self, uri: str) -> Store:
+        return open_store(uri, **self.store_options)  # options reach S3 stores only
+
+    def notice_source(self, clock: Clock) -> NoticeSource:
+        return GcpPreemptionWatcher(clock, self.metadata_endpoint)

@@ -364,6 +364,13 @@ class CloudConfig:
         _check(self.budget_usd is None or self.budget_usd > 0, "budget_usd", "a number > 0 or null", self.budget_usd)
         _check(self.deadline_h is None or self.deadline_h > 0, "deadline_h", "a number > 0 or null", self.deadline_h)
         _check(self.price_scale > 0, "price_scale", "a number > 0", self.price_scale)
+        if self.checkpoint_uri is not None:
+            from cloud.store import StoreURIError, parse_store_uri
+
+            try:
+                parse_store_uri(self.checkpoint_uri)
+            except StoreURIError as err:
+                raise ConfigError(f"checkpoint_uri: {err}") from None
 
 
 @dataclass

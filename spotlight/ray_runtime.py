@@ -182,6 +182,28 @@ class RayRuntime:
     def _more_capacity_coming(self) -> bool:
         return any(a.action == "add" for a in self.actions[self._next_action:])
 
+    def use_ondemand(self) -> None:
+        """Fall back from spot (between iterations): the preemption schedule stops, and every spot
+        slot, live or preempted, is restarted as an on-demand worker — an actor without the `spot`
+        resource, which a real cluster places on an on-demand node — under a new name. A live spot
+        actor is retired, not lost: nothing is in flight between iterations (whatever it might
+        still lease goes back to the queue all the same), so no death is counted."""
+        self.actions = self.actions[:self._next_action]
+        index = sum(not s.spot for s in self.slots)
+        started = []
+        for slot in [s for s in self.slots if s.spot]:
+            if slot.alive:
+                ray.kill(slot.actor, no_restart=True)
+                ray.get(self.queue.worker_lost.remote(slot.name))
+            slot.spot, slot.index, slot.generation = False, index, 0
+            index += 1
+            started.append((slot, self._start(slot)))
+        for slot, ready in started:
+            try:
+                ray.get(ready)
+            except ray.exceptions.RayActorError:
+                self._lost(slot)
+
     # ---- the roles --------------------------------------------------------------------------------
 
     def _pump(self, slots: list[Slot], kinds: list[Kind] | None = None) -> bool:

@@ -62,6 +62,11 @@ class Runtime(Protocol):
 
     def save_final(self, path: Path) -> None: ...
 
+    def use_ondemand(self) -> None:
+        """Fall back from spot: from now on every rollout worker runs on on-demand capacity (the
+        deadline policy's one-way switch, between iterations)."""
+        ...
+
     def stats(self) -> dict[str, int]:
         """The scheduler and preemption counters that summary.json reports."""
         ...
@@ -171,6 +176,9 @@ class LocalRuntime:
 
     def save_final(self, path: Path) -> None:
         self.learner.save_final(path)
+
+    def use_ondemand(self) -> None:
+        pass  # one in-process worker, never preempted: only the cost meter changes
 
     def stats(self) -> dict[str, int]:
         return scheduler_stats(self.queue.stats(), 0, 0)

@@ -5,12 +5,23 @@ random draw derives from (run seed, iteration, prompt, sample seed), and a check
 optimiser and RNG states, so a run resumed from its newest checkpoint ends with the same weights as
 one that never stopped.
 
+With `cloud.checkpoint_uri` (`--checkpoint-uri`), every checkpoint is also pushed to that store
+once its metrics row is written, and a run folder without a newer checkpoint first pulls the
+newest complete one from it (`spotlight.checkpoint_sync`): a run restarted on a fresh machine
+resumes where the store left it.
+
 With `exploration.enabled`, an `Explorer` picks each iteration's prompts and seeds from what idle
 workers explored with the previous weights during the previous train phase (`spotlight.exploration`).
 
 Outputs under DIR: metrics.jsonl (one row per iteration), summary.json, config.yaml, tb/
 (TensorBoard scalars), checkpoints/, explorer/ (the planner state each checkpoint resumes with),
-and final/ (the model in safetensors, loadable by the library that built it).
+cost.json (the dollars the run has spent, across resumes: `cloud.cost`) and final/ (the model in
+safetensors, loadable by the library that built it).
+
+The cost control (`cloud.cost.CostControl`) is asked before every iteration: with a budget, the run
+stops cleanly (checkpoint, final/, summary with `stop_reason`) before it would be exceeded; with a
+deadline, spot workers fall back to on-demand when the run falls behind, and it stops before an
+iteration that could not end in time.
 """
 
 from __future__ import annotations
@@ -23,8 +34,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
+from cloud.cost import CostControl, Spent, load_spent, save_spent
+from cloud.store import open_store
+from schedulers.clock import WallClock
 from schedulers.request import Kind, Request
 from spotlight import checkpoint
+from spotlight.checkpoint_sync import CheckpointSync
 from spotlight.config import ConfigError, RunConfig, load_config, to_yaml
 from spotlight.exploration import Explorer
 from spotlight.grpo import group_advantages, group_std
@@ -84,14 +99,28 @@ class Trainer:
         self.start_step = 0
         self.warm: dict[str, Any] = {}
         self.explorer: Explorer | None = None
+        self.cost: CostControl | None = None
+        self.sync: CheckpointSync | None = None
+        """The --checkpoint-uri mirror of checkpoints/, when there is one."""
+        self._pushed = 0  # the newest iteration the mirror holds
+        self.stop_reason = "steps"
+        """Why the loop ended: "steps" (all ran), "budget" or "deadline" (`cloud.cost.CostControl`)."""
 
     def build(self, runtime: Runtime | None = None) -> "Trainer":
         cfg = self.cfg
         self._check_out_dir()
+        if cfg.cloud.checkpoint_uri:
+            self._pull()
+        # Prices, the fleet and a too-small budget are checked before anything starts; from here on
+        # the fleet is paid for (instances are paid from launch), on top of what earlier sessions spent.
+        self.cost = CostControl.from_config(cfg, WallClock(), load_spent(self.out))
         self.prompts = prompt_set(cfg.prompts, cfg.seed)
         self.runtime = runtime if runtime is not None else make_runtime(cfg)
+        roles = time.perf_counter()
         info = self.runtime.build(self.out / "checkpoints")
         self.warm, self.start_step = info["warm_start"], info["step"]
+        # Starting the roles, warm-start training aside: what replacing the workers would take.
+        self._restart_s = time.perf_counter() - roles - self.warm.get("seconds", 0.0)
         if self.warm.get("steps"):
             how = "loaded from cache" if self.warm["cached"] else f"trained in {self.warm['seconds']:.0f} s"
             self.log(f"warm start ({self.warm['steps']} steps) {how}: {self.warm['path']}")
@@ -192,10 +221,14 @@ class Trainer:
             summary = summarize(self.out / "metrics.jsonl", self.cfg.train.steps)
             summary.update({"final_dir": str(final), "warm_start": self.warm, "policy": self.cfg.policy.kind,
                             "runtime": self.cfg.runtime.kind, "resumed_from": self.start_step,
-                            **self.runtime.stats()})
+                            **self.runtime.stats(), **self.cost.summary(), "stop_reason": self.stop_reason})
         finally:
             self.runtime.shutdown()
+            save_spent(self.out, self._spent())  # a crashed session's dollars count too
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2))
+        # A stop's checkpoint, or a push that failed in the loop: with the run folder complete, the
+        # store must now hold the newest checkpoint, or the command fails saying so.
+        self._push(must=True)
         return summary
 
     def _loop(self) -> None:
@@ -207,23 +240,81 @@ class Trainer:
         bar = tqdm(range(self.start_step, steps), initial=self.start_step, total=steps, desc="train",
                    unit="it", disable=not self.progress, file=sys.stderr)
         start = time.perf_counter()
+        saved = self.start_step  # iterations the newest checkpoint holds
+        self.cost.start(self.start_step, self._restart_s)
         with open(self.out / "metrics.jsonl", "a") as metrics:
             for step in bar:
+                if not self._go_on(step, saved):
+                    break
                 t0 = time.perf_counter()
                 row = self.iteration(step)
+                checkpoint_s = None
                 if (step + 1) % cfg.train.checkpoint_every == 0 or step + 1 == steps:
-                    if self.explorer is not None:  # before the checkpoint that names it as resumable
-                        self.explorer.save(self.out / "explorer", step + 1)
-                    self.runtime.save_checkpoint(self.out / "checkpoints")
+                    c0 = time.perf_counter()
+                    self._checkpoint(step + 1)
+                    checkpoint_s, saved = time.perf_counter() - c0, step + 1
                 row["wall_s"] = time.perf_counter() - t0
                 row["elapsed_s"] = time.perf_counter() - start
+                row["cost_usd"] = self.cost.after_iteration(checkpoint_s)
+                save_spent(self.out, self._spent())
                 metrics.write(json.dumps(row) + "\n")
                 metrics.flush()
+                self._push()  # after the row: the stored metrics.jsonl reaches the checkpoint
                 for key, value in row.items():
                     if key != "step" and isinstance(value, (int, float)):
                         writer.add_scalar(key, value, step)
                 bar.set_postfix(reward=f"{row['reward_mean']:.3f}", std=f"{row['group_reward_std']:.3f}")
         writer.close()
+
+    def _spent(self) -> Spent:
+        return Spent(self.cost.spent_usd(), max(0.0, self._restart_s))
+
+    def _checkpoint(self, done: int) -> None:
+        """Checkpoint the weights after `done` iterations."""
+        if self.explorer is not None:  # before the checkpoint that names it as resumable
+            self.explorer.save(self.out / "explorer", done)
+        self.runtime.save_checkpoint(self.out / "checkpoints")
+
+    def _pull(self) -> None:
+        """Open --checkpoint-uri and bring its newest complete checkpoint into the run folder when
+        the folder holds none as new (a run restarted on a fresh machine resumes from the store)."""
+        self.sync = CheckpointSync(open_store(self.cfg.cloud.checkpoint_uri), self.log)
+        local = checkpoint.latest(self.out / "checkpoints")
+        pulled = self.sync.pull(self.out, local.step if local else 0, accept=self._check_stored_config)
+        if pulled is not None:
+            self.log(f"checkpoint {pulled} pulled from {self.sync.store.uri}")
+        newest = checkpoint.latest(self.out / "checkpoints")
+        self._pushed = newest.step if newest is not None and newest.step in self.sync.stored() else 0
+
+    def _check_stored_config(self, folder: Path) -> None:
+        saved = folder / "config.yaml"
+        if saved.is_file() and _resume_key(load_config(saved)) != _resume_key(self.cfg):
+            raise ConfigError(f"{self.cfg.cloud.checkpoint_uri}: holds checkpoints of a run with a different "
+                              "config; use another --checkpoint-uri or delete them")
+
+    def _push(self, must: bool = False) -> None:
+        """Mirror the newest checkpoint to --checkpoint-uri unless it is there already. A failed push
+        is logged and tried again later; with `must` it raises StoreError."""
+        newest = checkpoint.latest(self.out / "checkpoints")
+        if (self.sync is not None and newest is not None and newest.step > self._pushed
+                and self.sync.push(self.out, newest.step, must=must) is not None):
+            self._pushed = newest.step
+
+    def _go_on(self, step: int, saved: int) -> bool:
+        """Ask the cost control whether iteration `step` runs; switch the workers to on-demand when
+        the deadline asks for it; on a stop, checkpoint the iterations done unless `saved` holds them."""
+        decision = self.cost.before_iteration(step, self.cfg.train.steps)
+        if decision.stop is not None:
+            self.stop_reason = decision.stop
+            self.log(decision.message)
+            if saved != step:
+                self._checkpoint(step)
+            return False
+        if decision.switch:
+            self.log(decision.message)
+            self.runtime.use_ondemand()
+            self.cost.switched(step)
+        return True
 
 
 def summarize(metrics_path: Path, steps: int, window: int = 5) -> dict[str, Any]:

@@ -1,106 +1,14 @@
 """The IMDSv2 and GCE metadata watchers against a real HTTP server on 127.0.0.1 that speaks both
-formats (token PUT with the TTL header, 401 without a valid token, 404 when nothing is scheduled,
-the Metadata-Flavor header required)."""
-
-import json
-import os
-import signal
-import socket
-import threading
-from datetime import datetime, timezone
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+formats (tests/metadata_server.py). The NoticeSource contract every source passes is in
+tests/test_cloud_contract.py."""
 
 import pytest
 
 from cloud.aws import ImdsSpotWatcher
 from cloud.gcp import GcpPreemptionWatcher
+from metadata_server import closed_port_url, metadata, utc  # noqa: F401 (fixtures)
 from schedulers.clock import ManualClock
-from schedulers.preemption import Cause, NoticeSource, SigtermSource
-
-
-class FakeMetadata:
-    """What the fake metadata server currently says; tests change it between polls."""
-
-    def __init__(self) -> None:
-        self.instance_action: dict | None = None
-        self.rebalance: dict | None = None
-        self.preempted = False
-        self.tokens: set[str] = set()
-        self.token_puts = 0
-        self.requests: list[tuple[str, str, int]] = []  # (method, path, status)
-        self.lock = threading.Lock()
-
-
-class Handler(BaseHTTPRequestHandler):
-    state: FakeMetadata  # set per server
-
-    def log_message(self, *args) -> None:  # keep pytest output clean
-        pass
-
-    def _send(self, status: int, body: str = "", headers: dict | None = None) -> None:
-        self.state.requests.append((self.command, self.path, status))  # before the client can read it
-        data = body.encode()
-        self.send_response(status)
-        for key, value in (headers or {}).items():
-            self.send_header(key, value)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def do_PUT(self) -> None:
-        if self.path != "/latest/api/token":
-            return self._send(404)
-        if not self.headers.get("X-aws-ec2-metadata-token-ttl-seconds", "").isdigit():
-            return self._send(400, "missing or invalid X-aws-ec2-metadata-token-ttl-seconds")
-        with self.state.lock:
-            self.state.token_puts += 1
-            token = f"token-{self.state.token_puts}"
-            self.state.tokens.add(token)
-        self._send(200, token)
-
-    def do_GET(self) -> None:
-        s = self.state
-        if self.path.startswith("/computeMetadata/"):
-            if self.headers.get("Metadata-Flavor") != "Google":
-                return self._send(403, "Missing Metadata-Flavor:Google header.")
-            if self.path != "/computeMetadata/v1/instance/preempted":
-                return self._send(404)
-            return self._send(200, "TRUE" if s.preempted else "FALSE", {"Metadata-Flavor": "Google"})
-        if self.headers.get("X-aws-ec2-metadata-token") not in s.tokens:
-            return self._send(401)
-        body = {
-            "/latest/meta-data/spot/instance-action": s.instance_action,
-            "/latest/meta-data/events/recommendations/rebalance": s.rebalance,
-        }.get(self.path)
-        if body is None:
-            return self._send(404)
-        self._send(200, json.dumps(body), {"Content-Type": "text/plain"})
-
-
-@pytest.fixture
-def metadata():
-    """(base URL, FakeMetadata) of a metadata server running on 127.0.0.1 for one test."""
-    state = FakeMetadata()
-    server = ThreadingHTTPServer(("127.0.0.1", 0), type("BoundHandler", (Handler,), {"state": state}))
-    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}", state
-    server.shutdown()
-    server.server_close()
-    thread.join(10)
-
-
-@pytest.fixture
-def closed_port_url():
-    """A URL on 127.0.0.1 whose port nothing listens on (connections are refused at once)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    return f"http://127.0.0.1:{port}"
-
-
-def utc(text: str) -> datetime:
-    return datetime.fromisoformat(text).replace(tzinfo=timezone.utc)
+from schedulers.preemption import Cause
 
 
 def test_fake_server_speaks_imdsv2(metadata):
@@ -222,56 +130,3 @@ def test_server_errors_mean_no_notice(metadata):
     # Paths the fake server does not know: 404 on the token PUT for IMDS, 404 for GCE.
     assert ImdsSpotWatcher(ManualClock(), base + "/nowhere").poll() is None
     assert GcpPreemptionWatcher(ManualClock(), base + "/nowhere").poll() is None
-
-
-# --- the NoticeSource contract: every implementation, fakes included, passes it unchanged -------
-
-
-class TriggeredSource:
-    """The in-memory NoticeSource tests and the simulator use as a stand-in."""
-
-    def __init__(self, clock: ManualClock) -> None:
-        self.clock, self.fired = clock, False
-
-    def poll(self):
-        from schedulers.preemption import PreemptionNotice
-
-        return PreemptionNotice(Cause.TRACE, self.clock.now() + 5.0) if self.fired else None
-
-
-def _imds(base, state, clock):
-    def trigger():
-        state.instance_action = {"action": "terminate", "time": "2026-11-22T16:02:00Z"}
-
-    return ImdsSpotWatcher(clock, base, utcnow=lambda: utc("2026-11-22T16:00:00")), trigger
-
-
-def _gcp(base, state, clock):
-    return GcpPreemptionWatcher(clock, base), lambda: setattr(state, "preempted", True)
-
-
-def _sigterm(base, state, clock):
-    return SigtermSource(clock, grace_s=30.0), lambda: os.kill(os.getpid(), signal.SIGTERM)
-
-
-def _fake(base, state, clock):
-    source = TriggeredSource(clock)
-    return source, lambda: setattr(source, "fired", True)
-
-
-@pytest.mark.parametrize("make", [_imds, _gcp, _sigterm, _fake], ids=["imds", "gcp", "sigterm", "fake"])
-def test_notice_source_contract(make, metadata):
-    base, state = metadata
-    previous = signal.getsignal(signal.SIGTERM)
-    clock = ManualClock(10.0)
-    try:
-        source, trigger = make(base, state, clock)
-        assert isinstance(source, NoticeSource)
-        assert source.poll() is None and source.poll() is None
-        trigger()
-        first = source.poll()
-        assert first is not None and isinstance(first.cause, Cause)
-        assert first.deadline is None or first.deadline >= clock.now()
-        assert source.poll().cause is first.cause  # a notice stays until acted on
-    finally:
-        signal.signal(signal.SIGTERM, previous)

@@ -1,0 +1,317 @@
+"""The price table: GPU instance types with their on-demand and spot dollars per hour.
+
+A table is a CSV with the columns of `COLUMNS`, one instance type per line; every row names where
+its prices came from (`source`) and when (`date`, YYYY-MM-DD). The shipped table
+(`cloud/prices.csv`) is a snapshot to refresh, not a live price: `refresh_from_aws` replaces spot
+prices with the median of EC2's spot price history, `refresh_from_sky` takes both prices from the
+catalog SkyPilot keeps under ~/.sky/catalogs/. Refreshed rows carry the new source and date.
+
+Invariants: every row has a non-empty instance type (unique in the table) and GPU name, a positive
+GPU count and finite prices >= 0. Loading a table that breaks one raises a `PriceError` whose text
+is one line naming the file, the line and the column.
+
+A node of the meter has `cloud.gpus_per_node` GPUs. When no row has exactly that many of the GPU,
+a node is priced at the cheapest row's per-GPU price times `gpus_per_node` (for example a 1-GPU
+H100 node from p5.48xlarge: 55.04 / 8 = $6.88/h) — what a share of a larger instance costs.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import statistics
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, replace
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from spotlight.config import ConfigError
+
+SHIPPED = Path(__file__).with_name("prices.csv")
+COLUMNS = ("provider", "instance_type", "gpu", "gpus", "ondemand_usd_h", "spot_usd_h", "source", "date")
+DEFAULT_REGION = {"aws": "us-east-1", "gcp": "us-central1"}
+"""The region a refresh reads when none is given: where the shipped prices were taken."""
+
+
+class PriceError(ConfigError):
+    """A bad price table or an unknown GPU / instance type; `str(err)` is the one line a user sees."""
+
+
+@dataclass(frozen=True)
+class PriceRow:
+    provider: str
+    instance_type: str
+    gpu: str
+    gpus: int
+    ondemand_usd_h: float
+    spot_usd_h: float
+    source: str
+    date: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class NodePrice:
+    """Dollars per hour of one node (`gpus` GPUs) priced from `row`."""
+
+    ondemand_usd_h: float
+    spot_usd_h: float
+    gpus: int
+    row: PriceRow
+
+
+def today() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%d")
+
+
+def _number(text: str, where: str, column: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):
+        raise PriceError(f"{where}: {column}: expected dollars per hour (a number >= 0), got {text!r}")
+    return value
+
+
+def _parse_row(raw: dict[str, str], where: str) -> PriceRow:
+    for column in ("provider", "instance_type", "gpu", "source"):
+        if not raw[column].strip():
+            what = "where the prices come from" if column == "source" else "a name"
+            raise PriceError(f"{where}: {column}: expected {what}, got an empty field")
+    try:
+        datetime.strptime(raw["date"].strip(), "%Y-%m-%d")
+    except ValueError:
+        raise PriceError(f"{where}: date: expected the day the prices were taken (YYYY-MM-DD), "
+                         f"got {raw['date']!r}") from None
+    try:
+        gpus = int(raw["gpus"])
+    except ValueError:
+        gpus = 0
+    if gpus <= 0:
+        raise PriceError(f"{where}: gpus: expected a positive integer, got {raw['gpus']!r}")
+    return PriceRow(raw["provider"].strip(), raw["instance_type"].strip(), raw["gpu"].strip(), gpus,
+                    _number(raw["ondemand_usd_h"], where, "ondemand_usd_h"),
+                    _number(raw["spot_usd_h"], where, "spot_usd_h"),
+                    raw["source"].strip(), raw["date"].strip())
+
+
+class PriceTable:
+    """Rows of a price table, in file order. `load` reads and checks one; construction does not."""
+
+    def __init__(self, rows: Iterable[PriceRow], path: Path | None = None) -> None:
+        self._rows = list(rows)
+        self.path = path
+
+    @classmethod
+    def load(cls, path: str | Path | None = None) -> "PriceTable":
+        """Read a table (None: the shipped one); any defect is one `PriceError` line."""
+        path = Path(path) if path is not None else SHIPPED
+        try:
+            text = path.read_text()
+        except OSError as err:
+            raise PriceError(f"{path}: cannot read price table ({err.strerror})") from None
+        reader = csv.reader(text.splitlines())
+        header = [h.strip() for h in next(reader, [])]
+        missing = [c for c in COLUMNS if c not in header]
+        if missing:
+            raise PriceError(f"{path}: line 1: missing column {missing[0]!r} (expected columns {', '.join(COLUMNS)})")
+        rows: list[PriceRow] = []
+        seen: dict[str, int] = {}
+        for fields in reader:
+            if not fields:
+                continue  # a blank line
+            where = f"{path}: line {reader.line_num}"
+            if len(fields) != len(header):
+                raise PriceError(f"{where}: expected {len(header)} comma-separated fields ({', '.join(header)}), "
+                                 f"got {len(fields)}")
+            row = _parse_row(dict(zip(header, fields)), where)
+            if row.instance_type in seen:
+                raise PriceError(f"{where}: instance_type: {row.instance_type!r} is already on line "
+                                 f"{seen[row.instance_type]}")
+            seen[row.instance_type] = reader.line_num
+            rows.append(row)
+        if not rows:
+            raise PriceError(f"{path}: no price rows (expected one line per instance type after the header)")
+        return cls(rows, path)
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def gpus(self) -> list[str]:
+        """The GPU names the table knows, sorted."""
+        return sorted({r.gpu for r in self._rows})
+
+    def _gpu_name(self, gpu: str) -> str:
+        """`gpu` as the table spells it (names match case-insensitively); unknown: a PriceError."""
+        for known in self.gpus():
+            if known.lower() == gpu.lower():
+                return known
+        raise PriceError(f"unknown GPU {gpu!r}: the price table{self._named()} knows {', '.join(self.gpus())}")
+
+    def _named(self) -> str:
+        return f" ({self.path})" if self.path is not None else ""
+
+    def rows(self, gpu: str | None = None) -> list[PriceRow]:
+        """Every row, or those of one GPU (an unknown GPU is a PriceError)."""
+        if gpu is None:
+            return list(self._rows)
+        name = self._gpu_name(gpu)
+        return [r for r in self._rows if r.gpu == name]
+
+    def row(self, instance_type: str) -> PriceRow:
+        for r in self._rows:
+            if r.instance_type == instance_type:
+                return r
+        raise PriceError(f"unknown instance type {instance_type!r}: not in the price table{self._named()}")
+
+    def node_price(self, gpu: str, gpus_per_node: int, instance_type: str | None = None) -> NodePrice:
+        """The price of a node of `gpus_per_node` x `gpu`: from `instance_type`'s row when given,
+        else from the row with exactly that many GPUs and the lowest on-demand price, else from the
+        row with the lowest on-demand price per GPU, scaled (module docstring). Ties: lower spot price."""
+        if gpus_per_node <= 0:
+            raise PriceError(f"gpus_per_node: expected a positive integer, got {gpus_per_node!r}")
+        candidates = self.rows(gpu)
+        if instance_type is not None:
+            row = self.row(instance_type)
+            if row not in candidates:
+                raise PriceError(f"instance type {instance_type!r} has {row.gpu} GPUs, not {gpu}")
+        else:
+            exact = [r for r in candidates if r.gpus == gpus_per_node]
+            pool = exact or candidates
+            row = min(pool, key=lambda r: (r.ondemand_usd_h / r.gpus, r.spot_usd_h / r.gpus))
+        share = gpus_per_node / row.gpus
+        return NodePrice(row.ondemand_usd_h * share, row.spot_usd_h * share, gpus_per_node, row)
+
+    def replaced(self, new: dict[str, PriceRow]) -> "PriceTable":
+        """This table with the rows named in `new` (by instance type) replaced, order kept."""
+        return PriceTable([new.get(r.instance_type, r) for r in self._rows], self.path)
+
+    def to_csv(self) -> str:
+        lines = [",".join(COLUMNS)]
+        for r in self._rows:
+            d = r.to_dict()
+            lines.append(",".join(_csv_field(d[c]) for c in COLUMNS))
+        return "\n".join(lines) + "\n"
+
+    def write(self, path: str | Path) -> None:
+        Path(path).write_text(self.to_csv())
+
+
+def _csv_field(value: Any) -> str:
+    text = f"{value:.6g}" if isinstance(value, float) else str(value)
+    return f'"{text}"' if any(ch in text for ch in ',"\n') and not text.startswith('"') else text
+
+
+# ---- refreshing ---------------------------------------------------------------------------------
+
+
+def refresh_from_aws(table: PriceTable, region: str | None = None, days: float = 1.0,
+                     client: Any = None) -> tuple[PriceTable, list[str]]:
+    """Spot prices of the table's AWS rows from EC2's spot price history in `region` over the last
+    `days`: the median over every price point of every availability zone (robust to one AZ's spike;
+    the meter wants a typical price, not the luckiest). On-demand prices stay (EC2 has no on-demand
+    price API; the Pricing API is another service). Returns the new table and what was not refreshed.
+    """
+    from cloud import aws
+
+    region = region or DEFAULT_REGION["aws"]
+    wanted = [r.instance_type for r in table.rows() if r.provider == "aws"]
+    if not wanted:
+        return table, ["the table has no aws rows"]
+    try:
+        history = aws.spot_price_history(wanted, region=region, days=days, client=client)
+    except Exception as err:  # botocore's errors (no credentials, no network, a refused call) — one line
+        raise PriceError(f"--refresh aws: cannot read the spot price history in {region} "
+                         f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})") from None
+    points: dict[str, list[float]] = {}
+    for point in history:
+        points.setdefault(point["instance_type"], []).append(float(point["spot_usd_h"]))
+    new, skipped = {}, []
+    for name in wanted:
+        if not points.get(name):
+            skipped.append(f"{name}: no spot price in {region} over the last {days:g} d")
+            continue
+        old = table.row(name)
+        new[name] = replace(old, spot_usd_h=statistics.median(points[name]),
+                            source=f"on-demand: {_ondemand_part(old.source)}; spot: aws spot price history "
+                                   f"{region} median over {days:g} d ({len(points[name])} points)",
+                            date=today())
+    return table.replaced(new), skipped
+
+
+def _ondemand_part(source: str) -> str:
+    """Where a row's on-demand price came from, out of its source text."""
+    head = source.split(";")[0].strip()
+    return head[len("on-demand:"):].strip() if head.startswith("on-demand:") else head
+
+
+def sky_catalog(provider: str, root: Path | None = None) -> Path | None:
+    """The newest SkyPilot catalog file for `provider` (~/.sky/catalogs/v<N>/<provider>/vms.csv), if any."""
+    root = root if root is not None else Path.home() / ".sky" / "catalogs"
+    versions = [p for p in root.glob("v*") if p.name[1:].isdigit() and (p / provider / "vms.csv").is_file()]
+    if not versions:
+        return None
+    return max(versions, key=lambda p: int(p.name[1:])) / provider / "vms.csv"
+
+
+def refresh_from_sky(table: PriceTable, root: Path | None = None,
+                     region: str | None = None) -> tuple[PriceTable, list[str]]:
+    """Both prices of every row whose instance type SkyPilot's catalog lists in the region (None: the
+    provider's `DEFAULT_REGION`): on-demand as listed, spot as the median over the region's zones.
+    The catalog is read as a file (no `import sky`): columns InstanceType, Price, SpotPrice, Region."""
+    new: dict[str, PriceRow] = {}
+    skipped: list[str] = []
+    for provider in sorted({r.provider for r in table.rows()}):
+        path = sky_catalog(provider, root)
+        mine = [r for r in table.rows() if r.provider == provider]
+        if path is None:
+            skipped.append(f"{provider}: no SkyPilot catalog under {root or '~/.sky/catalogs'}")
+            continue
+        where = region or DEFAULT_REGION.get(provider)
+        found = _sky_prices(path, {r.instance_type for r in mine}, where)
+        for old in mine:
+            if old.instance_type not in found:
+                skipped.append(f"{old.instance_type}: not in {path} for region {where}")
+                continue
+            ondemand, spot = found[old.instance_type]
+            if spot is None:
+                skipped.append(f"{old.instance_type}: {path} has no spot price in {where}; spot price kept")
+            version = path.parent.parent.name
+            new[old.instance_type] = replace(
+                old, ondemand_usd_h=ondemand, spot_usd_h=old.spot_usd_h if spot is None else spot,
+                source=f"skypilot catalog {version}/{provider} {where}"
+                       + ("" if spot is None else "; spot: median over zones"),
+                date=today())
+    return table.replaced(new), skipped
+
+
+def _sky_prices(path: Path, wanted: set[str], region: str | None) -> dict[str, tuple[float, float | None]]:
+    """{instance type: (on-demand, median spot or None)} for `wanted` in `region` from a catalog CSV."""
+    try:
+        text = path.read_text()
+    except OSError as err:
+        raise PriceError(f"{path}: cannot read the SkyPilot catalog ({err.strerror})") from None
+    reader = csv.DictReader(text.splitlines())
+    need = ("InstanceType", "Price", "SpotPrice", "Region")
+    missing = [c for c in need if c not in (reader.fieldnames or [])]
+    if missing:
+        raise PriceError(f"{path}: line 1: missing column {missing[0]!r} (a SkyPilot catalog has {', '.join(need)})")
+    ondemand: dict[str, list[float]] = {}
+    spot: dict[str, list[float]] = {}
+    for raw in reader:
+        name = raw["InstanceType"]
+        if name not in wanted or (region is not None and raw["Region"] != region):
+            continue
+        for column, into in (("Price", ondemand), ("SpotPrice", spot)):
+            try:
+                value = float(raw[column])
+            except (TypeError, ValueError):
+                continue  # an empty price: not sold that way there
+            if math.isfinite(value) and value >= 0:
+                into.setdefault(name, []).append(value)
+    return {name: (min(values), statistics.median(spot[name]) if spot.get(name) else None)
+            for name, values in ondemand.items()}

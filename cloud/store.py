@@ -1,0 +1,215 @@
+"""A store: named byte objects under one root, the place checkpoints outlive a spot instance in.
+
+The `Store` Protocol is small on purpose, so that S3 (`cloud.aws.S3Store`) and a folder
+(`LocalStore`) pass the same contract tests (tests/test_cloud_contract.py):
+- `put`/`put_file` are atomic: a reader sees the previous object or the whole new one, never a
+  part (S3 gives this per object; `LocalStore` writes a hidden temporary file and renames it);
+- `get`/`get_file` of a key that does not exist raise `MissingKey`; `get_file` writes its
+  destination atomically too;
+- `list(prefix)` returns every stored key that starts with `prefix`, sorted; temporary files are
+  never listed;
+- `delete` of a missing key is not an error.
+Atomicity is per object: a set of objects that belongs together (a checkpoint) needs a marker
+written last — see `spotlight.checkpoint_sync`.
+
+Keys are relative '/'-separated paths ("step-000004/MANIFEST.json"): no leading or trailing '/',
+no empty, '.' or '..' parts.
+
+`open_store(uri)` opens `s3://BUCKET/PREFIX`, `file:///ABS/PATH` or a plain path. A URI that
+names no store is a `StoreURIError` whose message is one line naming the URI and what was expected.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+from urllib.parse import urlsplit
+
+EXPECTED_URI = "s3://BUCKET/PREFIX, file:///ABSOLUTE/PATH or a local path"
+_TMP = ".tmp-"  # LocalStore's in-progress files start with this; never listed
+
+
+class StoreError(RuntimeError):
+    """A store operation that failed for good (after any retries); the message is one line that
+    names the object's URI."""
+
+
+class MissingKey(StoreError):
+    """The key does not exist in the store."""
+
+
+class StoreURIError(ValueError):
+    """A URI that names no store; the message is one line: the URI, what is wrong, what was expected."""
+
+
+@runtime_checkable
+class Store(Protocol):
+    uri: str
+    """Where the store's root is, for messages (e.g. s3://bucket/run1, /data/run1)."""
+
+    def put(self, key: str, data: bytes) -> None: ...
+
+    def put_file(self, key: str, path: Path) -> None:
+        """Store the contents of the local file `path` under `key`."""
+        ...
+
+    def get(self, key: str) -> bytes: ...
+
+    def get_file(self, key: str, path: Path) -> None:
+        """Write the object to the local file `path` (atomically; parent folders are made)."""
+        ...
+
+    def list(self, prefix: str = "") -> list[str]:
+        """Every key that starts with `prefix`, sorted."""
+        ...
+
+    def delete(self, key: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class StoreLocation:
+    """A parsed store URI: `scheme` "s3" with `bucket` and `prefix` (no outer '/'), or "file" with `path`."""
+
+    scheme: str
+    bucket: str = ""
+    prefix: str = ""
+    path: Path | None = None
+
+
+def parse_store_uri(uri: str) -> StoreLocation:
+    """Parse a store URI (see the module docstring); a bad one raises StoreURIError."""
+    if not isinstance(uri, str) or not uri.strip():
+        raise StoreURIError(f"{uri!r}: empty store URI (expected {EXPECTED_URI})")
+    if "://" not in uri:
+        if uri.startswith(("s3:", "gs:", "file:")):  # s3:/bucket, s3:bucket: a mistyped URI, not a folder name
+            raise StoreURIError(f"{uri}: malformed URI (expected {EXPECTED_URI})")
+        return StoreLocation("file", path=Path(uri).expanduser().absolute())
+    parts = urlsplit(uri)
+    scheme = parts.scheme.lower()
+    if scheme == "s3":
+        bucket, prefix = parts.netloc, parts.path.strip("/")
+        if not bucket:
+            raise StoreURIError(f"{uri}: no bucket (expected s3://BUCKET/PREFIX)")
+        if not _valid_bucket(bucket):
+            raise StoreURIError(f"{uri}: {bucket!r} is not a valid S3 bucket name (expected 3-63 lowercase "
+                                "letters, digits, '.' or '-', starting and ending with a letter or digit)")
+        if parts.query or parts.fragment or "//" in prefix:
+            raise StoreURIError(f"{uri}: unexpected '?', '#' or '//' (expected s3://BUCKET/PREFIX)")
+        return StoreLocation("s3", bucket=bucket, prefix=prefix)
+    if scheme == "file":
+        if parts.netloc not in ("", "localhost") or not parts.path.startswith("/"):
+            raise StoreURIError(f"{uri}: expected file:///ABSOLUTE/PATH (three slashes)")
+        return StoreLocation("file", path=Path(parts.path))
+    if scheme in ("gs", "gcs"):
+        raise StoreURIError(f"{uri}: Google Cloud Storage URIs are not supported yet (expected {EXPECTED_URI}; "
+                            "GCS's S3-compatible XML API works as s3://BUCKET/PREFIX with "
+                            "AWS_ENDPOINT_URL=https://storage.googleapis.com and HMAC keys)")
+    raise StoreURIError(f"{uri}: unknown scheme {parts.scheme!r} (expected {EXPECTED_URI})")
+
+
+def _valid_bucket(name: str) -> bool:
+    # S3's rules for new buckets (what S3-compatible servers accept too), minus the IP-address rule.
+    return (3 <= len(name) <= 63 and name[0].isalnum() and name[-1].isalnum() and ".." not in name
+            and all(c.islower() or c.isdigit() or c in ".-" for c in name))
+
+
+def open_store(uri: str, **options: object) -> Store:
+    """The store a URI names. `options` go to an S3Store's constructor (endpoint_url, clock,
+    backoff, ...) and are ignored for a folder; boto3 is imported only for s3:// URIs."""
+    where = parse_store_uri(uri)
+    if where.scheme == "s3":
+        from cloud.aws import S3Store
+
+        return S3Store(where.bucket, where.prefix, **options)  # type: ignore[arg-type]
+    assert where.path is not None
+    return LocalStore(where.path)
+
+
+def check_key(key: str) -> str:
+    """`key` if it is a valid store key (see the module docstring), else ValueError."""
+    parts = key.split("/") if isinstance(key, str) else [""]
+    if not key or any(p in ("", ".", "..") or p.startswith(_TMP) for p in parts) or "\\" in key:
+        raise ValueError(f"invalid store key {key!r} (expected a relative path like 'step-000004/state.json')")
+    return key
+
+
+class LocalStore:
+    """A store in a local folder (a mounted network disk, or the local provider in tests and
+    simulation). Objects are files under `root`; writes go to a hidden temporary file in the same
+    folder, are flushed to disk and renamed over the target, so a crash leaves the old file or the
+    new one."""
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root)
+        self.uri = str(self.root)
+
+    def _path(self, key: str) -> Path:
+        return self.root / check_key(key)
+
+    def _write_atomically(self, key: str, write) -> None:
+        target = self._path(key)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.parent / f"{_TMP}{target.name}-{uuid.uuid4().hex[:8]}"
+        try:
+            with open(tmp, "wb") as f:
+                write(f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, target)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def put(self, key: str, data: bytes) -> None:
+        self._write_atomically(key, lambda f: f.write(data))
+
+    def put_file(self, key: str, path: Path) -> None:
+        with open(path, "rb") as src:
+            self._write_atomically(key, lambda f: shutil.copyfileobj(src, f, 1 << 20))
+
+    def get(self, key: str) -> bytes:
+        try:
+            return self._path(key).read_bytes()
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            raise MissingKey(f"{self.uri}/{key}: no such object") from None
+
+    def get_file(self, key: str, path: Path) -> None:
+        source = self._path(key)
+        if not source.is_file():
+            raise MissingKey(f"{self.uri}/{key}: no such object")
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.parent / f"{_TMP}{path.name}-{uuid.uuid4().hex[:8]}"
+        try:
+            shutil.copyfile(source, tmp)
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def list(self, prefix: str = "") -> list[str]:
+        if not self.root.is_dir():
+            return []
+        keys = []
+        for folder, dirs, files in os.walk(self.root):
+            rel = Path(folder).relative_to(self.root).as_posix()
+            for name in files:
+                if not name.startswith(_TMP):
+                    key = name if rel == "." else f"{rel}/{name}"
+                    if key.startswith(prefix):
+                        keys.append(key)
+        return sorted(keys)
+
+    def delete(self, key: str) -> None:
+        path = self._path(key)
+        path.unlink(missing_ok=True)
+        # Drop folders the delete emptied, so a store of rotated checkpoints does not fill with them.
+        for parent in path.parents:
+            if parent == self.root or self.root not in parent.parents:
+                break
+            try:
+                parent.rmdir()
+            except OSError:
+                break

@@ -1,0 +1,208 @@
+"""Checkpoints mirrored to a store (`--checkpoint-uri`), so a run outlives the machine it ran on.
+
+A stored checkpoint of step N is every file the run folder needs to resume at iteration N, each
+under `step-N/` at its path in the run folder:
+    step-000004/checkpoints/step-000004/{model.safetensors, optimizer.pt, state.json}
+    step-000004/explorer/step-000004.json      (when exploration is on)
+    step-000004/config.yaml, metrics.jsonl, cost.json, ... (every file directly in the run folder)
+    step-000004/MANIFEST.json                  {"step": 4, "files": {PATH: {"size", "sha256"}}}
+
+Invariants:
+- The manifest is written last, after every file it names. A stored checkpoint is complete when
+  its manifest parses and every file it names has the listed size and SHA-256; anything else (a
+  push cut short, a truncated or altered object) is incomplete and is never resumed from — `pull`
+  logs why and tries the next older one.
+- A pull installs into the run folder only verified files, and the checkpoint folder last (by
+  rename, as `spotlight.checkpoint` writes its own): an interrupted pull leaves no folder that
+  `checkpoint.latest` would take.
+- After a push the store keeps the newest `keep` complete checkpoints; an older one loses its
+  manifest before its files, so it is never seen half-deleted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from cloud.store import MissingKey, Store, StoreError, check_key
+from spotlight import checkpoint
+
+MANIFEST = "MANIFEST.json"
+STEP_DIR = "step-{:06d}"
+
+
+def step_dir(step: int) -> str:
+    return STEP_DIR.format(step)
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def checkpoint_files(out: Path, step: int) -> list[str]:
+    """The run-folder paths (relative, '/'-separated) that resuming at iteration `step` needs."""
+    folder = out / "checkpoints" / f"{checkpoint.PREFIX}{step:06d}"
+    if not folder.is_dir():
+        raise FileNotFoundError(f"{folder}: no checkpoint of iteration {step} to store")
+    files = sorted(p.relative_to(out).as_posix() for p in folder.rglob("*") if p.is_file())
+    if (out / f"explorer/step-{step:06d}.json").is_file():
+        files.append(f"explorer/step-{step:06d}.json")
+    # The run folder's own files go too: config.yaml (the resume key), metrics.jsonl (a summary
+    # after a resume elsewhere covers the whole run), cost.json (a budget holds across machines).
+    files += sorted(p.name for p in out.iterdir()
+                    if p.is_file() and not p.name.startswith(".") and not p.name.endswith(".tmp"))
+    return files
+
+
+class CheckpointSync:
+    """Pushes run-folder checkpoints to `store` and pulls the newest complete one back (see the
+    module docstring). `log` gets one line per push, pull, skip and failure."""
+
+    def __init__(self, store: Store, log: Callable[[str], None] = print, keep: int = 2) -> None:
+        if keep < 1:
+            raise ValueError(f"CheckpointSync: keep must be >= 1, got {keep}")
+        self.store = store
+        self.log = log
+        self.keep = keep
+
+    # ---- push -----------------------------------------------------------------------------------
+
+    def push(self, out: Path, step: int, must: bool = False) -> dict[str, Any] | None:
+        """Store the checkpoint of iteration `step` from run folder `out`, then drop older ones.
+        Returns {"files", "bytes", "seconds"}. A store failure (after the store's retries) raises
+        StoreError when `must`, else is logged and returns None: the checkpoint stays in the run
+        folder, and the next push stores a newer one."""
+        start = time.perf_counter()
+        try:
+            manifest = self._upload(Path(out), step)
+            self._prune(step)
+        except StoreError as err:
+            if must:
+                raise
+            self.log(f"checkpoint {step} not stored ({err}); it is kept in {out}/checkpoints, the next one is retried")
+            return None
+        seconds = time.perf_counter() - start
+        size = sum(f["size"] for f in manifest["files"].values())
+        self.log(f"checkpoint {step} stored in {self.store.uri}/{step_dir(step)} "
+                 f"({len(manifest['files'])} files, {size / 1e6:.1f} MB, {seconds:.2f} s)")
+        return {"files": len(manifest["files"]), "bytes": size, "seconds": seconds}
+
+    def _upload(self, out: Path, step: int) -> dict[str, Any]:
+        base = step_dir(step)
+        files: dict[str, dict[str, Any]] = {}
+        for rel in checkpoint_files(out, step):
+            path = out / rel
+            # Hash before sending: what the manifest promises is what this run wrote.
+            files[rel] = {"size": path.stat().st_size, "sha256": sha256_of(path)}
+            self.store.put_file(f"{base}/{rel}", path)
+        manifest = {"step": step, "files": files}
+        self.store.put(f"{base}/{MANIFEST}", json.dumps(manifest, indent=1).encode())  # last: completes it
+        return manifest
+
+    def _prune(self, pushed: int) -> None:
+        complete = self.stored()
+        drop = set(complete[self.keep:])
+        # Leftovers of pushes cut short before their manifest, older than the one just pushed.
+        drop |= {s for s in self._steps_with_files() if s < pushed and s not in complete}
+        for step in sorted(drop):
+            keys = self.store.list(step_dir(step) + "/")
+            manifest = f"{step_dir(step)}/{MANIFEST}"
+            if manifest in keys:
+                self.store.delete(manifest)
+            for key in keys:
+                if key != manifest:
+                    self.store.delete(key)
+
+    # ---- pull -----------------------------------------------------------------------------------
+
+    def stored(self) -> list[int]:
+        """Steps that have a manifest in the store, newest first (not yet verified)."""
+        steps = []
+        for key in self.store.list("step-"):
+            head, _, tail = key.partition("/")
+            if tail == MANIFEST and head[5:].isdigit():
+                steps.append(int(head[5:]))
+        return sorted(steps, reverse=True)
+
+    def _steps_with_files(self) -> set[int]:
+        return {int(k[5:].partition("/")[0]) for k in self.store.list("step-") if k[5:].partition("/")[0].isdigit()}
+
+    def pull(self, out: Path, newer_than: int = 0, accept: Callable[[Path], None] | None = None) -> int | None:
+        """Install into run folder `out` the newest complete stored checkpoint of a step above
+        `newer_than`; returns its step, or None when there is none. `accept(folder)` sees the
+        verified files (run-folder layout) before anything is installed; it raises to refuse them
+        (e.g. a config that differs), which ends the pull."""
+        out = Path(out)
+        for step in self.stored():
+            if step <= newer_than:
+                break
+            staging = out / f".pull-{step_dir(step)}"
+            shutil.rmtree(staging, ignore_errors=True)
+            try:
+                why = self._download(step, staging)
+                if why is not None:
+                    self.log(f"stored checkpoint {self.store.uri}/{step_dir(step)} skipped: {why}")
+                    continue
+                if accept is not None:
+                    accept(staging)
+                self._install(staging, out, step)
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)
+            return step
+        return None
+
+    def _download(self, step: int, staging: Path) -> str | None:
+        """Download and verify stored checkpoint `step` into `staging`; None if complete, else why not."""
+        base = step_dir(step)
+        try:
+            manifest = json.loads(self.store.get(f"{base}/{MANIFEST}"))
+            files = manifest["files"]
+            if manifest["step"] != step or not isinstance(files, dict) or not files:
+                return f"{MANIFEST} does not describe iteration {step}"
+            for rel, want in files.items():
+                check_key(rel)  # a manifest never writes outside the run folder
+                if not (isinstance(want, dict) and isinstance(want.get("size"), int)
+                        and isinstance(want.get("sha256"), str)):
+                    return f"{MANIFEST}: entry {rel!r} lacks an integer size and a sha256"
+        except MissingKey:
+            return f"no {MANIFEST}"
+        except (ValueError, KeyError, TypeError) as err:
+            return f"unreadable {MANIFEST} ({type(err).__name__}: {err})"
+        checkpoint_folder = f"checkpoints/{checkpoint.PREFIX}{step:06d}/"
+        if not any(rel.startswith(checkpoint_folder) for rel in files):
+            return f"{MANIFEST} names no {checkpoint_folder} files"
+        for rel, want in files.items():
+            path = staging / rel
+            try:
+                self.store.get_file(f"{base}/{rel}", path)
+            except MissingKey:
+                return f"{rel} is missing"
+            size = path.stat().st_size
+            if size != want["size"]:
+                return f"{rel} has {size} bytes, {MANIFEST} says {want['size']} (truncated?)"
+            if sha256_of(path) != want["sha256"]:
+                return f"{rel} does not match its SHA-256 in {MANIFEST}"
+        return None
+
+    @staticmethod
+    def _install(staging: Path, out: Path, step: int) -> None:
+        """Move verified files into `out`: everything else first, the checkpoint folder last."""
+        folder = Path("checkpoints") / f"{checkpoint.PREFIX}{step:06d}"
+        for path in sorted(p for p in staging.rglob("*") if p.is_file()):
+            rel = path.relative_to(staging)
+            if folder not in rel.parents:
+                (out / rel).parent.mkdir(parents=True, exist_ok=True)
+                path.replace(out / rel)
+        target = out / folder
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(target, ignore_errors=True)
+        (staging / folder).rename(target)
