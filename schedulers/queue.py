@@ -266,6 +266,21 @@ class PullQueue:
         with self._lock:
             return [self._result(request_id) for request_id in ids]
 
+    def committed(self, ids: Iterable[str]) -> tuple[dict[str, Any], dict[str, tuple[int, Any]]]:
+        """What is committed of requests `ids`: (results of the completed ones, {id: (step, state)}
+        of the others that have committed a step). A controller that restarts seeds the same
+        requests with these and loses nothing committed (`spotlight.inflight`)."""
+        with self._lock:
+            results, partial = {}, {}
+            for request_id in ids:
+                status = self._status_of(request_id)
+                if status is Status.COMPLETED:
+                    results[request_id] = self._result(request_id)
+                elif status is not Status.CANCELLED and self._requests[request_id].step > 0:
+                    r = self._requests[request_id]
+                    partial[request_id] = (r.step, r.state)
+            return results, partial
+
     def pending(self, ids: Iterable[str] | None = None) -> int:
         """How many of `ids` (default: all requests put) are neither completed nor cancelled."""
         with self._lock:

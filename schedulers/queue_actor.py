@@ -63,6 +63,9 @@ class _QueueActor:
     def results(self, ids: Iterable[str]) -> list[Any]:
         return self._queue.results(ids)
 
+    def committed(self, ids: Iterable[str]) -> tuple[dict[str, Any], dict[str, tuple[int, Any]]]:
+        return self._queue.committed(ids)
+
     def pending(self, ids: Iterable[str] | None = None) -> int:
         return self._queue.pending(ids)
 

@@ -346,6 +346,10 @@ class CloudConfig:
     checkpoint_uri: str | None = None
     """Where checkpoints and committed in-flight state live besides the run folder: s3://bucket/prefix
     (honours $AWS_ENDPOINT_URL) or file:///path; None: the run folder only."""
+    inflight_every_s: float = 30.0
+    """With a checkpoint_uri: seconds between snapshots of a running rollout's committed state (finished
+    results, partial states) in the store, which a restarted controller resumes the iteration from
+    (`spotlight.inflight`); 0: none."""
     budget_usd: float | None = None
     """Stop cleanly (final checkpoint, summary says why) before the metered cost would exceed this."""
     deadline_h: float | None = None
@@ -364,6 +368,7 @@ class CloudConfig:
         _check(self.budget_usd is None or self.budget_usd > 0, "budget_usd", "a number > 0 or null", self.budget_usd)
         _check(self.deadline_h is None or self.deadline_h > 0, "deadline_h", "a number > 0 or null", self.deadline_h)
         _check(self.price_scale > 0, "price_scale", "a number > 0", self.price_scale)
+        _check(self.inflight_every_s >= 0, "inflight_every_s", "a number >= 0", self.inflight_every_s)
         if self.checkpoint_uri is not None:
             from cloud.store import StoreURIError, parse_store_uri
 

@@ -41,7 +41,7 @@ from spotlight.learner import Learner
 from spotlight.policy import Rollout
 from spotlight.rewards import RewardWorker
 from spotlight.rollout_worker import RolloutWorker
-from spotlight.runtime import ExplorationRate, exploration_stats, scheduler_stats
+from spotlight.runtime import ExplorationRate, Progress, exploration_stats, scheduler_stats
 from spotlight.traces import ReplayAction
 
 SPOT_RESOURCE = "spot"
@@ -228,11 +228,14 @@ class RayRuntime:
                     self._lost(slot)
         return True
 
-    def rollout(self, requests: list[Request]) -> list[Rollout]:
+    def rollout(self, requests: list[Request], progress: Progress | None = None, every_s: float = 30.0) -> list[Rollout]:
         ids = [r.id for r in requests]
         ray.get(self.queue.put.remote(requests))
-        start = time.monotonic()
+        start = reported = time.monotonic()
         while True:
+            if progress is not None and time.monotonic() - reported >= every_s:
+                progress(*ray.get(self.queue.committed.remote(ids)))
+                reported = time.monotonic()
             self._apply_due(self._trace_s + time.monotonic() - start)
             if not self._pump(self.slots) and not self._more_capacity_coming():
                 raise RuntimeError("no rollout capacity left: every spot worker is gone, none is coming back, "

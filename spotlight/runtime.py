@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -31,6 +32,10 @@ if TYPE_CHECKING:
     from spotlight.exploration import ExplorationSession
 
 
+Progress = Callable[[dict[str, Any], dict[str, tuple[int, Any]]], None]
+"""Receives a running rollout's committed state: (results by id, (step, state) by id)."""
+
+
 class Runtime(Protocol):
     def build(self, checkpoints: Path) -> dict[str, Any]:
         """Start the roles; the learner resumes from `checkpoints` if it can. Returns Learner.build's info."""
@@ -41,8 +46,10 @@ class Runtime(Protocol):
         """Weight version = iterations the learner has applied."""
         ...
 
-    def rollout(self, requests: list[Request]) -> list[Rollout]:
-        """Compute every request at the current weights; results in request order."""
+    def rollout(self, requests: list[Request], progress: "Progress | None" = None, every_s: float = 30.0) -> list[Rollout]:
+        """Compute every request at the current weights; results in request order. While it runs,
+        `progress(results, partial)` gets what is committed (`PullQueue.committed`) every `every_s`
+        seconds (a runtime that computes the whole rollout in one call never calls it)."""
         ...
 
     def rewards(self, parts: list[Rollout]) -> torch.Tensor: ...
@@ -137,7 +144,8 @@ class LocalRuntime:
     def version(self) -> int:
         return self.learner.version
 
-    def rollout(self, requests: list[Request]) -> list[Rollout]:
+    def rollout(self, requests: list[Request], progress: Progress | None = None, every_s: float = 30.0) -> list[Rollout]:
+        # One worker serves the whole rollout in this call: there is no mid-way state to report.
         self.queue.put(requests)
         self.worker.serve()
         return self.queue.results([r.id for r in requests])

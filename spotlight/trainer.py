@@ -8,7 +8,9 @@ one that never stopped.
 With `cloud.checkpoint_uri` (`--checkpoint-uri`), every checkpoint is also pushed to that store
 once its metrics row is written, and a run folder without a newer checkpoint first pulls the
 newest complete one from it (`spotlight.checkpoint_sync`): a run restarted on a fresh machine
-resumes where the store left it.
+resumes where the store left it. The running rollout's committed state goes to the store too
+(`spotlight.inflight`, every `cloud.inflight_every_s`), and a controller restarted mid-rollout
+resumes that iteration from it.
 
 With `exploration.enabled`, an `Explorer` picks each iteration's prompts and seeds from what idle
 workers explored with the previous weights during the previous train phase (`spotlight.exploration`).
@@ -31,11 +33,12 @@ import math
 import sys
 import time
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Iterator
 
 from cloud.cost import CostControl, Spent, load_spent, save_spent
-from cloud.store import open_store
+from cloud.store import StoreError, open_store
 from schedulers.clock import WallClock
 from schedulers.request import Kind, Request
 from spotlight import checkpoint
@@ -43,6 +46,7 @@ from spotlight.checkpoint_sync import CheckpointSync
 from spotlight.config import ConfigError, RunConfig, load_config, to_yaml
 from spotlight.exploration import Explorer
 from spotlight.grpo import group_advantages, group_std
+from spotlight.inflight import InflightStore
 from spotlight.prompts import draw_prompts, prompt_set
 from spotlight.runtime import LocalRuntime, Runtime
 
@@ -103,6 +107,8 @@ class Trainer:
         self.sync: CheckpointSync | None = None
         """The --checkpoint-uri mirror of checkpoints/, when there is one."""
         self._pushed = 0  # the newest iteration the mirror holds
+        self.inflight: InflightStore | None = None
+        """Where a running rollout's committed state goes (with --checkpoint-uri and inflight_every_s > 0)."""
         self.stop_reason = "steps"
         """Why the loop ended: "steps" (all ran), "budget" or "deadline" (`cloud.cost.CostControl`)."""
 
@@ -111,6 +117,8 @@ class Trainer:
         self._check_out_dir()
         if cfg.cloud.checkpoint_uri:
             self._pull()
+            if cfg.cloud.inflight_every_s > 0:
+                self.inflight = InflightStore(self.sync.store, self.log)
         # Prices, the fleet and a too-small budget are checked before anything starts; from here on
         # the fleet is paid for (instances are paid from launch), on top of what earlier sessions spent.
         self.cost = CostControl.from_config(cfg, WallClock(), load_spent(self.out))
@@ -186,7 +194,7 @@ class Trainer:
             with t("eval"):
                 evaluation["eval_reward"] = rt.rewards(rt.rollout(self.evaluation_requests(step))).float().mean().item()
         with t("rollout"):
-            parts = rt.rollout(requests)
+            parts = self._rollout(step, requests)
         with t("reward"):
             rewards = rt.rewards(parts).float()
         explored = ex.observe(step, requests, rewards) if ex is not None else {}
@@ -211,6 +219,29 @@ class Trainer:
             **stats,
             **{f"time_{k}_s": v for k, v in t.seconds.items()},
         }
+
+    def _rollout(self, step: int, requests: list[Request]) -> list[Any]:
+        """The iteration's rollout; with an in-flight store, resumed from what it holds of this
+        iteration (a controller restarted mid-rollout), and snapshotted to it while it runs."""
+        if self.inflight is None:
+            return self.runtime.rollout(requests)
+        seeds = {r.id: tuple(r.seeds) for r in requests}
+        done, partial = self.inflight.load(step, seeds) if step == self.start_step else ({}, {})
+        if done or partial:
+            self.log(f"iteration {step} resumes its rollout from {self.inflight.store.uri}: {len(done)} results, "
+                     f"{len(partial)} requests at their committed steps")
+        todo = [replace(r, step=partial[r.id][0], state=partial[r.id][1]) if r.id in partial else r
+                for r in requests if r.id not in done]
+
+        def snapshot(results: dict[str, Any], committed: dict[str, tuple[int, Any]]) -> None:
+            try:
+                self.inflight.save(step, seeds, {**done, **results}, committed)
+            except StoreError as err:  # a lost snapshot is work that may be redone, not a failure
+                self.log(f"in-flight state of iteration {step} not stored: {err}")
+
+        got = self.runtime.rollout(todo, snapshot, self.cfg.cloud.inflight_every_s) if todo else []
+        by_id = {**done, **dict(zip([r.id for r in todo], got))}
+        return [by_id[r.id] for r in requests]
 
     def train(self) -> dict[str, Any]:
         """Run the remaining iterations, write final/ and summary.json; always shuts the runtime down."""
@@ -299,6 +330,8 @@ class Trainer:
         if (self.sync is not None and newest is not None and newest.step > self._pushed
                 and self.sync.push(self.out, newest.step, must=must) is not None):
             self._pushed = newest.step
+            if self.inflight is not None:  # resuming now starts at or after this checkpoint
+                self.inflight.prune(newest.step)
 
     def _go_on(self, step: int, saved: int) -> bool:
         """Ask the cost control whether iteration `step` runs; switch the workers to on-demand when

@@ -88,6 +88,17 @@ def test_give_back_then_another_worker_resumes_from_the_committed_state(queue: A
     assert (stats["requests_given_back"], stats["requests_resumed"]) == (1, 1)
 
 
+def test_committed_holds_results_and_the_partial_states_a_restarted_controller_seeds_with(queue: Any) -> None:
+    queue.put([req("done"), req("half"), req("fresh"), req("dropped", Kind.EXPLORATION)])
+    queue.pull("w1", max_requests=3)
+    assert queue.complete("w1", "done", "result")
+    assert queue.checkpoint("w1", "half", "latent@4", 4)
+    queue.cancel(Kind.EXPLORATION)
+    results, partial = queue.committed(["done", "half", "fresh", "dropped"])
+    assert results == {"done": "result"}
+    assert partial == {"half": (4, "latent@4")}  # nothing committed of "fresh", "dropped" is cancelled
+
+
 def test_worker_lost_requeues_from_the_last_checkpoint_and_counts_recomputed_steps(queue: Any) -> None:
     queue.put([req("a"), req("b")])
     queue.pull("w1", max_requests=2)
