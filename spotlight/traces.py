@@ -14,6 +14,15 @@ may join again later.
   first line. The shipped files repeat each reading over three lines a minute apart, so a reading
   may start before the previous one's repeats end: only the readings that change the count must be
   in time order (and not before the previous change); repeats of the current count are ignored.
+- SkyPilot spot-traces JSON, `{"metadata": {"gap_seconds": N}, "data": [...]}` (the traces of
+  "Can't Be Late", Wu et al., NSDI'24): one value per tick of N seconds. We read a value of **1 as
+  preempted (no spot instance)** and 0 as available, as that simulator does (`"one_means":
+  "available"` in `metadata` flips it). `data` is one instance's 0/1 list (node `sky-0`) or a list
+  of such lists of equal length (nodes `sky-0`, `sky-1`, ...). Errors name the file and the item
+  (`FILE: data[3][17]: ...`; JSON has no useful line numbers once parsed, except for syntax errors,
+  which give theirs).
+- Spotlight counts CSV (what `spotlight traces synth` writes): a header `t_s,nodes`, then
+  `seconds,live node count` per line, counts turned into events as for GCP (nodes `n-<k>`).
 Anything else is a `TraceError` whose message is one line, `FILE:LINE: what is wrong (expected ...)`.
 
 `replay_schedule(trace, slots, speedup, notice_s)` maps the trace onto `slots` local workers:
@@ -32,6 +41,7 @@ Hence the number of kills equals `trace.preemptions` for any slot count.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections.abc import Callable
@@ -43,6 +53,9 @@ from typing import Literal
 BAMBOO_EXPECTED = 'lines like "480000,add,node1" (delta_ms,add|remove,node)'
 GCP_EXPECTED = 'lines like "2021-12-11, 11:11:30, 55" (date, time, count)'
 _GCP_FIRST_FIELD = re.compile(r"\s*\d{4}-\d{2}-\d{2}\s*,")
+COUNTS_HEADER = "t_s,nodes"
+COUNTS_EXPECTED = 'a header "t_s,nodes" then lines like "3600,12" (seconds, live node count)'
+SKY_EXPECTED = '{"metadata": {"gap_seconds": N}, "data": [0 or 1 per tick, 1 = preempted]}'
 
 
 class TraceError(ValueError):
@@ -139,6 +152,10 @@ def load_trace(path: str | Path) -> Trace:
     lines = [(n, line) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
     if not lines:
         raise TraceError(f"{path}: empty trace file (expected {BAMBOO_EXPECTED} or {GCP_EXPECTED})")
+    if lines[0][1].lstrip().startswith("{"):
+        return _load_sky(path, text)
+    if lines[0][1].replace(" ", "") == COUNTS_HEADER:
+        return _load_counts(path, lines[1:])
     if _GCP_FIRST_FIELD.match(lines[0][1]):
         return _load_gcp(path, lines)
     return _load_bamboo(path, lines)
@@ -215,6 +232,81 @@ def _load_gcp(path: Path, lines: list[tuple[int, str]]) -> Trace:
     return Trace(events, str(path), end_s=last_s)
 
 
+class _Counts:
+    """Live counts -> add/remove events: an increase by n adds n new nodes `<prefix><k>`, a decrease
+    removes the most recently added live ones (a stack)."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+        self.events: list[TraceEvent] = []
+        self.live: list[str] = []
+        self.created = 0
+
+    def set(self, t_s: float, count: int) -> None:
+        while count > len(self.live):
+            self.created += 1
+            self.live.append(f"{self.prefix}{self.created}")
+            self.events.append(TraceEvent(t_s, "add", self.live[-1]))
+        while count < len(self.live):
+            self.events.append(TraceEvent(t_s, "remove", self.live.pop()))
+
+
+def _load_counts(path: Path, lines: list[tuple[int, str]]) -> Trace:
+    counts = _Counts("n-")
+    last = -math.inf
+    for n, line in lines:
+        fields = [f.strip() for f in line.split(",")]
+        if len(fields) != 2:
+            raise TraceError(f"{path}:{n}: {len(fields)} fields in {line.strip()!r} (expected {COUNTS_EXPECTED})")
+        try:
+            t_s, count = float(fields[0]), int(fields[1])
+        except ValueError:
+            raise TraceError(f"{path}:{n}: {line.strip()!r} is not seconds,count (expected {COUNTS_EXPECTED})") from None
+        if not (math.isfinite(t_s) and t_s >= 0):
+            raise TraceError(f"{path}:{n}: time {fields[0]} is not a finite time >= 0 (expected seconds since the start)")
+        if t_s < last:
+            raise TraceError(f"{path}:{n}: time goes backwards, {t_s:g} s after {last:g} s (expected non-decreasing times)")
+        if count < 0:
+            raise TraceError(f"{path}:{n}: count {count} is negative (expected a live node count >= 0)")
+        last = t_s
+        counts.set(t_s, count)
+    return Trace(counts.events, str(path), end_s=max(last, 0.0))
+
+
+def _load_sky(path: Path, text: str) -> Trace:
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise TraceError(f"{path}:{err.lineno}: not JSON: {err.msg} (expected {SKY_EXPECTED})") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("metadata"), dict) or "data" not in doc:
+        raise TraceError(f"{path}: expected an object with metadata and data ({SKY_EXPECTED})")
+    gap = doc["metadata"].get("gap_seconds")
+    if isinstance(gap, bool) or not isinstance(gap, (int, float)) or not (math.isfinite(gap) and gap > 0):
+        raise TraceError(f"{path}: metadata.gap_seconds: expected a number of seconds > 0, got {gap!r}")
+    one_means = doc["metadata"].get("one_means", "preempted")
+    if one_means not in ("preempted", "available"):
+        raise TraceError(f"{path}: metadata.one_means: expected preempted or available, got {one_means!r}")
+    data = doc["data"]
+    series = data if isinstance(data, list) and data and all(isinstance(d, list) for d in data) else [data]
+    if not isinstance(data, list) or not data:
+        raise TraceError(f"{path}: data: expected a non-empty list of 0/1 ticks, got {str(data)[:40]!r}")
+    if len({len(s) for s in series}) != 1:
+        raise TraceError(f"{path}: data: the instances' tick lists differ in length (expected equal lengths)")
+    events: list[TraceEvent] = []
+    up = [False] * len(series)
+    for tick in range(len(series[0])):
+        for k, s in enumerate(series):
+            v = s[tick]
+            where = f"data[{k}][{tick}]" if len(series) > 1 else f"data[{tick}]"
+            if isinstance(v, bool) or v not in (0, 1):
+                raise TraceError(f"{path}: {where}: {v!r} is not 0 or 1 (expected {SKY_EXPECTED})")
+            available = (v == 1) == (one_means == "available")
+            if available != up[k]:
+                events.append(TraceEvent(tick * float(gap), "add" if available else "remove", f"sky-{k}"))
+                up[k] = available
+    return Trace(events, str(path), end_s=len(series[0]) * float(gap))
+
+
 @dataclass(frozen=True)
 class ReplayAction:
     at_s: float
@@ -251,3 +343,41 @@ def replay_schedule(trace: Trace, slots: int, speedup: float = 1.0, notice_s: fl
         if live[slot] > 0:
             actions.append(ReplayAction(e.t_s / speedup, slot, "add"))
     return sorted(actions, key=lambda a: a.at_s)  # stable: ties keep trace order
+
+
+def summarize(trace: Trace, bucket_s: float = 3600.0) -> dict:
+    """What `spotlight traces show` prints: size, preemptions per hour, the largest burst (nodes
+    removed at one instant), and per `bucket_s` the mean live nodes and the removals."""
+    points = trace.live_over_time()
+    duration = trace.duration_s
+    buckets = max(1, math.ceil(duration / bucket_s)) if duration > 0 else 1
+    removed = [0] * buckets
+    burst: dict[float, int] = {}
+    for e in trace.events:
+        if e.action == "remove":
+            removed[min(buckets - 1, int(e.t_s // bucket_s))] += 1
+            burst[e.t_s] = burst.get(e.t_s, 0) + 1
+    live_s = [0.0] * buckets  # node-seconds per bucket, integrated piecewise
+    for (t0, live), (t1, _) in zip(points, points[1:] + [(duration, 0)]):
+        t = t0
+        while t < t1:
+            b = min(buckets - 1, int(t // bucket_s))
+            end = min(t1, (b + 1) * bucket_s)
+            if end <= t:
+                break
+            live_s[b] += live * (end - t)
+            t = end
+    node_s = sum(live_s)
+    return {
+        "source": trace.source,
+        "events": len(trace.events),
+        "nodes": len(trace.nodes),
+        "duration_h": duration / 3600.0,
+        "max_live": trace.max_live,
+        "mean_live": node_s / duration if duration > 0 else float(trace.max_live),
+        "preemptions": trace.preemptions,
+        "preemptions_per_h": trace.preemptions / (duration / 3600.0) if duration > 0 else 0.0,
+        "largest_burst": max(burst.values(), default=0),
+        "per_bucket": [{"start_h": b * bucket_s / 3600.0, "mean_live": live_s[b] / min(bucket_s, max(duration - b * bucket_s, 1e-9)),
+                        "preemptions": removed[b]} for b in range(buckets)],
+    }

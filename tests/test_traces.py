@@ -1,8 +1,11 @@
+import json as _json
+import re
 from pathlib import Path
 
 import pytest
 
-from spotlight.traces import ReplayAction, Trace, TraceError, TraceEvent, load_trace, replay_schedule
+from spotlight.trace_synth import SynthSpec, open_trace, synthesize, write_bamboo
+from spotlight.traces import ReplayAction, Trace, TraceError, TraceEvent, load_trace, replay_schedule, summarize
 
 TRACES = Path(__file__).resolve().parents[1] / "experiments" / "traces"  # copies of shared/data/traces
 
@@ -151,3 +154,85 @@ def test_replay_bamboo_p3_on_two_slots():
     assert [a.at_s for a in actions] == sorted(a.at_s for a in actions)
     assert {a.slot for a in actions} == {0, 1}
     assert actions[-1].at_s == pytest.approx(trace.duration_s / 60.0)
+
+
+# -- SkyPilot JSON, counts CSV, synthetic traces, summaries --------------------------------------------
+
+
+
+def test_skypilot_json_one_means_preempted(tmp_path):
+    path = write(tmp_path, _json.dumps({"metadata": {"gap_seconds": 60}, "data": [0, 0, 1, 1, 0]}), "sky.json")
+    trace = load_trace(path)
+    assert [(e.t_s, e.action, e.node) for e in trace.events] == [(0, "add", "sky-0"), (120, "remove", "sky-0"),
+                                                                   (240, "add", "sky-0")]
+    assert trace.duration_s == 300
+    flipped = write(tmp_path, _json.dumps({"metadata": {"gap_seconds": 60, "one_means": "available"},
+                                           "data": [[1, 0], [0, 1]]}), "sky2.json")
+    t2 = load_trace(flipped)
+    assert [(e.t_s, e.action, e.node) for e in t2.events] == [(0, "add", "sky-0"), (60, "remove", "sky-0"),
+                                                               (60, "add", "sky-1")]
+
+
+@pytest.mark.parametrize("doc, what", [
+    ({"metadata": {"gap_seconds": 0}, "data": [0]}, "metadata.gap_seconds"),
+    ({"metadata": {"gap_seconds": 10}, "data": [0, 2]}, "data[1]: 2 is not 0 or 1"),
+    ({"metadata": {"gap_seconds": 10}, "data": [[0, 1], [0]]}, "differ in length"),
+    ({"data": [0]}, "metadata and data"),
+])
+def test_skypilot_json_errors_name_the_file_and_item(tmp_path, doc, what):
+    path = write(tmp_path, _json.dumps(doc), "bad.json")
+    with pytest.raises(TraceError, match=re.escape(what)) as err:
+        load_trace(path)
+    assert str(err.value).startswith(str(path))
+    syntax = write(tmp_path, '{"metadata":\n  {"gap_seconds": 1},\n  "data": [0,]\n}', "syntax.json")
+    with pytest.raises(TraceError, match=rf"{syntax}:3: not JSON"):
+        load_trace(syntax)
+
+
+def test_counts_csv_and_its_errors(tmp_path):
+    trace = load_trace(write(tmp_path, "t_s,nodes\n0,2\n60,3\n120,1\n"))
+    assert trace.live_over_time() == [(0, 2), (60, 3), (120, 1)] and trace.preemptions == 2
+    for text, line, what in [("t_s,nodes\n0,2\n60,x\n", 3, "not seconds,count"),
+                             ("t_s,nodes\n0,2\n-5,1\n", 3, "finite time"),
+                             ("t_s,nodes\n10,2\n5,1\n", 3, "backwards"),
+                             ("t_s,nodes\n0,2,3\n", 2, "3 fields")]:
+        path = write(tmp_path, text, "c.csv")
+        with pytest.raises(TraceError, match=rf"^{path}:{line}: .*{what}"):
+            load_trace(path)
+
+
+def test_synthetic_traces_are_seeded_valid_and_round_trip(tmp_path):
+    spec = "synth:poisson?nodes=16&rate_h=20&burst_rate_h=1&burst_size=6&return_s=600&hours=6&seed=4"
+    a, b = open_trace(spec), open_trace(spec)
+    assert a.events == b.events and a.max_live == 16 and a.preemptions > 60
+    assert summarize(a)["largest_burst"] >= 6 or a.preemptions == 0
+    assert open_trace(spec.replace("seed=4", "seed=5")).events != a.events
+    never_back = synthesize(SynthSpec(nodes=8, rate_h=10, burst_rate_h=0, return_s=0, hours=5, seed=1))
+    assert all(e.action == "remove" for e in never_back.events[8:])
+    path = tmp_path / "synth.csv"
+    write_bamboo(a, path)
+    again = load_trace(path)
+    assert [(round(e.t_s, 3), e.action, e.node) for e in again.events] == [(round(e.t_s, 3), e.action, e.node)
+                                                                         for e in a.events]
+    with pytest.raises(TraceError, match="burst_size"):
+        open_trace("synth:poisson?burst_size=0")
+
+
+def test_summary_of_a_shipped_trace():
+    s = summarize(load_trace(TRACES / "bamboo-p3.csv"))
+    assert s["preemptions"] == 167 and s["max_live"] == 32 and len(s["per_bucket"]) == 12
+    assert sum(b["preemptions"] for b in s["per_bucket"]) == 167
+    assert 20 < s["mean_live"] < 32
+
+
+def test_traces_cli_show_and_synth(tmp_path, capsys):
+    from spotlight import cli
+
+    png = tmp_path / "t.png"
+    assert cli.main(["traces", "show", str(TRACES / "bamboo-g4dn.csv"), "--plot", str(png)]) == 0
+    assert "preemptions" in capsys.readouterr().out and png.stat().st_size > 5000
+    out = tmp_path / "s.csv"
+    assert cli.main(["traces", "synth", "synth:poisson?hours=2&seed=1", "--out", str(out)]) == 0
+    capsys.readouterr()
+    assert cli.main(["traces", "show", str(out), "--json"]) == 0
+    assert _json.loads(capsys.readouterr().out)["max_live"] == 32

@@ -1,0 +1,120 @@
+import json
+import math
+
+import pytest
+
+from spotlight import cli
+from spotlight.progress_model import ProgressModel
+from spotlight.simulator import POLICIES, SimConfig, simulate
+from spotlight.step_time import StepTimes
+from spotlight.traces import Trace, TraceEvent
+
+FIELDS = ("time_to_target_h", "cost_usd", "gpu_utilization", "preemptions", "steps_recomputed")
+
+
+def fleet(nodes: int, remove_at: float | None = None) -> Trace:
+    events = [TraceEvent(0.0, "add", f"n{k}") for k in range(nodes)]
+    if remove_at is not None:
+        events += [TraceEvent(remove_at, "remove", f"n{k}") for k in range(nodes)]  # every node at once
+    return Trace(events, "handmade", end_s=remove_at)
+
+
+def small(**kw) -> SimConfig:
+    base = dict(gpus=4, spot_gpus=4, prompts=8, group_size=4, samples_per_request=4, iterations=3,
+                candidates_per_prompt=8, plan_prompts=4, stop_at_target=False)
+    return SimConfig(**{**base, **kw})
+
+
+def test_no_preemptions_takes_the_time_the_step_model_gives_by_hand():
+    st = StepTimes()
+    t1 = 1e-4 * 1024 + 2e-9 * 1024 ** 2  # UlyssesStepTime at 512 px (1024 tokens), degree 1, on an H100
+    request = 4 * st.denoise_steps * st.cfg_factor * t1 + 4 * st.reward_s_per_sample  # 4 samples per request
+    train = 8 * 4 * st.trained_steps * st.train_flops_factor * st.cfg_factor * t1 / (4 * st.train_efficiency)
+    out = simulate(small(), fleet(4), ["ondemand", "spotlight_noexplore"])["policies"]
+    # 8 requests: on 4 on-demand GPUs (degree 1) two rounds, with 4 more spot GPUs one round
+    assert out["ondemand"]["wall_h"] * 3600 == pytest.approx(3 * (2 * request + train + st.weight_sync_s), rel=1e-9)
+    assert out["spotlight_noexplore"]["wall_h"] * 3600 == pytest.approx(3 * (request + train + st.weight_sync_s), rel=1e-9)
+    assert out["spotlight_noexplore"]["preemptions"] == 0 and out["spotlight_noexplore"]["steps_recomputed"] == 0
+    # cost: 4 on-demand GPUs for the whole run, plus 4 spot ones for the spot policy
+    from spotlight.simulator import gpu_prices
+
+    od, spot, _ = gpu_prices(small())
+    assert out["ondemand"]["total_cost_usd"] == pytest.approx(4 * od * out["ondemand"]["wall_h"])
+    assert out["spotlight_noexplore"]["total_cost_usd"] == pytest.approx(
+        (4 * od + 4 * spot) * out["spotlight_noexplore"]["wall_h"])
+
+
+@pytest.mark.parametrize("notice_s", [120.0, 0.0])
+def test_every_spot_node_dying_at_once_still_finishes_on_ondemand(notice_s):
+    cfg = small(iterations=12, spot_gpus=8, notice_s=notice_s)
+    out = simulate(cfg, fleet(4, remove_at=300.0))["policies"]  # mid-run (an iteration takes ~35 s)
+    for name, r in out.items():
+        assert r["iterations"] == 12, name
+        assert r["requests_duplicated"] == 0, name
+        if POLICIES[name].spot:
+            assert r["preemptions"] == 4, name
+    assert out["spotlight"]["wall_h"] < out["ondemand"]["wall_h"] * 1.01
+    if notice_s > 0:  # work in flight at the notice is given back at a step boundary: nothing redone
+        assert out["spotlight_noexplore"]["steps_recomputed"] == 0
+
+
+def test_same_seed_same_result_and_fields():
+    from spotlight.trace_synth import open_trace
+
+    trace = open_trace("synth:poisson?nodes=4&rate_h=30&burst_rate_h=4&burst_size=2&return_s=120&hours=2&seed=3")
+    cfg = small(iterations=8, spot_gpus=8, seed=5)
+    a, b = simulate(cfg, trace), simulate(cfg, trace)
+    assert json.dumps(a) == json.dumps(b)
+    assert set(a["policies"]) == set(POLICIES)
+    for r in a["policies"].values():
+        assert set(FIELDS) <= set(r)
+    assert a["policies"]["oracle"]["wall_h"] <= a["policies"]["spotlight"]["wall_h"]
+
+
+def test_simulate_cli_json(tmp_path, capsys):
+    trace = tmp_path / "t.csv"
+    trace.write_text("0,add,a\n0,add,b\n600000,remove,a\n900000,add,c\n")
+    png = tmp_path / "sim.png"
+    rc = cli.main(["simulate", "--trace", str(trace), "--gpus", "4", "--spot-gpus", "8", "--prompts", "8",
+                   "--iterations", "40", "--iterations-scale", "0.1", "--json", "--plot", str(png)])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out["policies"]) == {"ondemand", "spot_restart", "spotlight_noexplore", "sync_explore", "spotlight", "oracle"}
+    for name, r in out["policies"].items():
+        assert set(FIELDS) <= set(r), name
+        assert r["time_to_target_h"] > 0 and r["cost_usd"] > 0, name  # the target is reached within 40
+        assert 0 < r["gpu_utilization"] <= 1
+    assert png.stat().st_size > 10_000
+    rc = cli.main(["simulate", "--trace", str(trace), "--gpus", "4", "--spot-gpus", "8", "--prompts", "8",
+                   "--iterations", "40", "--iterations-scale", "0.1", "--policy", "ondemand,spotlight"])
+    text = capsys.readouterr().out
+    assert rc == 0 and "spotlight" in text and "speed-up" in text
+
+
+def test_bad_trace_is_one_error_line_with_file_and_line(tmp_path, capsys):
+    bad = tmp_path / "bad.csv"
+    bad.write_text("0,add,a\n5000,explode,a\n")
+    assert cli.main(["simulate", "--trace", str(bad)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"spotlight: error: {bad}:2: unknown event 'explode' (expected add or remove)"
+    assert cli.main(["simulate", "--trace", "synth:poisson?nodes=zero"]) == 2
+    assert "nodes" in capsys.readouterr().err
+
+
+def test_progress_model_is_calibrated_on_the_ablation():
+    m = ProgressModel.calibrated(iterations_scale=1.0)
+    def iterations(signal):
+        gain, k = 0.0, 0
+        while not m.reached(gain):
+            gain, k = gain + m.gain(signal), k + 1
+        return k
+    assert iterations(m.s_ref) == math.ceil(17.667 - 1e-9)  # the random arm's 17.7 iterations
+    assert 12 <= iterations(0.139) <= 13  # the bandit arm's 12.7
+    assert 0.5 < m.alpha < 0.7
+
+
+def test_scale_smoke():
+    from experiments.simulate_scale import run_scale
+
+    r = run_scale(gpus=64, iterations=5)
+    assert r["iterations"] == 5 and r["seconds"] > 0 and r["requests_per_iteration"] == 16
