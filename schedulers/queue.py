@@ -80,6 +80,9 @@ class PullQueue:
         self._status: dict[str, Status] = {}
         self._seq: dict[str, int] = {}
         """Put order: the tie-break after priority, kept when a request is re-queued."""
+        self._open: dict[Kind, dict[str, None]] = {kind: {} for kind in Kind}
+        """Per kind, the ids QUEUED or LEASED (an insertion-ordered set): what `cancel` visits, so
+        it costs the open requests, not every request a long run has put."""
         self._heaps: dict[Kind, list[tuple[int, int, str]]] = {kind: [] for kind in Kind}
         """Per kind, (order, put seq, id). Entries of requests no longer QUEUED are dropped when
         they surface (a former holder may complete a queued request)."""
@@ -213,6 +216,7 @@ class PullQueue:
             self._done[request_id] = len(self._log)
             self._log.append((request_id, result))
             self._status[request_id] = Status.COMPLETED
+            del self._open[self._requests[request_id].kind][request_id]
             self._counts["requests_completed"] += 1
             return True
 
@@ -241,13 +245,12 @@ class PullQueue:
         """Cancel every queued or leased request of `kind` (exploration, when the train phase it
         filled ends); later commits on them are rejected. Returns how many were cancelled."""
         with self._lock:
-            cancelled = 0
-            for request_id, status in self._status.items():
-                if self._requests[request_id].kind is kind and status in (Status.QUEUED, Status.LEASED):
-                    if status is Status.LEASED:
-                        self._release(request_id)
-                    self._status[request_id] = Status.CANCELLED
-                    cancelled += 1
+            cancelled = len(self._open[kind])
+            for request_id in self._open[kind]:
+                if self._status[request_id] is Status.LEASED:
+                    self._release(request_id)
+                self._status[request_id] = Status.CANCELLED
+            self._open[kind].clear()
             self._heaps[kind].clear()  # every request of this kind that was queued is now cancelled
             self._counts["requests_cancelled"] += cancelled
             return cancelled
@@ -338,6 +341,7 @@ class PullQueue:
         r = self._requests[request_id]
         heapq.heappush(self._heaps[r.kind], (r.order, self._seq[request_id], request_id))
         self._status[request_id] = Status.QUEUED
+        self._open[r.kind][request_id] = None
 
     def _release(self, request_id: str) -> None:
         lease = self._leases.pop(request_id)
