@@ -59,20 +59,25 @@ def three_members(source_weights) -> tuple[PullQueue, Coordinator]:
     return queue, coord
 
 
+def serve_undisturbed_then_disturbed_to_step(queue: PullQueue, coord: Coordinator, step: int) -> None:
+    """Serve request "undisturbed" to the end, then "disturbed" until it has committed `step`
+    (where a test disturbs it; the two must end equal)."""
+    queue.put(request("undisturbed"))
+    coord.plan()
+    coord.run_until(lambda: queue.is_done(["undisturbed"]), 120, "the undisturbed request")
+    queue.put(request("disturbed"))
+    coord.plan()
+    coord.run_until(lambda: any(e.kind == "committed" and e.data["request"] == "disturbed"
+                                and e.data["step"] == step for e in coord.events), 120, f"step {step}")
+
+
 def test_member_killed_mid_rollout_resumes_from_its_committed_step_bit_identically(source_weights):
     # The third member is spare — the one that replaces the member killed below.
     queue, coord = three_members(source_weights)
     try:
         assert [g.members for g in coord.groups.values()] == [["m0", "m1"]]
 
-        queue.put(request("undisturbed"))
-        coord.plan()
-        coord.run_until(lambda: queue.is_done(["undisturbed"]), 120, "the undisturbed request")
-
-        queue.put(request("disturbed"))
-        coord.plan()
-        coord.run_until(lambda: any(e.kind == "committed" and e.data["request"] == "disturbed"
-                                    and e.data["step"] == 3 for e in coord.events), 120, "step 3")
+        serve_undisturbed_then_disturbed_to_step(queue, coord, 3)
         coord.kill("m0")  # rank 0, the member that reports the steps; no notice
         coord.run_until(lambda: queue.is_done(["disturbed"]), 120, "the resumed request")
 

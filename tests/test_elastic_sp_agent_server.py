@@ -20,7 +20,7 @@ from elastic_sp.regroup_policy import UlyssesStepTime
 from elastic_sp.weights import digest, save_checkpoint
 from schedulers.clock import WallClock
 from schedulers.queue import PullQueue
-from tests.test_elastic_sp_agent import SPEC, request
+from tests.test_elastic_sp_agent import SPEC, serve_undisturbed_then_disturbed_to_step
 
 
 def gone(pid: int) -> bool:
@@ -94,14 +94,7 @@ def test_losing_a_whole_node_mid_rollout_resumes_the_request_on_the_other_node(c
                 coord.add(node, f"{node}m{i}")
         coord.wait_ready()
         coord.wait_formed()
-        queue.put(request("undisturbed"))
-        coord.plan()
-        coord.run_until(lambda: queue.is_done(["undisturbed"]), 120, "the undisturbed request")
-
-        queue.put(request("disturbed"))
-        coord.plan()
-        coord.run_until(lambda: any(e.kind == "committed" and e.data["request"] == "disturbed"
-                                    and e.data["step"] == 3 for e in coord.events), 120, "step 3")
+        serve_undisturbed_then_disturbed_to_step(queue, coord, 3)
         serving = next(g for g in coord.groups.values() if g.lease is not None)
         lost_node = next(n for n in nodes if n.node == coord.members[serving.members[0]].node)
         doomed = [h.pid for h in coord.members.values() if h.node == lost_node.node]
