@@ -4,7 +4,7 @@
                     [--preemption-trace TRACE] [--trace-speedup F] [--checkpoint-uri URI]
                     [--budget-usd X] [--deadline-h H]
     spotlight prices [--gpu GPU] [--json] [--table CSV] [--refresh aws|sky] [--region R] [--write CSV]
-    spotlight bench throughput|scheduler|sp-regroup [--json]
+    spotlight bench throughput|scheduler|sp-regroup [--json] [--agent process|local]
     spotlight launch CONFIG [--dryrun] [--out DIR] [--strict] [--name NAME]
     spotlight simulate --trace TRACE [--policy all|NAME] [--gpus N] [--iterations N] [--resolution 512|1280]
                        [--seed S] [--json] [--plot PNG] [--step-times YAML]
