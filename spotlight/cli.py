@@ -6,7 +6,7 @@
     spotlight prices [--gpu GPU] [--json] [--table CSV] [--refresh aws|sky] [--region R] [--write CSV]
     spotlight bench throughput|scheduler|sp-regroup [--json] [--agent process|local]
     spotlight launch CONFIG [--dryrun] [--out DIR] [--strict] [--name NAME]
-    spotlight simulate --trace TRACE [--policy all|NAME] [--gpus N] [--iterations N] [--resolution 512|1280]
+    spotlight simulate --trace TRACE [--policy all|NAME] [--gpus N] [--iterations N] [--resolution 512|1280] [--budget-usd X]
                        [--seed S] [--json] [--plot PNG] [--step-times YAML]
     spotlight traces show|synth TRACE [--plot PNG] [--json] [--out FILE]
 
@@ -186,7 +186,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         steps = replace(steps, gpu=args.gpu)
     fields = {k: v for k, v in (("gpus", args.gpus), ("spot_gpus", args.spot_gpus), ("iterations", args.iterations),
                                 ("resolution", args.resolution), ("seed", args.seed), ("prompts", args.prompts),
-                                ("iterations_scale", args.iterations_scale), ("notice_s", args.notice_s))
+                                ("iterations_scale", args.iterations_scale), ("notice_s", args.notice_s),
+                                ("budget_usd", args.budget_usd))
               if v is not None}
     cfg = SimConfig(step_times=steps, stop_at_target=not args.no_stop, **fields)
     names = list(POLICIES) if args.policy == "all" else args.policy.split(",")
@@ -343,6 +344,9 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--iterations-scale", type=float,
                      help="progress model: x the tiny DiT's iterations to target (default 10)")
     sim.add_argument("--notice-s", type=float, help="preemption warning in seconds (default 120; GCP: 30)")
+    sim.add_argument("--budget-usd", type=float, metavar="X",
+                     help="stop each policy (but the oracle) before X dollars would be exceeded, by the live "
+                          "trainer's budget policy; its stop_reason says whether the target came first")
     sim.add_argument("--profile", default="qwen-image", choices=["qwen-image", "tiny-cpu"],
                      help="step-time profile (default qwen-image)")
     sim.add_argument("--gpu", help="GPU type for step times and prices (default H100)")

@@ -8,7 +8,9 @@ from typing import Any
 
 COLUMNS = (("time_to_target_h", "hours to target", "{:.2f}"), ("cost_usd", "cost $", "{:,.0f}"),
            ("gpu_utilization", "GPU util", "{:.0%}"), ("preemptions", "preemptions", "{}"),
-           ("steps_recomputed", "steps redone", "{}"), ("iterations_to_target", "iterations", "{}"))
+           ("steps_recomputed", "steps redone", "{}"), ("iterations_to_target", "iterations", "{}"),
+           ("final_score", "final score", "{:.3f}"), ("total_cost_usd", "spent $", "{:,.0f}"),
+           ("stop_reason", "stopped at", "{}"))
 
 
 def table(result: dict[str, Any]) -> str:

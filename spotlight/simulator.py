@@ -37,7 +37,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from cloud.cost import CostMeter, Fleet
+from cloud.cost import BudgetPolicy, CostMeter, Fleet, Forecast
 from elastic_sp.regroup_policy import plan_degrees, regroup
 from planners.allocation import make_planner
 from planners.seed_pool import SeedPool
@@ -115,6 +115,10 @@ class SimConfig:
     """GPU row of the price table (None: step_times.gpu, or H100 if the table has no such GPU)."""
     prices: str | None = None
     """Price table CSV (None: the shipped cloud/prices.csv)."""
+    budget_usd: float | None = None
+    """Stop before this would be exceeded, decided before every iteration by the live trainer's
+    budget policy (`cloud.cost.BudgetPolicy` over a `Forecast` of measured iteration times) on the
+    simulated clock; the oracle, a bound, ignores it."""
 
     def __post_init__(self) -> None:
         for name in ("gpus", "iterations", "prompts", "group_size", "candidates_per_prompt", "plan_prompts",
@@ -132,6 +136,8 @@ class SimConfig:
             raise ConfigError(f"samples_per_request: expected 1..group_size, got {self.samples_per_request}")
         if self.candidates_per_prompt < self.group_size:
             raise ConfigError(f"candidates_per_prompt: expected >= group_size ({self.group_size})")
+        if self.budget_usd is not None and not (math.isfinite(self.budget_usd) and self.budget_usd > 0):
+            raise ConfigError(f"budget_usd: expected a number > 0, got {self.budget_usd!r}")
 
     @property
     def peak_spot_gpus(self) -> int:
@@ -637,10 +643,25 @@ class Simulation:
         gain, progress, reached_at, cost_at, explored = 0.0, [(0.0, self.progress.score(0.0))], None, None, {}
         train_s = st.train_s(cfg.resolution, cfg.prompts * cfg.group_size, cfg.gpus)
         per_sample = st.sample_s(cfg.resolution, 1)
+        # The live trainer's budget rule; its prior, before an iteration is measured, is the part of an
+        # iteration no fleet shortens (train + weight sync), x Forecast's prior factor.
+        forecast = Forecast(train_s + st.weight_sync_s, 0.0)
+        budget = BudgetPolicy(cfg.budget_usd, forecast) if cfg.budget_usd is not None else None
+        # Priced at the fleet's peak (spot nodes may join mid-iteration), and a restart-from-checkpoint
+        # policy also keeps one cold start + restore in reserve: a preemption between two checks
+        # costs that much before the next check can stop the run.
+        peak_usd_h = self.meter.rate_usd_h_of(Fleet(cfg.gpus, cfg.peak_spot_gpus if self.policy.spot else 0))
+        reserve_s = 0.0 if self.policy.elastic else st.cold_start_s + st.restore_s
+        stop_reason = "iterations"
         it = 0
         while it < cfg.iterations:
             if self.down_until is not None:
                 self._run_until(lambda: self.down_until is None)
+            if budget is not None and budget.should_stop(
+                    self.meter.spent_usd(), budget.forecast_usd(peak_usd_h) + peak_usd_h * reserve_s / 3600.0):
+                stop_reason = "budget"
+                break
+            started = self.clock.now()
             self._new_queue()
             if self.policy.explore == "critical_path":
                 explored = self._explore(it, False, cfg.sync_explore_per_prompt * self.plan_prompts, None)
@@ -660,13 +681,15 @@ class Simulation:
             gain += self.progress.gain(self._signal(it, explored))
             explored = nxt if self.policy.explore == "idle_spot" and it + 1 < cfg.iterations else {}
             progress.append((self.clock.now(), self.progress.score(gain)))
+            forecast.observe(self.clock.now() - started)
             it += 1
             if reached_at is None and self.progress.reached(gain):
                 reached_at, cost_at = self.clock.now(), self.meter.spent_usd()
                 if cfg.stop_at_target:
+                    stop_reason = "target"
                     break
         self._fleet_changed()
-        return self._result(it, reached_at, cost_at, progress, self.meter.spent_usd())
+        return {**self._result(it, reached_at, cost_at, progress, self.meter.spent_usd()), "stop_reason": stop_reason}
 
     def _result(self, iterations: int, reached_at, cost_at, progress, total_usd: float) -> dict[str, Any]:
         end = self.clock.now()
@@ -755,7 +778,8 @@ class Simulation:
         self.counts["preemptions"] = sum(1 for e in self.trace.events if e.action == "remove" and e.t_s <= t)
         self.clock.advance(t)
         cost_at = None if reached_at is None else self._fluid_cost(reached_at)
-        return self._result(it, reached_at, cost_at, progress, self._fluid_cost(t))
+        stop_reason = "target" if reached_at is not None and cfg.stop_at_target else "iterations"
+        return {**self._result(it, reached_at, cost_at, progress, self._fluid_cost(t)), "stop_reason": stop_reason}
 
     def _fluid_cost(self, until: float) -> float:
         clock = ManualClock()

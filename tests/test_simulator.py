@@ -118,3 +118,25 @@ def test_scale_smoke():
 
     r = run_scale(gpus=64, iterations=5)
     assert r["iterations"] == 5 and r["seconds"] > 0 and r["requests_per_iteration"] == 16
+
+
+def test_a_budget_stops_every_policy_but_the_oracle_before_it_is_exceeded():
+    from spotlight.trace_synth import open_trace
+
+    trace = open_trace("synth:poisson?nodes=4&rate_h=30&burst_rate_h=4&burst_size=2&return_s=120&hours=2&seed=3")
+    free = simulate(small(iterations=40, spot_gpus=8), trace)["policies"]
+    budget = 0.5 * free["ondemand"]["total_cost_usd"]  # half of what 40 iterations on-demand cost
+    capped = simulate(small(iterations=40, spot_gpus=8, budget_usd=budget), trace)["policies"]
+    for name, r in capped.items():
+        if name == "oracle":  # a bound: it ignores the budget
+            assert r == free[name]
+            continue
+        assert r["stop_reason"] == "budget" and r["total_cost_usd"] <= budget, name
+        # spot_restart keeps a cold start + restore (420 s) in reserve: here it cannot afford one
+        assert 0 <= r["iterations"] < 40 and (r["iterations"] > 0 or name == "spot_restart"), name
+    # a budget that does not bind changes nothing
+    roomy = simulate(small(iterations=40, spot_gpus=8, budget_usd=1e9), trace)["policies"]
+    assert json.dumps(roomy) == json.dumps(free)
+    assert {r["stop_reason"] for r in free.values()} == {"iterations"}
+    with pytest.raises(Exception, match="budget_usd: expected a number > 0"):
+        small(budget_usd=-1.0)
