@@ -75,8 +75,8 @@ def test_connection_resets_mid_upload_are_retried_and_lose_nothing(s3, fault_pro
 def test_an_outage_delays_a_checkpoint_push_but_loses_nothing(s3, fault_proxy, tmp_path):
     run = tmp_path / "run"
     save_checkpoint(run, 2)
+    store = via(fault_proxy, s3, WallClock(), QUICK)  # before the outage: making a client takes time too
     fault_proxy.down_for(0.6)  # every request answered 503 for 0.6 s of real time
-    store = via(fault_proxy, s3, WallClock(), QUICK)
     start = time.perf_counter()
     assert CheckpointSync(store, log=lambda m: None).push(run, 2) is not None
     assert time.perf_counter() - start >= 0.6 and store.retries >= 3
