@@ -39,7 +39,7 @@ import logging
 import os
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -177,39 +177,38 @@ def endpoint_from_env() -> str | None:
     return os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or None
 
 
+def _causes(err: BaseException | None) -> Iterator[BaseException]:
+    """`err`, then what it wraps (s3transfer re-raises client errors as its own), each once."""
+    seen: set[int] = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        yield err
+        err = err.__cause__ or err.__context__
+
+
 def transient_s3_error(err: BaseException) -> bool:
-    """Whether `err` (or what it wraps: s3transfer re-raises client errors as S3UploadFailedError)
-    is worth retrying: HTTP 5xx/429, a throttling code, a connection or read failure, a checksum
-    mismatch in transit."""
+    """Whether `err` (or what it wraps) is worth retrying: HTTP 5xx/429, a throttling code, a
+    connection or read failure, a checksum mismatch in transit."""
     from botocore.exceptions import (
         ChecksumError, ClientError, ConnectionError, FlexibleChecksumError, HTTPClientError, IncompleteReadError,
     )
     from s3transfer.exceptions import RetriesExceededError
 
-    seen: set[int] = set()
-    while err is not None and id(err) not in seen:
-        seen.add(id(err))
-        if isinstance(err, ClientError):
-            status = err.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0
-            return status >= 500 or status == 429 or err.response.get("Error", {}).get("Code") in TRANSIENT_S3_CODES
-        if isinstance(err, (HTTPClientError, ConnectionError, IncompleteReadError, ChecksumError,
-                            FlexibleChecksumError, RetriesExceededError)):
+    for e in _causes(err):
+        if isinstance(e, ClientError):
+            status = e.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0
+            return status >= 500 or status == 429 or e.response.get("Error", {}).get("Code") in TRANSIENT_S3_CODES
+        if isinstance(e, (HTTPClientError, ConnectionError, IncompleteReadError, ChecksumError,
+                          FlexibleChecksumError, RetriesExceededError)):
             return True
-        err = err.__cause__ or err.__context__  # type: ignore[assignment]
     return False
 
 
 def _client_error(err: BaseException | None) -> Any:
-    """The botocore ClientError `err` is or wraps (s3transfer wraps it in its own errors), or None."""
+    """The botocore ClientError `err` is or wraps, or None."""
     from botocore.exceptions import ClientError
 
-    seen: set[int] = set()
-    while err is not None and id(err) not in seen:
-        seen.add(id(err))
-        if isinstance(err, ClientError):
-            return err
-        err = err.__cause__ or err.__context__
-    return None
+    return next((e for e in _causes(err) if isinstance(e, ClientError)), None)
 
 
 def describe_s3_error(err: BaseException) -> str:

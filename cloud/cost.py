@@ -75,7 +75,7 @@ class CostMeter:
 
     @property
     def rate_usd_h(self) -> float:
-        return self.fleet.ondemand * self.ondemand_usd_h + self.fleet.spot * self.spot_usd_h
+        return self.rate_usd_h_of(self.fleet)
 
     def rate_usd_h_of(self, fleet: Fleet) -> float:
         return fleet.ondemand * self.ondemand_usd_h + fleet.spot * self.spot_usd_h

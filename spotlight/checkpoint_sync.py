@@ -63,6 +63,19 @@ def checkpoint_files(out: Path, step: int) -> list[str]:
     return files
 
 
+def _step_of(key: str) -> int | None:
+    """N of a stored key `step-NNNNNN/...`, else None."""
+    head = key.partition("/")[0]
+    digits = head[len("step-"):]
+    return int(digits) if head.startswith("step-") and digits.isdigit() else None
+
+
+def _complete_steps(keys: list[str]) -> list[int]:
+    """Steps whose manifest is among `keys`, newest first."""
+    return sorted((s for k in keys if k.partition("/")[2] == MANIFEST and (s := _step_of(k)) is not None),
+                  reverse=True)
+
+
 class CheckpointSync:
     """Pushes run-folder checkpoints to `store` and pulls the newest complete one back (see the
     module docstring). `log` gets one line per push, pull, skip and failure."""
@@ -109,16 +122,17 @@ class CheckpointSync:
         return manifest
 
     def _prune(self, pushed: int) -> None:
-        complete = self.stored()
+        keys = self.store.list("step-")  # one listing serves every decision below
+        complete = _complete_steps(keys)
         drop = set(complete[self.keep:])
         # Leftovers of pushes cut short before their manifest, older than the one just pushed.
-        drop |= {s for s in self._steps_with_files() if s < pushed and s not in complete}
+        drop |= {s for s in map(_step_of, keys) if s is not None and s < pushed and s not in complete}
         for step in sorted(drop):
-            keys = self.store.list(step_dir(step) + "/")
             manifest = f"{step_dir(step)}/{MANIFEST}"
-            if manifest in keys:
+            mine = [k for k in keys if _step_of(k) == step]
+            if manifest in mine:
                 self.store.delete(manifest)
-            for key in keys:
+            for key in mine:
                 if key != manifest:
                     self.store.delete(key)
 
@@ -126,15 +140,7 @@ class CheckpointSync:
 
     def stored(self) -> list[int]:
         """Steps that have a manifest in the store, newest first (not yet verified)."""
-        steps = []
-        for key in self.store.list("step-"):
-            head, _, tail = key.partition("/")
-            if tail == MANIFEST and head[5:].isdigit():
-                steps.append(int(head[5:]))
-        return sorted(steps, reverse=True)
-
-    def _steps_with_files(self) -> set[int]:
-        return {int(k[5:].partition("/")[0]) for k in self.store.list("step-") if k[5:].partition("/")[0].isdigit()}
+        return _complete_steps(self.store.list("step-"))
 
     def pull(self, out: Path, newer_than: int = 0, accept: Callable[[Path], None] | None = None) -> int | None:
         """Install into run folder `out` the newest complete stored checkpoint of a step above

@@ -146,11 +146,13 @@ class Trainer:
     def _check_out_dir(self) -> None:
         """Refuse to resume checkpoints that another config wrote (a changed step count is fine)."""
         self.out.mkdir(parents=True, exist_ok=True)
-        saved = self.out / "config.yaml"
-        if checkpoint.latest(self.out / "checkpoints") is not None and saved.is_file():
-            if _resume_key(load_config(saved)) != _resume_key(self.cfg):
-                raise ConfigError(f"{self.out}: holds checkpoints of a run with a different config; "
-                                  "use a new --out folder or delete its checkpoints/")
+        if checkpoint.latest(self.out / "checkpoints") is not None and self._another_run(self.out / "config.yaml"):
+            raise ConfigError(f"{self.out}: holds checkpoints of a run with a different config; "
+                              "use a new --out folder or delete its checkpoints/")
+
+    def _another_run(self, saved: Path) -> bool:
+        """Whether config file `saved` (a run folder's, or a stored checkpoint's) is another run's."""
+        return saved.is_file() and _resume_key(load_config(saved)) != _resume_key(self.cfg)
 
     def _truncate_metrics(self, step: int) -> None:
         """Drop rows of iterations after the resumed checkpoint: they are about to be redone."""
@@ -318,16 +320,17 @@ class Trainer:
         self._pushed = newest.step if newest is not None and newest.step in self.sync.stored() else 0
 
     def _check_stored_config(self, folder: Path) -> None:
-        saved = folder / "config.yaml"
-        if saved.is_file() and _resume_key(load_config(saved)) != _resume_key(self.cfg):
+        if self._another_run(folder / "config.yaml"):
             raise ConfigError(f"{self.cfg.cloud.checkpoint_uri}: holds checkpoints of a run with a different "
                               "config; use another --checkpoint-uri or delete them")
 
     def _push(self, must: bool = False) -> None:
         """Mirror the newest checkpoint to --checkpoint-uri unless it is there already. A failed push
         is logged and tried again later; with `must` it raises StoreError."""
+        if self.sync is None:  # no store: nothing to look for after every iteration
+            return
         newest = checkpoint.latest(self.out / "checkpoints")
-        if (self.sync is not None and newest is not None and newest.step > self._pushed
+        if (newest is not None and newest.step > self._pushed
                 and self.sync.push(self.out, newest.step, must=must) is not None):
             self._pushed = newest.step
             if self.inflight is not None:  # resuming now starts at or after this checkpoint
