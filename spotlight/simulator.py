@@ -566,10 +566,7 @@ class Simulation:
         """Explore iteration `it`'s seeds with weights `it - 1` through the pull queue, in planner
         rounds, until the budget is spent (or, time-bounded, until `until_s`, then cancel).
         Returns explored seeds per planned prompt."""
-        cfg = self.cfg
-        pool = SeedPool({p: list(range(cfg.candidates_per_prompt)) for p in range(self.plan_prompts)})
-        everything = cfg.candidates_per_prompt * self.plan_prompts
-        self.planner.start(pool, cfg.group_size, max(0, min(budget, everything)))
+        pool = self._start_planner(budget)
         self.version, self.phase_kinds, self.phase_spot_only = it - 1, (Kind.EXPLORATION,), on_spot
         self.chunks = {}
         rnd = 0
@@ -611,6 +608,14 @@ class Simulation:
             for w in retired:
                 self._retire(w)
         return {p: pool.explored_count(p) for p in pool.prompt_ids}
+
+    def _start_planner(self, budget: int) -> SeedPool:
+        """A fresh seed pool of the planned prompts' candidates, the planner started on it with
+        `budget` samples (at most every candidate)."""
+        cfg = self.cfg
+        pool = SeedPool({p: list(range(cfg.candidates_per_prompt)) for p in range(self.plan_prompts)})
+        self.planner.start(pool, cfg.group_size, max(0, min(budget, cfg.candidates_per_prompt * self.plan_prompts)))
+        return pool
 
     def _leased_exploration(self) -> int:
         return sum(1 for w in self.workers.values() if w.lease is not None and w.lease.kind is Kind.EXPLORATION)
@@ -795,8 +800,7 @@ class Simulation:
     def _explore_free(self, it: int, budget: int) -> dict[int, int]:
         """The oracle's exploration: the planner's rounds with every sample scored at once."""
         cfg = self.cfg
-        pool = SeedPool({p: list(range(cfg.candidates_per_prompt)) for p in range(self.plan_prompts)})
-        self.planner.start(pool, cfg.group_size, max(0, min(budget, cfg.candidates_per_prompt * self.plan_prompts)))
+        pool = self._start_planner(budget)
         while alloc := self.planner.next_round(pool):
             for p, n in alloc.items():
                 _, _, stale = self.rewards.draw(it, p, cfg.candidates_per_prompt)
