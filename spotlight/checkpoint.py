@@ -1,24 +1,55 @@
-"""Training checkpoints: weights (safetensors), optimiser state, RNG states and the step.
+"""Training checkpoints: weights, optimiser state, RNG states and the step — data only, verified
+before anything of them is used.
 
-Layout: DIR/checkpoints/step-000010/{model.safetensors, optimizer.pt, state.json}. A checkpoint is
-written to a temporary folder and renamed into place, so a folder named step-* is always complete:
-a run killed mid-write leaves the previous checkpoint as the newest one.
+Layout: DIR/checkpoints/step-000010/
+    model.safetensors       the weights
+    optimizer.safetensors   the optimiser's state dict and the RNG states (`cloud.codec`: tensors and
+                            a JSON tree; nothing in a checkpoint is a pickle, so a planted file can
+                            fail to load but never run code)
+    state.json              {"step": 10, ...}
+    MANIFEST.json           {"step": 10, "files": {NAME: {"size", "sha256"}}}, written last
+
+Invariants:
+- A folder named step-* is complete: files are written to a temporary folder, each file and the
+  folder are fsynced, then the folder is renamed and its parent fsynced — a kill or a host crash
+  mid-write leaves the previous checkpoint as the newest one (tests/test_trainer.py).
+- A checkpoint is used only once it verifies (`verify`): its manifest parses and names this step,
+  every file has the listed size (and SHA-256), every file decodes; and `load` applies nothing
+  unless the weights match the model's names, shapes and dtypes and the optimiser and RNG states
+  load. Resuming walks back from the newest checkpoint to the newest one that verifies and loads;
+  each one skipped is moved aside to `.skipped-step-N` with the reason logged, so it is never taken
+  again and never pushed (tests/test_checkpoint_recovery.py truncates and empties each file in turn).
 """
 
 from __future__ import annotations
 
+import copy
+import hashlib
 import json
+import os
 import random
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from cloud.codec import DecodeError, read_file, write_file
 
 PREFIX = "step-"
+SKIPPED = ".skipped-"
+"""A checkpoint that failed verification is renamed to SKIPPED + its name: kept for a look, never listed."""
+MANIFEST = "MANIFEST.json"
+FILES = ("model.safetensors", "optimizer.safetensors", "state.json")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used; `str(err)` is one line saying why."""
 
 
 @dataclass
@@ -28,14 +59,48 @@ class Checkpoint:
     """Iterations completed; training resumes at this iteration index."""
 
 
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a rename or a new entry in `path` durable (a renamed folder is only as durable as its parent)."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# ---- RNG states as plain data -------------------------------------------------------------------
+
+
 def _rng_state() -> dict[str, Any]:
-    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    return {"torch": torch.get_rng_state(), "numpy": (name, keys.tolist(), pos, has_gauss, cached),
+            "python": random.getstate()}
 
 
 def _set_rng_state(state: dict[str, Any]) -> None:
+    name, keys, pos, has_gauss, cached = state["numpy"]
     torch.set_rng_state(state["torch"])
-    np.random.set_state(state["numpy"])
+    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
     random.setstate(state["python"])
+
+
+# ---- write ----------------------------------------------------------------------------------------
 
 
 def save(root: Path, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
@@ -47,18 +112,26 @@ def save(root: Path, step: int, model: torch.nn.Module, optimizer: torch.optim.O
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     # safetensors refuses shared or non-contiguous storage; state_dict tensors are plain parameters.
-    save_file({k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}, str(tmp / "model.safetensors"))
-    torch.save({"optimizer": optimizer.state_dict(), "rng": _rng_state()}, tmp / "optimizer.pt")
-    (tmp / "state.json").write_text(json.dumps({"step": step, **(extra or {})}))
+    save_file({k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}, str(tmp / FILES[0]))
+    write_file({"optimizer": optimizer.state_dict(), "rng": _rng_state()}, tmp / FILES[1])
+    (tmp / FILES[2]).write_text(json.dumps({"step": step, **(extra or {})}))
+    files = {}
+    for name in FILES:
+        fsync_file(tmp / name)
+        files[name] = {"size": (tmp / name).stat().st_size, "sha256": sha256_of(tmp / name)}
+    (tmp / MANIFEST).write_text(json.dumps({"step": step, "files": files}, indent=1))
+    fsync_file(tmp / MANIFEST)
+    fsync_dir(tmp)
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
+    fsync_dir(root)
     for old in list_checkpoints(root)[:-keep]:
         shutil.rmtree(old.path, ignore_errors=True)
     return Checkpoint(final, step)
 
 
 def list_checkpoints(root: Path) -> list[Checkpoint]:
-    """Complete checkpoints under `root`, oldest first."""
+    """Checkpoint folders under `root` (not yet verified), oldest first."""
     if not root.is_dir():
         return []
     found = [Checkpoint(p, int(p.name[len(PREFIX):])) for p in root.iterdir()
@@ -71,10 +144,122 @@ def latest(root: Path) -> Checkpoint | None:
     return found[-1] if found else None
 
 
-def load(ckpt: Checkpoint, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    """Restore weights, optimiser and RNG states in place; returns state.json's contents."""
-    model.load_state_dict(load_file(str(ckpt.path / "model.safetensors")))
-    blob = torch.load(ckpt.path / "optimizer.pt", weights_only=False)
-    optimizer.load_state_dict(blob["optimizer"])
-    _set_rng_state(blob["rng"])
-    return json.loads((ckpt.path / "state.json").read_text())
+# ---- verify and load ------------------------------------------------------------------------------
+
+
+def verify(ckpt: Checkpoint, hashes: bool = True) -> str | None:
+    """None when `ckpt` is usable, else one line saying why not: the manifest, every file's size
+    (and SHA-256 when `hashes`), and that every file decodes (the weights' header, the optimiser
+    file, state.json)."""
+    try:
+        read(ckpt, hashes, weights=False)
+    except CheckpointError as err:
+        return str(err)
+    return None
+
+
+@dataclass
+class Loaded:
+    """A checkpoint read into memory and decoded, nothing applied yet."""
+
+    weights: dict[str, torch.Tensor]
+    optimizer: dict[str, Any]
+    rng: dict[str, Any]
+    state: dict[str, Any]
+
+
+def read(ckpt: Checkpoint, hashes: bool = True, weights: bool = True) -> Loaded:
+    """Verify and decode `ckpt` (see `verify`); raises CheckpointError. Without `weights`, the
+    weights file's header is parsed (names, shapes, offsets within the file) but no tensor is read."""
+    folder = ckpt.path
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text())
+        files = manifest["files"]
+        if manifest["step"] != ckpt.step or not isinstance(files, dict) or set(files) != set(FILES):
+            raise CheckpointError(f"{MANIFEST} does not describe iteration {ckpt.step}'s {', '.join(FILES)}")
+    except FileNotFoundError:
+        legacy = " (written by an older Spotlight: its optimizer.pt is a pickle, never loaded)" \
+            if (folder / "optimizer.pt").exists() else ""
+        raise CheckpointError(f"no {MANIFEST}{legacy}") from None
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as err:
+        raise CheckpointError(f"unreadable {MANIFEST} ({type(err).__name__})") from None
+    for name in FILES:
+        want, path = files[name], folder / name
+        if not (isinstance(want, dict) and isinstance(want.get("size"), int) and isinstance(want.get("sha256"), str)):
+            raise CheckpointError(f"{MANIFEST}: entry {name} lacks an integer size and a sha256")
+        if not path.is_file():
+            raise CheckpointError(f"{name} is missing")
+        size = path.stat().st_size
+        if size != want["size"]:
+            raise CheckpointError(f"{name} has {size} bytes, {MANIFEST} says {want['size']} (truncated?)")
+        if hashes and sha256_of(path) != want["sha256"]:
+            raise CheckpointError(f"{name} does not match its SHA-256 in {MANIFEST}")
+    try:
+        with safe_open(str(folder / FILES[0]), framework="pt") as f:
+            tensors = {k: f.get_tensor(k) for k in f.keys()} if weights else {}
+    except Exception as err:  # safetensors' own parser: a damaged file, nothing ran
+        raise CheckpointError(f"{FILES[0]} does not load ({type(err).__name__}: {str(err)[:100]})") from None
+    try:
+        blob = read_file(folder / FILES[1])
+        optimizer, rng = blob["optimizer"], blob["rng"]
+        state = json.loads((folder / FILES[2]).read_text())
+        if not (isinstance(optimizer, dict) and isinstance(rng, dict) and isinstance(state, dict)
+                and state.get("step") == ckpt.step):
+            raise CheckpointError(f"{FILES[1]} or {FILES[2]} does not hold iteration {ckpt.step}'s state")
+    except DecodeError as err:
+        raise CheckpointError(f"{FILES[1]}: {err}") from None
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as err:
+        raise CheckpointError(f"{FILES[1]} or {FILES[2]} is malformed ({type(err).__name__})") from None
+    return Loaded(tensors, optimizer, rng, state)
+
+
+def load(ckpt: Checkpoint, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+         hashes: bool = True) -> dict[str, Any]:
+    """Restore weights, optimiser and RNG states in place; returns state.json's contents. Raises
+    CheckpointError — with model, optimiser and RNGs untouched — when anything does not fit."""
+    loaded = read(ckpt, hashes)
+    own = model.state_dict()
+    if loaded.weights.keys() != own.keys():
+        diff = sorted(loaded.weights.keys() ^ own.keys())
+        raise CheckpointError(f"{FILES[0]}: tensor names differ from the model's ({', '.join(diff[:3])}...)")
+    for name, tensor in loaded.weights.items():
+        if tensor.shape != own[name].shape or tensor.dtype != own[name].dtype:
+            raise CheckpointError(f"{FILES[0]}: {name} is {tuple(tensor.shape)} {tensor.dtype}, the model's "
+                                  f"{tuple(own[name].shape)} {own[name].dtype}")
+    rng_before, optimizer_before = _rng_state(), copy.deepcopy(optimizer.state_dict())
+    try:
+        optimizer.load_state_dict(loaded.optimizer)
+        _set_rng_state(loaded.rng)
+    except Exception as err:  # a malformed state: put back what was there and refuse the checkpoint
+        optimizer.load_state_dict(optimizer_before)
+        _set_rng_state(rng_before)
+        raise CheckpointError(f"{FILES[1]}: the optimiser or RNG state does not load "
+                              f"({type(err).__name__}: {str(err)[:100]})") from None
+    model.load_state_dict(loaded.weights)  # names, shapes and dtypes checked above: cannot fail half-way
+    return loaded.state
+
+
+def set_aside(ckpt: Checkpoint) -> Path:
+    """Move a checkpoint that failed verification out of the way (`.skipped-step-N`)."""
+    target = ckpt.path.with_name(SKIPPED + ckpt.path.name)
+    shutil.rmtree(target, ignore_errors=True)
+    ckpt.path.rename(target)
+    return target
+
+
+def newest_usable(root: Path, log: Callable[[str], None], use: Callable[[Checkpoint], Any] | None = None,
+                  hashes: bool = True) -> Checkpoint | None:
+    """Walk back from the newest checkpoint under `root` to the newest one that verifies — and that
+    `use` takes, when given (it raises CheckpointError to refuse one: `load` into a model does).
+    Each one refused is set aside with one log line; None when none is usable (the run starts fresh)."""
+    for ckpt in reversed(list_checkpoints(root)):
+        try:
+            if use is None:
+                read(ckpt, hashes, weights=False)
+            else:
+                use(ckpt)
+            return ckpt
+        except CheckpointError as err:
+            moved = set_aside(ckpt)
+            log(f"checkpoint {ckpt.path} skipped: {err}; moved to {moved.name}")
+    return None

@@ -9,9 +9,11 @@ under `step-N/` at its path in the run folder:
 
 Invariants:
 - The manifest is written last, after every file it names. A stored checkpoint is complete when
-  its manifest parses and every file it names has the listed size and SHA-256; anything else (a
-  push cut short, a truncated or altered object) is incomplete and is never resumed from — `pull`
-  logs why and tries the next older one.
+  its manifest parses, names only files a run folder holds (the checkpoint's own, the explorer
+  state of that step, files directly in the run folder), every file has the listed size and
+  SHA-256, and the checkpoint verifies as `spotlight.checkpoint` reads it (its own manifest, every
+  file decodes — data only, nothing is unpickled); anything else (a push cut short, a truncated,
+  altered or planted object) is never resumed from — `pull` logs why and tries the next older one.
 - A pull installs into the run folder only verified files, and the checkpoint folder last (by
   rename, as `spotlight.checkpoint` writes its own): an interrupted pull leaves no folder that
   `checkpoint.latest` would take.
@@ -21,7 +23,6 @@ Invariants:
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 import time
@@ -31,6 +32,7 @@ from typing import Any
 
 from cloud.store import MissingKey, Store, StoreError, check_key
 from spotlight import checkpoint
+from spotlight.checkpoint import sha256_of
 
 MANIFEST = "MANIFEST.json"
 STEP_DIR = "step-{:06d}"
@@ -38,14 +40,6 @@ STEP_DIR = "step-{:06d}"
 
 def step_dir(step: int) -> str:
     return STEP_DIR.format(step)
-
-
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def checkpoint_files(out: Path, step: int) -> list[str]:
@@ -61,6 +55,14 @@ def checkpoint_files(out: Path, step: int) -> list[str]:
     files += sorted(p.name for p in out.iterdir()
                     if p.is_file() and not p.name.startswith(".") and not p.name.endswith(".tmp"))
     return files
+
+
+def _belongs(rel: str, step: int) -> bool:
+    """Whether run-folder path `rel` is one a stored checkpoint of `step` may install."""
+    folder = f"checkpoints/{checkpoint.PREFIX}{step:06d}/"
+    if rel.startswith(folder):
+        return rel[len(folder):] in (*checkpoint.FILES, checkpoint.MANIFEST)
+    return rel == f"explorer/step-{step:06d}.json" or ("/" not in rel and not rel.startswith("."))
 
 
 def _step_of(key: str) -> int | None:
@@ -176,6 +178,8 @@ class CheckpointSync:
                 return f"{MANIFEST} does not describe iteration {step}"
             for rel, want in files.items():
                 check_key(rel)  # a manifest never writes outside the run folder
+                if not _belongs(rel, step):
+                    return f"{MANIFEST} names {rel[:100]!r}, which no checkpoint of iteration {step} holds"
                 if not (isinstance(want, dict) and isinstance(want.get("size"), int)
                         and isinstance(want.get("sha256"), str)):
                     return f"{MANIFEST}: entry {rel!r} lacks an integer size and a sha256"
@@ -197,7 +201,9 @@ class CheckpointSync:
                 return f"{rel} has {size} bytes, {MANIFEST} says {want['size']} (truncated?)"
             if sha256_of(path) != want["sha256"]:
                 return f"{rel} does not match its SHA-256 in {MANIFEST}"
-        return None
+        # The files are what was stored; are they a checkpoint? (hashes were just checked)
+        why = checkpoint.verify(checkpoint.Checkpoint(staging / checkpoint_folder, step), hashes=False)
+        return None if why is None else f"{checkpoint_folder}: {why}"
 
     @staticmethod
     def _install(staging: Path, out: Path, step: int) -> None:

@@ -7,6 +7,7 @@ the version = iterations applied), which rollout workers load before computing a
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,11 @@ from spotlight.config import RunConfig
 from spotlight.policy import Policy, Rollout
 from spotlight.prompts import prompt_set
 from spotlight.warm_start import apply_warm_start
+
+
+class NonFiniteUpdate(RuntimeError):
+    """A NaN or infinite loss or gradient: the optimiser step that would have applied it is not
+    taken, and the run stops. `str(err)` is one line naming the iteration."""
 
 
 def build_policy(cfg: RunConfig) -> Policy:
@@ -36,7 +42,9 @@ class Learner:
 
     def build(self, checkpoints: Path | None = None) -> dict[str, Any]:
         """Make the policy, warm-start it (cached), freeze the KL reference, and resume from the
-        newest checkpoint under `checkpoints` if there is one. Returns {"warm_start", "step"}."""
+        newest checkpoint under `checkpoints` that verifies and loads (`checkpoint.newest_usable`:
+        the ones skipped are set aside). Returns {"warm_start", "step", "checkpoint", "skipped"}:
+        "skipped" holds one line per checkpoint set aside, for the controller to log."""
         cfg = self.cfg
         torch.manual_seed(cfg.seed)  # nothing should draw from it; seeded so that nothing varies if something does
         self.policy = build_policy(cfg)
@@ -44,11 +52,13 @@ class Learner:
         if cfg.grpo.kl_beta > 0:
             self.policy.set_reference()
         self.optimizer = torch.optim.Adam(self.policy.model.parameters(), lr=cfg.train.lr)
-        ckpt = checkpoint.latest(checkpoints) if checkpoints is not None else None
+        skipped: list[str] = []
+        ckpt = None if checkpoints is None else checkpoint.newest_usable(
+            Path(checkpoints), skipped.append, use=lambda c: checkpoint.load(c, self.policy.model, self.optimizer))
         if ckpt is not None:
-            checkpoint.load(ckpt, self.policy.model, self.optimizer)
             self.version = ckpt.step
-        return {"warm_start": warm, "step": self.version, "checkpoint": str(ckpt.path) if ckpt else None}
+        return {"warm_start": warm, "step": self.version, "checkpoint": str(ckpt.path) if ckpt else None,
+                "skipped": skipped}
 
     def weights(self) -> dict[str, torch.Tensor]:
         """The current weights (version `self.version`) as a CPU state dict."""
@@ -60,10 +70,17 @@ class Learner:
         rollout = self.policy.merge(parts)
         stats: dict[str, float] = {}
         params = self.policy.model.parameters
-        for _ in range(self.cfg.train.updates_per_step):
+        n = self.cfg.train.updates_per_step
+        for u in range(n):
             self.optimizer.zero_grad(set_to_none=True)
             stats = self.policy.backward(rollout, advantages)
             stats["grad_norm"] = torch.nn.utils.clip_grad_norm_(params(), self.cfg.train.grad_clip).item()
+            # One NaN step poisons every weight it touches (Adam spreads it through its moments), and
+            # every later checkpoint would carry it: stop before the step instead.
+            bad = next(((k, v) for k, v in stats.items() if isinstance(v, float) and not math.isfinite(v)), None)
+            if bad is not None:
+                raise NonFiniteUpdate(f"iteration {self.version}: {bad[0]} is {bad[1]} in update {u + 1} of {n}: "
+                                      "training diverged (a smaller train.lr or grad_clip may help)")
             self.optimizer.step()
         self.version += 1
         return stats

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 import time
 from contextlib import contextmanager
@@ -38,7 +39,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from cloud.cost import CostControl, Spent, load_spent, save_spent
-from cloud.store import StoreError, open_store
+from cloud.store import Store, StoreError, open_store
 from schedulers.clock import WallClock
 from schedulers.request import Kind, Request
 from spotlight import checkpoint
@@ -47,6 +48,7 @@ from spotlight.config import ConfigError, RunConfig, load_config, to_yaml
 from spotlight.exploration import Explorer
 from spotlight.grpo import group_advantages, group_std
 from spotlight.inflight import InflightStore
+from spotlight.learner import NonFiniteUpdate
 from spotlight.prompts import draw_prompts, prompt_set
 from spotlight.runtime import LocalRuntime, Runtime
 
@@ -114,14 +116,21 @@ class Trainer:
 
     def build(self, runtime: Runtime | None = None) -> "Trainer":
         cfg = self.cfg
+        # Every check that can refuse the run comes before the run folder is made: bad input
+        # leaves nothing behind.
         self._check_out_dir()
-        if cfg.cloud.checkpoint_uri:
-            self._pull()
-            if cfg.cloud.inflight_every_s > 0:
-                self.inflight = InflightStore(self.sync.store, self.log)
+        store = open_store(cfg.cloud.checkpoint_uri) if cfg.cloud.checkpoint_uri else None
         # Prices, the fleet and a too-small budget are checked before anything starts; from here on
         # the fleet is paid for (instances are paid from launch), on top of what earlier sessions spent.
         self.cost = CostControl.from_config(cfg, WallClock(), load_spent(self.out))
+        self.out.mkdir(parents=True, exist_ok=True)
+        # A damaged newest checkpoint (a crash mid-write on a disk that lied, a truncated copy) is
+        # set aside now, so that the store's copy of that iteration can replace it.
+        checkpoint.newest_usable(self.out / "checkpoints", self.log, hashes=False)
+        if store is not None:
+            self._pull(store)
+            if cfg.cloud.inflight_every_s > 0:
+                self.inflight = InflightStore(store, self.log)
         self.prompts = prompt_set(cfg.prompts, cfg.seed)
         self.runtime = runtime if runtime is not None else make_runtime(cfg)
         roles = time.perf_counter()
@@ -132,20 +141,37 @@ class Trainer:
         if self.warm.get("steps"):
             how = "loaded from cache" if self.warm["cached"] else f"trained in {self.warm['seconds']:.0f} s"
             self.log(f"warm start ({self.warm['steps']} steps) {how}: {self.warm['path']}")
+        for line in info.get("skipped", []):
+            self.log(line)
         if info["checkpoint"]:
             self.log(f"resuming from {info['checkpoint']} (iteration {self.start_step})")
         if cfg.exploration.enabled:
-            self.explorer = Explorer(cfg, self.prompts, self.log)
-            if self.start_step > 0 and not self.explorer.load(self.out / "explorer", self.start_step):
-                then = "explored first, on the critical path" if self.explorer.explores_first else "on random seeds"
-                self.log(f"no explorer state for iteration {self.start_step}: it starts {then}")
+            self.explorer = self._explorer()
         self._truncate_metrics(self.start_step)
         (self.out / "config.yaml").write_text(to_yaml(cfg))  # after the check: it is the resume key
         return self
 
+    def _explorer(self) -> Explorer:
+        """The explorer, with the planner state saved for the resumed iteration when there is a usable one."""
+        explorer = Explorer(self.cfg, self.prompts, self.log)
+        if self.start_step == 0:
+            return explorer
+        try:
+            if explorer.load(self.out / "explorer", self.start_step):
+                return explorer
+            why = "none saved"
+        except (ValueError, KeyError, TypeError, IndexError, AttributeError) as err:
+            why = f"unreadable ({type(err).__name__})"
+            explorer = Explorer(self.cfg, self.prompts, self.log)  # nothing half-loaded
+        then = "explored first, on the critical path" if explorer.explores_first else "on random seeds"
+        self.log(f"explorer state for iteration {self.start_step}: {why}; it starts {then}")
+        return explorer
+
     def _check_out_dir(self) -> None:
-        """Refuse to resume checkpoints that another config wrote (a changed step count is fine)."""
-        self.out.mkdir(parents=True, exist_ok=True)
+        """Refuse an --out that is not a folder, or that holds checkpoints another config wrote (a
+        changed step count is fine). Creates nothing."""
+        if self.out.exists() and not self.out.is_dir():
+            raise ConfigError(f"--out {self.out}: exists and is not a folder")
         if checkpoint.latest(self.out / "checkpoints") is not None and self._another_run(self.out / "config.yaml"):
             raise ConfigError(f"{self.out}: holds checkpoints of a run with a different config; "
                               "use a new --out folder or delete its checkpoints/")
@@ -155,11 +181,21 @@ class Trainer:
         return saved.is_file() and _resume_key(load_config(saved)) != _resume_key(self.cfg)
 
     def _truncate_metrics(self, step: int) -> None:
-        """Drop rows of iterations after the resumed checkpoint: they are about to be redone."""
+        """Keep the rows of iterations before the resumed checkpoint: later ones are about to be
+        redone. A row is written before the checkpoint that covers its iteration, so every kept
+        iteration has its row; a line cut short by a kill is dropped with it."""
         path = self.out / "metrics.jsonl"
         if not path.is_file():
             return
-        rows = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] < step]
+        rows = []
+        for line in path.read_text(errors="replace").splitlines():
+            try:
+                row = json.loads(line)
+                keep = isinstance(row, dict) and isinstance(row.get("step"), int) and row["step"] < step
+            except ValueError:
+                keep = False
+            if keep:
+                rows.append(line)
         path.write_text("".join(r + "\n" for r in rows))
 
     # ---- the loop -------------------------------------------------------------------------------
@@ -280,18 +316,26 @@ class Trainer:
                 if not self._go_on(step, saved):
                     break
                 t0 = time.perf_counter()
-                row = self.iteration(step)
+                try:
+                    row = self.iteration(step)
+                except NonFiniteUpdate as err:
+                    raise NonFiniteUpdate(f"{getattr(err, 'cause', None) or err}; nothing after the checkpoint of "
+                                          f"iteration {saved} is kept") from None
+                row["wall_s"] = time.perf_counter() - t0
+                row["elapsed_s"] = time.perf_counter() - start
+                row["cost_usd"] = self.cost.spent_usd()
+                # The row before the checkpoint that covers its iteration: a kill between the two
+                # resumes from the previous checkpoint, which drops the row and redoes the iteration.
+                metrics.write(json.dumps(row) + "\n")
+                metrics.flush()
+                os.fsync(metrics.fileno())
                 checkpoint_s = None
                 if (step + 1) % cfg.train.checkpoint_every == 0 or step + 1 == steps:
                     c0 = time.perf_counter()
                     self._checkpoint(step + 1)
                     checkpoint_s, saved = time.perf_counter() - c0, step + 1
-                row["wall_s"] = time.perf_counter() - t0
-                row["elapsed_s"] = time.perf_counter() - start
-                row["cost_usd"] = self.cost.after_iteration(checkpoint_s)
+                self.cost.after_iteration(checkpoint_s)
                 save_spent(self.out, self._spent())
-                metrics.write(json.dumps(row) + "\n")
-                metrics.flush()
                 self._push()  # after the row: the stored metrics.jsonl reaches the checkpoint
                 for key, value in row.items():
                     if key != "step" and isinstance(value, (int, float)):
@@ -308,10 +352,10 @@ class Trainer:
             self.explorer.save(self.out / "explorer", done)
         self.runtime.save_checkpoint(self.out / "checkpoints")
 
-    def _pull(self) -> None:
-        """Open --checkpoint-uri and bring its newest complete checkpoint into the run folder when
+    def _pull(self, store: Store) -> None:
+        """Bring the newest complete checkpoint of --checkpoint-uri's `store` into the run folder when
         the folder holds none as new (a run restarted on a fresh machine resumes from the store)."""
-        self.sync = CheckpointSync(open_store(self.cfg.cloud.checkpoint_uri), self.log)
+        self.sync = CheckpointSync(store, self.log)
         local = checkpoint.latest(self.out / "checkpoints")
         pulled = self.sync.pull(self.out, local.step if local else 0, accept=self._check_stored_config)
         if pulled is not None:

@@ -4,6 +4,7 @@ clock, permanent errors, spot prices, checkpoints pushed and pulled with their m
 run that resumes from S3 in a fresh folder with the weights of a run that never stopped."""
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -15,7 +16,7 @@ from safetensors.torch import load_file
 
 from cloud.aws import S3Store, spot_price_history
 from cloud.retry import Backoff
-from cloud.store import MissingKey, StoreError, open_store
+from cloud.store import MissingKey, StoreError, StoreURIError, open_store, parse_store_uri
 from conftest import small_dit_config
 from s3_server import fault_proxy, s3, s3_server  # noqa: F401 (fixtures)
 from schedulers.clock import ManualClock, WallClock
@@ -187,16 +188,18 @@ def test_push_writes_the_manifest_last_and_keeps_the_newest_two(s3, tmp_path):
     for step in (2, 4, 6):
         save_checkpoint(run, step)
         pushed = sync.push(run, step)
-        assert pushed["files"] == 5 and pushed["bytes"] > 0
-    files = {"checkpoints/step-000002/model.safetensors", "checkpoints/step-000002/optimizer.pt",
-             "checkpoints/step-000002/state.json", "config.yaml", "metrics.jsonl"}
-    assert set(store.writes[:5]) == {f"step-000002/{f}" for f in files}
-    assert store.writes[5] == f"step-000002/{MANIFEST}" and len(store.writes) == 18
+        assert pushed["files"] == 6 and pushed["bytes"] > 0
+    files = {"checkpoints/step-000002/model.safetensors", "checkpoints/step-000002/optimizer.safetensors",
+             "checkpoints/step-000002/state.json", "checkpoints/step-000002/MANIFEST.json", "config.yaml",
+             "metrics.jsonl"}
+    assert set(store.writes[:6]) == {f"step-000002/{f}" for f in files}
+    assert store.writes[6] == f"step-000002/{MANIFEST}" and len(store.writes) == 21
     assert sync.stored() == [6, 4] and not store.list("step-000002/")
     manifest = json.loads(store.get(f"step-000006/{MANIFEST}"))
     assert manifest["step"] == 6 and set(manifest["files"]) == {
-        "checkpoints/step-000006/model.safetensors", "checkpoints/step-000006/optimizer.pt",
-        "checkpoints/step-000006/state.json", "config.yaml", "metrics.jsonl"}
+        "checkpoints/step-000006/model.safetensors", "checkpoints/step-000006/optimizer.safetensors",
+        "checkpoints/step-000006/state.json", "checkpoints/step-000006/MANIFEST.json", "config.yaml",
+        "metrics.jsonl"}
 
 
 def test_a_truncated_or_unfinished_checkpoint_is_never_resumed(s3, tmp_path):
@@ -210,7 +213,7 @@ def test_a_truncated_or_unfinished_checkpoint_is_never_resumed(s3, tmp_path):
     key = "run/step-000008/checkpoints/step-000008/model.safetensors"
     body = s3.client.get_object(Bucket=s3.bucket, Key=key)["Body"].read()
     s3.client.put_object(Bucket=s3.bucket, Key=key, Body=body[: len(body) // 2])  # a truncated object
-    key = "run/step-000006/checkpoints/step-000006/optimizer.pt"
+    key = "run/step-000006/checkpoints/step-000006/optimizer.safetensors"
     body = bytearray(s3.client.get_object(Bucket=s3.bucket, Key=key)["Body"].read())
     body[-1] ^= 0xFF  # same size, one byte altered
     s3.client.put_object(Bucket=s3.bucket, Key=key, Body=bytes(body))
@@ -224,7 +227,7 @@ def test_a_truncated_or_unfinished_checkpoint_is_never_resumed(s3, tmp_path):
     assert sorted(p.name for p in fresh.iterdir()) == ["checkpoints", "config.yaml", "metrics.jsonl"]  # no staging left
     skipped = "\n".join(lines[-3:])
     assert "step-000008 skipped: checkpoints/step-000008/model.safetensors has" in skipped and "truncated" in skipped
-    assert "step-000006 skipped: checkpoints/step-000006/optimizer.pt does not match its SHA-256" in skipped
+    assert "step-000006 skipped: checkpoints/step-000006/optimizer.safetensors does not match its SHA-256" in skipped
     assert "step-000004 skipped: unreadable MANIFEST.json" in skipped
     assert sync.pull(fresh, newer_than=2) is None  # nothing complete is newer than what the folder holds
 
@@ -290,9 +293,34 @@ def test_a_run_resumed_from_s3_in_a_fresh_folder_ends_with_the_weights_of_an_uni
     ("s3://", "s3://: no bucket"),
     ("gs://bucket/run", "Google Cloud Storage URIs are not supported yet"),
     ("s3://My_Bucket/run", "is not a valid S3 bucket name"),
+    ("file:///etc", "file:///etc: a folder store outside the allowed folders"),
 ])
 def test_a_bad_checkpoint_uri_is_one_error_line(uri, expected, tmp_path, capsys):
     assert main(["train", "--out", str(tmp_path), "--checkpoint-uri", uri, "--runtime", "local"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("spotlight: error: ") and expected in err
     assert "cloud.checkpoint_uri" in err and not list(tmp_path.iterdir())
+
+
+def test_folder_stores_are_only_accepted_inside_the_allowed_folders(tmp_path, monkeypatch):
+    inside, outside = tmp_path / "allowed", tmp_path / "other"
+    inside.mkdir()
+    outside.mkdir()
+    monkeypatch.chdir(inside)
+    monkeypatch.delenv("SPOTLIGHT_STORE_ROOTS", raising=False)
+    # Unset: the working directory (and below) only.
+    assert parse_store_uri("ckpt").path == inside / "ckpt"
+    assert parse_store_uri(f"file://{inside}").path == inside
+    for bad in (f"file://{outside}/ckpt", str(outside), "../other", "file:///etc", f"file://{inside}/../other"):
+        with pytest.raises(StoreURIError, match="outside the allowed folders") as err:
+            parse_store_uri(bad)
+        assert "SPOTLIGHT_STORE_ROOTS" in str(err.value) and "\n" not in str(err.value)
+    (inside / "link").symlink_to(outside)  # a link inside a root that leads out of it
+    with pytest.raises(StoreURIError, match="outside the allowed folders"):
+        parse_store_uri("link/ckpt")
+    # Named roots replace the working directory.
+    monkeypatch.setenv("SPOTLIGHT_STORE_ROOTS", f"{outside}{os.pathsep}{tmp_path / 'third'}")
+    assert parse_store_uri(f"file://{outside}/ckpt").path == outside / "ckpt"
+    open_store(str(tmp_path / "third" / "x")).put("a", b"b")
+    with pytest.raises(StoreURIError, match="outside the allowed folders"):
+        parse_store_uri(str(inside / "ckpt"))

@@ -5,12 +5,23 @@ stopped. Real Ray actors for the interrupted run, the real queue, a real S3 serv
 
 from __future__ import annotations
 
+import hashlib
+import io
+import json
+import os
+import pickle
+
 import pytest
 import torch
 
 from conftest import small_dit_config
 from s3_server import s3, s3_server  # noqa: F401 (fixtures)
-from spotlight.inflight import InflightStore
+from cloud.codec import encode
+from cloud.store import LocalStore
+from spotlight.dit_sampler import SampleState
+from spotlight.inflight import ALLOWED, InflightStore
+from spotlight.policy import Rollout
+from spotlight.prompts import Prompt
 from spotlight.trainer import Trainer
 from test_cloud_store import final_weights
 
@@ -58,15 +69,92 @@ def test_a_controller_restarted_mid_rollout_resumes_from_the_stored_in_flight_st
     assert [k for k in InflightStore(resumed.sync.store).store.list("inflight/")] == []
 
 
-def test_a_snapshot_is_used_only_for_requests_with_the_same_seeds(tmp_path):
-    from cloud.store import LocalStore
+def _result(seeds):
+    return Rollout([Prompt(1, "red")] * len(seeds), list(seeds), images=torch.rand(len(seeds), 3, 4, 4),
+                   data={"log_probs": torch.randn(len(seeds), 2)})
 
+
+def _state(seeds, step):
+    return SampleState((1,) * len(seeds), tuple(seeds), step, torch.randn(len(seeds), step + 1, 4, 3),
+                       torch.randn(len(seeds), step))
+
+
+def _same(a, b):
+    if isinstance(a, torch.Tensor):
+        return torch.equal(a, b)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if hasattr(a, "__dataclass_fields__"):
+        return type(a) is type(b) and all(_same(getattr(a, f), getattr(b, f)) for f in a.__dataclass_fields__)
+    return a == b
+
+
+def test_a_snapshot_is_used_only_for_requests_with_the_same_seeds(tmp_path):
     store = InflightStore(LocalStore(tmp_path))
-    store.save(3, {"a": (1, 2), "b": (3, 4)}, {"a": "result-a"}, {"b": (5, "state-b")})
-    assert store.load(3, {"a": (1, 2), "b": (3, 4)}) == ({"a": "result-a"}, {"b": (5, "state-b")})
-    assert store.load(3, {"a": (1, 2), "b": (9, 9)}) == ({"a": "result-a"}, {})  # b was re-planned
+    done, part = _result((1, 2)), (1, _state((3, 4), 1))
+    store.save(3, {"a": (1, 2), "b": (3, 4)}, {"a": done}, {"b": part})
+    assert _same(store.load(3, {"a": (1, 2), "b": (3, 4)}), ({"a": done}, {"b": part}))
+    assert _same(store.load(3, {"a": (1, 2), "b": (9, 9)}), ({"a": done}, {}))  # b was re-planned
     assert store.load(4, {"a": (1, 2)}) == ({}, {})
-    (tmp_path / "inflight" / "it-000003.pt").write_bytes(b"truncated")
-    assert store.load(3, {"a": (1, 2)}) == ({}, {})  # unreadable: not used, never wrong
     store.prune(4)
     assert store.store.list("inflight/") == []
+
+
+class _Payload:
+    """Unpickling this runs a shell command that leaves a marker file."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_a_damaged_malformed_or_planted_snapshot_is_skipped_never_fatal_never_run(tmp_path):
+    lines = []
+    store = InflightStore(LocalStore(tmp_path / "store"), log=lines.append)
+    seeds = {"a": (1, 2), "b": (3, 4)}
+    marker = tmp_path / "PWNED"
+    store.save(3, seeds, {"a": _result((1, 2))}, {"b": (1, _state((3, 4), 1))})
+    data = (tmp_path / "store" / "inflight" / "it-000003.data").read_bytes()
+    manifest = json.loads((tmp_path / "store" / "inflight" / "it-000003.json").read_text())
+
+    def plant(body, fix_manifest=True):
+        (tmp_path / "store" / "inflight" / "it-000003.data").write_bytes(body)
+        m = dict(manifest, size=len(body), sha256=hashlib.sha256(body).hexdigest()) if fix_manifest else manifest
+        (tmp_path / "store" / "inflight" / "it-000003.json").write_text(json.dumps(m))
+
+    def forged(blob):  # a well-formed snapshot of someone else's making
+        return encode(blob, ALLOWED)
+
+    cases = {
+        "truncated": (data[: len(data) // 2], False),
+        "altered": (data[:-1] + bytes([data[-1] ^ 1]), False),
+        "pickle": (pickle.dumps({"step": 3, "seeds": _Payload(marker)}), True),
+        "torch.save pickle": (_torch_save({"step": 3, "seeds": seeds, "results": {"a": _Payload(marker)},
+                                           "partial": {}}), True),
+        "not a snapshot": (forged([1, 2, 3]), True),
+        "no seeds (was KeyError)": (forged({"step": 3, "results": {}, "partial": {}}), True),
+        "another iteration": (forged({"step": 4, "seeds": seeds, "results": {}, "partial": {}}), True),
+    }
+    for name, (body, fix) in cases.items():
+        plant(body, fix)
+        lines.clear()
+        assert store.load(3, seeds) == ({}, {}), name
+        assert len(lines) == 1 and "not used" in lines[0], (name, lines)
+    assert not marker.exists()
+    # Entries that do not fit their requests are dropped one by one; the others are used.
+    plant(forged({"step": 3, "seeds": seeds, "results": {"a": _result((1, 2, 3))},
+                  "partial": {"b": (2, _state((3, 4), 1))}}))
+    lines.clear()
+    assert store.load(3, seeds) == ({}, {}) and "2 entries do not fit" in lines[0]
+    (tmp_path / "store" / "inflight" / "it-000003.json").unlink()
+    assert store.load(3, seeds) == ({}, {})  # a snapshot without its manifest is not there yet
+
+
+def _torch_save(obj):
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    return buffer.getvalue()
