@@ -7,8 +7,10 @@ prices with the median of EC2's spot price history, `refresh_from_sky` takes bot
 catalog SkyPilot keeps under ~/.sky/catalogs/. Refreshed rows carry the new source and date.
 
 Invariants: every row has a non-empty instance type (unique in the table) and GPU name, a positive
-GPU count and finite prices >= 0. Loading a table that breaks one raises a `PriceError` whose text
-is one line naming the file, the line and the column.
+GPU count (at most `MAX_GPUS_PER_ROW`) and finite prices >= 0. Loading a table that breaks one
+raises a `PriceError` whose text is one line naming the file, the line and the column; so does a
+table larger than `MAX_TABLE_BYTES`, one that is not UTF-8 text, or one the csv module cannot read.
+A GPU name the table does not price is a `PriceError` wherever one comes in (`rows`, `node_price`).
 
 A node of the meter has `cloud.gpus_per_node` GPUs. When no row has exactly that many of the GPU,
 a node is priced at the cheapest row's per-GPU price times `gpus_per_node` (for example a 1-GPU
@@ -30,6 +32,10 @@ from spotlight.config import ConfigError
 
 SHIPPED = Path(__file__).with_name("prices.csv")
 COLUMNS = ("provider", "instance_type", "gpu", "gpus", "ondemand_usd_h", "spot_usd_h", "source", "date")
+MAX_TABLE_BYTES = 1 << 20
+"""Largest price table read (1 MiB; the shipped one is ~2 KB)."""
+MAX_GPUS_PER_ROW = 64
+"""Most GPUs of one instance type (the largest sold today have 8 or 16)."""
 DEFAULT_REGION = {"aws": "us-east-1", "gcp": "us-central1"}
 """The region a refresh reads when none is given: where the shipped prices were taken."""
 
@@ -67,13 +73,34 @@ def today() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%d")
 
 
+def _quote(text: str) -> str:
+    """`text` quoted for an error line: one line (repr escapes newlines), at most ~100 characters."""
+    return repr(text[:100] + ("..." if len(text) > 100 else ""))
+
+
+def read_table_text(path: Path, what: str) -> str:
+    """The text of a CSV table: at most MAX_TABLE_BYTES (read bounded, so /dev/zero is refused
+    too), UTF-8; anything else is one PriceError line."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_TABLE_BYTES + 1)
+    except OSError as err:
+        raise PriceError(f"{path}: cannot read {what} ({err.strerror or type(err).__name__})") from None
+    if len(data) > MAX_TABLE_BYTES:
+        raise PriceError(f"{path}: larger than {MAX_TABLE_BYTES >> 20} MiB (expected a {what} of at most that size)")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise PriceError(f"{path}: not a UTF-8 text file (expected a {what} CSV)") from None
+
+
 def _number(text: str, where: str, column: str) -> float:
     try:
         value = float(text)
     except ValueError:
         value = math.nan
     if not (math.isfinite(value) and value >= 0):
-        raise PriceError(f"{where}: {column}: expected dollars per hour (a number >= 0), got {text!r}")
+        raise PriceError(f"{where}: {column}: expected dollars per hour (a number >= 0), got {_quote(text)}")
     return value
 
 
@@ -86,17 +113,43 @@ def _parse_row(raw: dict[str, str], where: str) -> PriceRow:
         datetime.strptime(raw["date"].strip(), "%Y-%m-%d")
     except ValueError:
         raise PriceError(f"{where}: date: expected the day the prices were taken (YYYY-MM-DD), "
-                         f"got {raw['date']!r}") from None
+                         f"got {_quote(raw['date'])}") from None
     try:
-        gpus = int(raw["gpus"])
+        gpus = int(raw["gpus"]) if len(raw["gpus"]) <= 20 else 0
     except ValueError:
         gpus = 0
-    if gpus <= 0:
-        raise PriceError(f"{where}: gpus: expected a positive integer, got {raw['gpus']!r}")
+    if not 0 < gpus <= MAX_GPUS_PER_ROW:
+        raise PriceError(f"{where}: gpus: expected a positive integer (at most {MAX_GPUS_PER_ROW}), got {_quote(raw['gpus'])}")
     return PriceRow(raw["provider"].strip(), raw["instance_type"].strip(), raw["gpu"].strip(), gpus,
                     _number(raw["ondemand_usd_h"], where, "ondemand_usd_h"),
                     _number(raw["spot_usd_h"], where, "spot_usd_h"),
                     raw["source"].strip(), raw["date"].strip())
+
+
+def _parse_table(reader: Any, path: Path) -> list[PriceRow]:
+    """The checked rows of a price table read by `reader` (module docstring: the invariants)."""
+    header = [h.strip() for h in next(reader, [])]
+    missing = [c for c in COLUMNS if c not in header]
+    if missing:
+        raise PriceError(f"{path}: line 1: missing column {missing[0]!r} (expected columns {', '.join(COLUMNS)})")
+    rows: list[PriceRow] = []
+    seen: dict[str, int] = {}
+    for fields in reader:
+        if not fields:
+            continue  # a blank line
+        where = f"{path}: line {reader.line_num}"
+        if len(fields) != len(header):
+            raise PriceError(f"{where}: expected {len(header)} comma-separated fields ({', '.join(header)}), "
+                             f"got {len(fields)}")
+        row = _parse_row(dict(zip(header, fields)), where)
+        if row.instance_type in seen:
+            raise PriceError(f"{where}: instance_type: {_quote(row.instance_type)} is already on line "
+                             f"{seen[row.instance_type]}")
+        seen[row.instance_type] = reader.line_num
+        rows.append(row)
+    if not rows:
+        raise PriceError(f"{path}: no price rows (expected one line per instance type after the header)")
+    return rows
 
 
 class PriceTable:
@@ -110,33 +163,12 @@ class PriceTable:
     def load(cls, path: str | Path | None = None) -> "PriceTable":
         """Read a table (None: the shipped one); any defect is one `PriceError` line."""
         path = Path(path) if path is not None else SHIPPED
-        try:
-            text = path.read_text()
-        except OSError as err:
-            raise PriceError(f"{path}: cannot read price table ({err.strerror})") from None
+        text = read_table_text(path, "price table")
         reader = csv.reader(text.splitlines())
-        header = [h.strip() for h in next(reader, [])]
-        missing = [c for c in COLUMNS if c not in header]
-        if missing:
-            raise PriceError(f"{path}: line 1: missing column {missing[0]!r} (expected columns {', '.join(COLUMNS)})")
-        rows: list[PriceRow] = []
-        seen: dict[str, int] = {}
-        for fields in reader:
-            if not fields:
-                continue  # a blank line
-            where = f"{path}: line {reader.line_num}"
-            if len(fields) != len(header):
-                raise PriceError(f"{where}: expected {len(header)} comma-separated fields ({', '.join(header)}), "
-                                 f"got {len(fields)}")
-            row = _parse_row(dict(zip(header, fields)), where)
-            if row.instance_type in seen:
-                raise PriceError(f"{where}: instance_type: {row.instance_type!r} is already on line "
-                                 f"{seen[row.instance_type]}")
-            seen[row.instance_type] = reader.line_num
-            rows.append(row)
-        if not rows:
-            raise PriceError(f"{path}: no price rows (expected one line per instance type after the header)")
-        return cls(rows, path)
+        try:
+            return cls(_parse_table(reader, path), path)
+        except csv.Error as err:  # a NUL byte, a field over csv's 128 KiB limit, ...
+            raise PriceError(f"{path}: line {reader.line_num}: not a CSV table ({err})") from None
 
     def __len__(self) -> int:
         return len(self._rows)
@@ -150,7 +182,7 @@ class PriceTable:
         for known in self.gpus():
             if known.lower() == gpu.lower():
                 return known
-        raise PriceError(f"unknown GPU {gpu!r}: the price table{self._named()} knows {', '.join(self.gpus())}")
+        raise PriceError(f"unknown GPU {_quote(gpu)}: the price table{self._named()} knows {', '.join(self.gpus())}")
 
     def _named(self) -> str:
         return f" ({self.path})" if self.path is not None else ""
@@ -166,7 +198,7 @@ class PriceTable:
         for r in self._rows:
             if r.instance_type == instance_type:
                 return r
-        raise PriceError(f"unknown instance type {instance_type!r}: not in the price table{self._named()}")
+        raise PriceError(f"unknown instance type {_quote(instance_type)}: not in the price table{self._named()}")
 
     def node_price(self, gpu: str, gpus_per_node: int, instance_type: str | None = None) -> NodePrice:
         """The price of a node of `gpus_per_node` x `gpu`: from `instance_type`'s row when given,

@@ -122,13 +122,14 @@ def known_gpus(prices: Path | None = None) -> dict[str, str]:
     price meter reports what is wrong with it)."""
     names = {g.lower(): g for g in KNOWN_GPUS}
     path = prices if prices is not None else REPO_ROOT / "cloud" / "prices.csv"
-    try:
-        with open(path, newline="") as f:
-            for row in csv.DictReader(f):
-                gpu = (row.get("gpu") or "").strip()
-                if gpu:
-                    names.setdefault(gpu.lower(), gpu)
-    except (OSError, csv.Error, UnicodeDecodeError):
+    from cloud.prices import PriceError, read_table_text
+
+    try:  # bounded: a `cloud.prices` naming a huge file or /dev/zero reads at most 1 MiB
+        for row in csv.DictReader(read_table_text(path, "price table").splitlines()):
+            gpu = (row.get("gpu") or "").strip()
+            if gpu:
+                names.setdefault(gpu.lower(), gpu)
+    except (PriceError, csv.Error):
         pass
     return names
 

@@ -17,6 +17,11 @@ no empty, '.' or '..' parts.
 
 `open_store(uri)` opens `s3://BUCKET/PREFIX`, `file:///ABS/PATH` or a plain path. A URI that
 names no store is a `StoreURIError` whose message is one line naming the URI and what was expected.
+
+A folder store is accepted only inside an allowed root: a folder listed in `$SPOTLIGHT_STORE_ROOTS`
+(`os.pathsep`-separated), or, when that is unset or empty, the working directory. A run writes and
+prunes `step-*` entries in its store, so `file:///etc` must not be one by a typo (issue 13). Paths
+are compared after resolving symbolic links, so a link inside a root cannot lead out of it.
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ from typing import Protocol, runtime_checkable
 from urllib.parse import urlsplit
 
 EXPECTED_URI = "s3://BUCKET/PREFIX, file:///ABSOLUTE/PATH or a local path"
+STORE_ROOTS_ENV = "SPOTLIGHT_STORE_ROOTS"
+"""Folders that folder stores may be in, `os.pathsep`-separated; unset or empty: the working directory."""
 _TMP = ".tmp-"  # LocalStore's in-progress files start with this; never listed
 
 
@@ -84,31 +91,57 @@ def parse_store_uri(uri: str) -> StoreLocation:
     """Parse a store URI (see the module docstring); a bad one raises StoreURIError."""
     if not isinstance(uri, str) or not uri.strip():
         raise StoreURIError(f"{uri!r}: empty store URI (expected {EXPECTED_URI})")
+    if len(uri) > 1024 or not uri.isprintable():  # so that every message below stays one short line
+        raise StoreURIError(f"{uri[:100]!r}: expected a URI of at most 1024 printable characters "
+                            f"({EXPECTED_URI})")
+    shown = _shown(uri)
     if "://" not in uri:
         if uri.startswith(("s3:", "gs:", "file:")):  # s3:/bucket, s3:bucket: a mistyped URI, not a folder name
-            raise StoreURIError(f"{uri}: malformed URI (expected {EXPECTED_URI})")
-        return StoreLocation("file", path=Path(uri).expanduser().absolute())
+            raise StoreURIError(f"{shown}: malformed URI (expected {EXPECTED_URI})")
+        return _allowed(uri, StoreLocation("file", path=Path(uri).expanduser().absolute()))
     parts = urlsplit(uri)
     scheme = parts.scheme.lower()
     if scheme == "s3":
         bucket, prefix = parts.netloc, parts.path.strip("/")
         if not bucket:
-            raise StoreURIError(f"{uri}: no bucket (expected s3://BUCKET/PREFIX)")
+            raise StoreURIError(f"{shown}: no bucket (expected s3://BUCKET/PREFIX)")
         if not _valid_bucket(bucket):
-            raise StoreURIError(f"{uri}: {bucket!r} is not a valid S3 bucket name (expected 3-63 lowercase "
+            raise StoreURIError(f"{shown}: {bucket[:70]!r} is not a valid S3 bucket name (expected 3-63 lowercase "
                                 "letters, digits, '.' or '-', starting and ending with a letter or digit)")
         if parts.query or parts.fragment or "//" in prefix:
-            raise StoreURIError(f"{uri}: unexpected '?', '#' or '//' (expected s3://BUCKET/PREFIX)")
+            raise StoreURIError(f"{shown}: unexpected '?', '#' or '//' (expected s3://BUCKET/PREFIX)")
         return StoreLocation("s3", bucket=bucket, prefix=prefix)
     if scheme == "file":
         if parts.netloc not in ("", "localhost") or not parts.path.startswith("/"):
-            raise StoreURIError(f"{uri}: expected file:///ABSOLUTE/PATH (three slashes)")
-        return StoreLocation("file", path=Path(parts.path))
+            raise StoreURIError(f"{shown}: expected file:///ABSOLUTE/PATH (three slashes)")
+        return _allowed(uri, StoreLocation("file", path=Path(parts.path)))
     if scheme in ("gs", "gcs"):
-        raise StoreURIError(f"{uri}: Google Cloud Storage URIs are not supported yet (expected {EXPECTED_URI}; "
+        raise StoreURIError(f"{shown}: Google Cloud Storage URIs are not supported yet (expected {EXPECTED_URI}; "
                             "GCS's S3-compatible XML API works as s3://BUCKET/PREFIX with "
                             "AWS_ENDPOINT_URL=https://storage.googleapis.com and HMAC keys)")
-    raise StoreURIError(f"{uri}: unknown scheme {parts.scheme!r} (expected {EXPECTED_URI})")
+    raise StoreURIError(f"{shown}: unknown scheme {parts.scheme[:40]!r} (expected {EXPECTED_URI})")
+
+
+def store_roots() -> list[Path]:
+    """The folders folder stores may be in (module docstring), resolved."""
+    named = [p for p in os.environ.get(STORE_ROOTS_ENV, "").split(os.pathsep) if p.strip()]
+    return [Path(os.path.realpath(Path(p).expanduser())) for p in named] or [Path(os.path.realpath(os.getcwd()))]
+
+
+def _allowed(uri: str, where: StoreLocation) -> StoreLocation:
+    assert where.path is not None
+    real = Path(os.path.realpath(where.path))
+    roots = store_roots()
+    if not any(real == root or root in real.parents for root in roots):
+        allowed = os.pathsep.join(str(r) for r in roots)
+        raise StoreURIError(f"{_shown(uri)}: a folder store outside the allowed folders ({allowed[:150]}); "
+                            f"to allow it, add its folder to ${STORE_ROOTS_ENV} ({os.pathsep}-separated)")
+    return where
+
+
+def _shown(uri: str) -> str:
+    """A URI for an error line: at most ~120 characters (S3 keys may be 1,024 long)."""
+    return uri if len(uri) <= 120 else uri[:117] + "..."
 
 
 def _valid_bucket(name: str) -> bool:

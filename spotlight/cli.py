@@ -10,8 +10,13 @@
                        [--seed S] [--json] [--plot PNG] [--step-times YAML]
     spotlight traces show|synth TRACE [--plot PNG] [--json] [--out FILE]
 
-Bad input (a config, a flag value) ends with one `spotlight: error: ...` line and exit code 2 —
-never a traceback.
+Bad input (a config, a trace, a flag value) ends with one `spotlight: error: ...` line and exit
+code 2 — never a traceback — and creates nothing: every command checks its inputs and the places
+it will write before it writes (tests/test_bad_input.py feeds each command malformed inputs).
+Numeric flags are parsed by `_int` / `_float` (finite numbers only; values quoted at most ~200
+characters); their ranges are the config's or the simulator's, or, for `bench`, `BENCH_LIMITS`.
+Heavy modules (torch, the trainer, the simulator) are imported inside the commands, after the
+checks that need none of them.
 """
 
 from __future__ import annotations
@@ -23,8 +28,72 @@ import sys
 from pathlib import Path
 
 from cloud.store import StoreError
-from spotlight.config import ConfigError, default_config, load_config
+from spotlight.config import ConfigError, RunConfig, default_config, load_config
+from spotlight.input_file import short
 from spotlight.traces import TraceError
+
+BENCH_LIMITS = {"repeats": (1, 1000), "iterations": (1, 1000), "world": (2, 16), "heads": (1, 64)}
+"""[low, high] of the bench flags: `--world` member processes run on one machine (each holds a
+tiny DiT), `--heads` of the tiny DiT, repetitions and replayed iterations."""
+
+
+def _int(low: int | None = None, high: int | None = None):
+    """An argparse type: an integer, within [low, high] when they are given."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text) if len(text) <= 40 else None  # int() of a huge string is slow; none is valid
+        except ValueError:
+            value = None
+        if value is None or (low is not None and value < low) or (high is not None and value > high):
+            span = "" if low is None else f" in [{low}, {high}]" if high is not None else f" >= {low}"
+            raise argparse.ArgumentTypeError(f"expected an integer{span}, got {short(text)}")
+        return value
+    return parse
+
+
+def _float(positive: bool = False):
+    """An argparse type: a finite number (> 0 when `positive`); nan and inf are refused here, the
+    ranges by the config or simulator field the flag sets."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text) if len(text) <= 100 else float("nan")
+        except ValueError:
+            value = float("nan")
+        if not math.isfinite(value) or (positive and value <= 0):
+            raise argparse.ArgumentTypeError(f"expected a finite number{' > 0' if positive else ''}, got {short(text)}")
+        return value
+    return parse
+
+
+def _shown(path: Path) -> str:
+    """A path for an error line: at most ~200 characters, quoted only when it is not printable."""
+    text = str(path) if str(path).isprintable() else repr(str(path))
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+def _output_file(path: str, flag: str) -> Path:
+    """A file a command will write: refused before anything runs when it names a folder or its
+    folder does not exist (so a bad flag costs nothing and leaves nothing)."""
+    out = Path(path)
+    if out.is_dir():
+        raise ConfigError(f"{flag}: {_shown(out)} is a folder (expected a file to write)")
+    if not out.parent.is_dir():
+        raise ConfigError(f"{flag}: {_shown(out.parent)} is not an existing folder (expected the folder of the "
+                          "file to write)")
+    return out
+
+
+def _output_folder(path: str | Path, flag: str) -> Path:
+    """A folder a command will create or write into: refused when it, or the nearest existing
+    path above it, is not a folder."""
+    out = Path(path)
+    for there in (out, *out.parents):
+        if there.exists() or there.is_symlink():
+            if not there.is_dir():
+                what = "an existing file" if there == out else f"inside the file {_shown(there)}"
+                raise ConfigError(f"{flag}: {_shown(out)} is {what} (expected a folder)")
+            break
+    return out
 
 
 def _overrides(args: argparse.Namespace) -> dict:
@@ -41,13 +110,46 @@ def _overrides(args: argparse.Namespace) -> dict:
         over["runtime"] = runtime
     if args.checkpoint_uri is not None:
         over.setdefault("cloud", {})["checkpoint_uri"] = args.checkpoint_uri
-    for flag, key in (("budget_usd", "budget_usd"), ("deadline_h", "deadline_h")):
-        value = getattr(args, flag)
+    for key in ("budget_usd", "deadline_h"):  # finite by their flag type; at most: the config's range
+        value = getattr(args, key)
         if value is not None:
-            if not (math.isfinite(value) and value > 0):
-                raise ConfigError(f"--{flag.replace('_', '-')}: expected a number > 0, got {value:g}")
+            if not value > 0:
+                raise ConfigError(f"--{key.replace('_', '-')}: expected a number > 0, got {value:g}")
             over.setdefault("cloud", {})[key] = value
     return over
+
+
+def check_train_inputs(cfg: RunConfig, args: argparse.Namespace, out: Path) -> None:
+    """What `train` checks before it builds anything: the --out folder, local weight folders, the
+    device, the trace's runtime. (`launch` does not check folders and devices: it writes configs
+    for other machines, where they are.) Each failure is one ConfigError line."""
+    _output_folder(out, "--out")
+    where = f"{args.config}: " if args.config else ""
+    for name, path in (("policy.dit.pretrained_path", cfg.policy.dit.pretrained_path),
+                       ("policy.llm.pretrained_path", cfg.policy.llm.pretrained_path),
+                       ("reward.model_path", cfg.reward.model_path)):
+        if path and not Path(path).is_dir():
+            raise ConfigError(f"{where}{name}: {short(path)} is not an existing folder (expected local weights; "
+                              "nothing is downloaded)")
+    if cfg.reward.name == "clip_score" and not cfg.reward.model_path:
+        raise ConfigError(f"{where}reward.model_path: expected a local CLIP/PickScore folder for clip_score, got null")
+    if cfg.device != "cpu":
+        import torch  # only here: a CPU run needs torch for none of these checks
+
+        named = "--device" if args.device is not None else f"{where}device"
+        if cfg.device == "mps":
+            if not torch.backends.mps.is_available():
+                raise ConfigError(f"{named}: mps, but torch finds no Apple GPU here (expected cpu or a device "
+                                  "this machine has)")
+        else:
+            count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+            index = int(cfg.device.partition(":")[2] or 0)
+            if index >= count:
+                have = f"cpu or cuda:0..{count - 1}" if count else "cpu"
+                raise ConfigError(f"{named}: {cfg.device}, but torch {torch.__version__} finds {count or 'no'} "
+                                  f"CUDA device{'s' if count != 1 else ''} here (expected {have})")
+    if args.preemption_trace and cfg.runtime.kind != "ray":
+        raise ConfigError("--preemption-trace: replaying preemptions needs --runtime ray")
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -55,19 +157,27 @@ def cmd_train(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, over) if args.config else default_config(over)
     name = Path(args.config).stem if args.config else "tiny_dit"
     out = Path(args.out) if args.out else Path("runs") / name
+    check_train_inputs(cfg, args, out)
+    trace = None
+    if args.preemption_trace:
+        from spotlight.traces import load_trace
+
+        trace = load_trace(args.preemption_trace)
+    from spotlight.learner import NonFiniteUpdate
     from spotlight.trainer import Trainer, make_runtime
 
     runtime = make_runtime(cfg)
-    if args.preemption_trace:
-        if cfg.runtime.kind != "ray":
-            raise ConfigError("--preemption-trace: replaying preemptions needs --runtime ray")
-        from spotlight.traces import load_trace, replay_schedule
+    if trace is not None:
+        from spotlight.traces import replay_schedule
 
-        trace = load_trace(args.preemption_trace)
         runtime.actions = replay_schedule(trace, cfg.runtime.spot_workers, cfg.runtime.trace_speedup,
                                           cfg.runtime.notice_s)
     log = (lambda msg: print(msg, file=sys.stderr)) if args.json else print
-    summary = Trainer(cfg, out, progress=not args.no_progress, log=log).build(runtime).train()
+    try:
+        summary = Trainer(cfg, out, progress=not args.no_progress, log=log).build(runtime).train()
+    except NonFiniteUpdate as err:  # not bad input: the run itself failed (exit 1), in one line too
+        print(f"spotlight: error: {err}", file=sys.stderr)
+        return 1
     if args.json:
         print(json.dumps(summary))
     else:
@@ -80,7 +190,9 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_prices(args: argparse.Namespace) -> int:
     from cloud import prices
 
+    write = _output_file(args.write, "--write") if args.write else None
     table = prices.PriceTable.load(args.table)
+    table.rows(args.gpu)  # an unknown GPU is refused before any refresh
     if args.refresh == "aws":
         table, skipped = prices.refresh_from_aws(table, region=args.region)
     elif args.refresh == "sky":
@@ -89,9 +201,9 @@ def cmd_prices(args: argparse.Namespace) -> int:
         skipped = []
     for line in skipped:
         print(f"spotlight: not refreshed: {line}", file=sys.stderr)
-    if args.write:
-        table.write(args.write)
-        print(f"wrote {args.write} (use it with cloud.prices: {args.write})", file=sys.stderr)
+    if write is not None:
+        table.write(write)
+        print(f"wrote {write} (use it with cloud.prices: {write})", file=sys.stderr)
     rows = table.rows(args.gpu)
     if args.json:
         print(json.dumps([r.to_dict() for r in rows]))
@@ -135,18 +247,18 @@ def cmd_launch(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.config)
     name = sky.check_name(args.name or sky.run_name(args.config))
-    out = Path(args.out) if args.out else Path("sky") / Path(args.config).stem
+    out = _output_folder(args.out if args.out else Path("sky") / Path(args.config).stem, "--out")
+    python, why = sky.sky_python()
+    if python is None and not args.dryrun:  # refused before the task files are written
+        raise ConfigError(f"cannot launch: {why}")
+    if python is None and args.strict:
+        raise ConfigError(f"SkyPilot validation skipped (--strict): {why}")
     try:
         paths = sky.write_tasks(cfg, out, name)
     except ConfigError as err:  # a cloud field that cannot become a task: name the config file
         raise ConfigError(f"{args.config}: {err}") from None
     print(f"wrote {out}/: run.yaml, " + ", ".join(p.name for p in paths))
-    python, why = sky.sky_python()
     if python is None:
-        if not args.dryrun:
-            raise ConfigError(f"cannot launch: {why}")
-        if args.strict:
-            raise ConfigError(f"SkyPilot validation skipped (--strict): {why}")
         print(f"spotlight: SkyPilot validation skipped: {why}", file=sys.stderr)
         return 0
     try:
@@ -173,33 +285,50 @@ def cmd_launch(args: argparse.Namespace) -> int:
 def cmd_simulate(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from spotlight.simulator import POLICIES, SimConfig, simulate
+    plot = _output_file(args.plot, "--plot") if args.plot else None
+    from cloud.iteration_time import PEAK_BF16_FLOPS
+    from spotlight.simulator import POLICIES, SimConfig, gpu_prices, simulate
     from spotlight.sim_report import plot_simulation, table
     from spotlight.step_time import StepTimes
     from spotlight.trace_synth import open_trace
 
-    trace = open_trace(args.trace)
-    steps = StepTimes.profile(args.profile)
-    if args.step_times:
-        steps = StepTimes.load(args.step_times, base=steps)
-    if args.gpu:
-        steps = replace(steps, gpu=args.gpu)
+    names = list(POLICIES) if args.policy == "all" else args.policy.split(",")
+    for n in names:
+        if n not in POLICIES:
+            raise ConfigError(f"--policy: unknown policy {short(n)} (expected all or one of {', '.join(POLICIES)})")
     fields = {k: v for k, v in (("gpus", args.gpus), ("spot_gpus", args.spot_gpus), ("iterations", args.iterations),
                                 ("resolution", args.resolution), ("seed", args.seed), ("prompts", args.prompts),
                                 ("iterations_scale", args.iterations_scale), ("notice_s", args.notice_s),
                                 ("budget_usd", args.budget_usd))
               if v is not None}
-    cfg = SimConfig(step_times=steps, stop_at_target=not args.no_stop, **fields)
-    names = list(POLICIES) if args.policy == "all" else args.policy.split(",")
+    steps = StepTimes.profile(args.profile)
+    if args.step_times:
+        steps = StepTimes.load(args.step_times, base=steps)
+    gpu_from = "--gpu" if args.gpu else f"{args.step_times}: gpu" if args.step_times else "--profile"
+    if args.gpu:
+        try:  # spelled as the FLOP table spells it (the price table matches any case)
+            steps = replace(steps, gpu={g.lower(): g for g in PEAK_BF16_FLOPS}.get(args.gpu.lower(), args.gpu))
+        except ConfigError as err:
+            raise ConfigError(f"--gpu: {err}") from None
+    try:
+        cfg = SimConfig(step_times=steps, stop_at_target=not args.no_stop, **fields)
+    except ConfigError as err:  # name the flag that set the field: --notice-s for notice_s
+        field = str(err).partition(":")[0]
+        raise ConfigError(f"--{field.replace('_', '-')}: {err}" if field in fields else str(err)) from None
+    try:
+        gpu_prices(cfg)  # a GPU the price table does not price: refused before the trace is read
+    except ConfigError as err:
+        raise ConfigError(f"{gpu_from}: {err}") from None
+    trace = open_trace(args.trace)
     result = simulate(cfg, trace, names)
-    if args.plot:
-        plot_simulation(result, args.plot)
+    if plot is not None:
+        plot_simulation(result, plot)
     if args.json:
         print(json.dumps(result))
     else:
         print(table(result))
-        if args.plot:
-            print(f"plot: {args.plot}")
+        if plot is not None:
+            print(f"plot: {plot}")
     return 0
 
 
@@ -208,17 +337,19 @@ def cmd_traces(args: argparse.Namespace) -> int:
     from spotlight.trace_synth import open_trace, write_bamboo
     from spotlight.traces import summarize
 
+    if args.action == "synth" and not args.out:
+        raise ConfigError("traces synth: --out FILE is required (the Bamboo CSV to write)")
+    out = _output_file(args.out, "--out") if args.action == "synth" else None
+    plot = _output_file(args.plot, "--plot") if args.plot else None
     trace = open_trace(args.trace)
-    if args.action == "synth":
-        if not args.out:
-            raise ConfigError("traces synth: --out FILE is required (the Bamboo CSV to write)")
-        write_bamboo(trace, args.out)
+    if out is not None:
+        write_bamboo(trace, out)
         print(f"wrote {args.out}: {len(trace.events)} events, {trace.preemptions} preemptions over "
               f"{trace.duration_s / 3600:.1f} h")
         return 0
     summary = summarize(trace)
-    if args.plot:
-        plot_trace(trace, args.plot)
+    if plot is not None:
+        plot_trace(trace, plot)
     print(json.dumps(summary) if args.json else trace_table(summary))
     return 0
 
@@ -233,8 +364,9 @@ def _print_table(result: dict, indent: str = "") -> None:
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, exit 2, as argparse does, but with our prefix
-        self.exit(2, f"spotlight: error: {message}\n")
+    def error(self, message: str) -> None:  # one short line, exit 2, as argparse does, but with our prefix
+        message = " ".join(message.split())
+        self.exit(2, f"spotlight: error: {message if len(message) <= 250 else message[:247] + '...'}\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -246,8 +378,8 @@ def build_parser() -> argparse.ArgumentParser:
                                        "An --out folder with checkpoints of the same config is resumed.")
     train.add_argument("config", nargs="?", help="run config YAML (e.g. experiments/tiny_dit.yaml)")
     train.add_argument("--out", help="output folder (default: runs/<config name>)")
-    train.add_argument("--steps", type=int, help="GRPO iterations (overrides train.steps)")
-    train.add_argument("--seed", type=int, help="run seed (overrides seed)")
+    train.add_argument("--steps", type=_int(), help="GRPO iterations (overrides train.steps)")
+    train.add_argument("--seed", type=_int(), help="run seed (overrides seed)")
     train.add_argument("--device", help="torch device (overrides device), e.g. cpu or cuda")
     train.add_argument("--runtime", choices=["ray", "local"],
                        help="ray (the default): learner, rollout and reward workers as Ray actors, on a local "
@@ -255,16 +387,17 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--address", help="join this Ray cluster (e.g. auto) instead of starting one")
     train.add_argument("--preemption-trace", metavar="TRACE",
                        help="replay this preemption trace on the spot workers (Bamboo CSV or GCP counts; see README)")
-    train.add_argument("--trace-speedup", type=float, metavar="F", help="replay the trace F times faster than real time")
+    train.add_argument("--trace-speedup", type=_float(positive=True), metavar="F",
+                       help="replay the trace F times faster than real time")
     train.add_argument("--checkpoint-uri", metavar="URI",
                        help="also keep checkpoints in s3://BUCKET/PREFIX (endpoint from $AWS_ENDPOINT_URL, for any "
                             "S3-compatible server) or a folder, and resume from the newest complete one there "
                             "(overrides cloud.checkpoint_uri)")
-    train.add_argument("--budget-usd", type=float, metavar="X",
+    train.add_argument("--budget-usd", type=_float(), metavar="X",
                        help="stop cleanly (checkpoint, final/, summary with stop_reason) before the metered cost "
                             "of the run would exceed X dollars; rejected up front if X cannot pay for one "
                             "iteration (overrides cloud.budget_usd)")
-    train.add_argument("--deadline-h", type=float, metavar="H",
+    train.add_argument("--deadline-h", type=_float(), metavar="H",
                        help="finish within H hours: spot workers fall back to on-demand when the run falls behind "
                             "uniform progress, and it stops before an iteration that could not end in time "
                             "(overrides cloud.deadline_h)")
@@ -298,12 +431,15 @@ def build_parser() -> argparse.ArgumentParser:
                             "seconds for an SP group to serve again after losing a member (re-formed in place) "
                             "against a restart from the checkpoint, and SP output error per degree")
     bench.add_argument("--json", action="store_true", help="print one JSON object")
-    bench.add_argument("--repeats", type=int, default=None,
+    bench.add_argument("--repeats", type=_int(*BENCH_LIMITS["repeats"]), default=None,
                        help="throughput: timed repetitions (default 5); sp-regroup: losses per recovery path "
-                            "(default 3); medians reported")
-    bench.add_argument("--iterations", type=int, default=6, help="scheduler: training iterations per replayed run")
-    bench.add_argument("--world", type=int, default=4, help="sp-regroup: member processes (the first group's degree)")
-    bench.add_argument("--heads", type=int, default=4, help="sp-regroup: attention heads of the tiny DiT")
+                            "(default 3); medians reported; 1..1000")
+    bench.add_argument("--iterations", type=_int(*BENCH_LIMITS["iterations"]), default=6,
+                       help="scheduler: training iterations per replayed run (1..1000)")
+    bench.add_argument("--world", type=_int(*BENCH_LIMITS["world"]), default=4,
+                       help="sp-regroup: member processes (the first group's degree), 2..16")
+    bench.add_argument("--heads", type=_int(*BENCH_LIMITS["heads"]), default=4,
+                       help="sp-regroup: attention heads of the tiny DiT, 1..64")
     bench.add_argument("--agent", choices=["process", "local"], default="process",
                        help="sp-regroup: the node agent as its own process, reached over TCP as on a cluster "
                             "(default), or inside the bench's process")
@@ -335,16 +471,16 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--policy", default="all",
                      help="all, or comma-separated names: ondemand, spot_restart, spotlight_noexplore, sync_explore, "
                           "spotlight, oracle")
-    sim.add_argument("--gpus", type=int, help="on-demand GPUs, the same for every policy (default 16)")
-    sim.add_argument("--spot-gpus", type=int, help="spot GPUs at the trace's peak (default 4x --gpus)")
-    sim.add_argument("--iterations", type=int, help="most iterations to simulate (default 300)")
-    sim.add_argument("--resolution", type=int, choices=[512, 1280], help="image side in pixels (default 512)")
-    sim.add_argument("--prompts", type=int, help="prompts per iteration (default 64, 16 samples each)")
-    sim.add_argument("--seed", type=int, help="simulation seed (default 0): same seed, same result")
-    sim.add_argument("--iterations-scale", type=float,
+    sim.add_argument("--gpus", type=_int(), help="on-demand GPUs, the same for every policy (default 16)")
+    sim.add_argument("--spot-gpus", type=_int(), help="spot GPUs at the trace's peak (default 4x --gpus)")
+    sim.add_argument("--iterations", type=_int(), help="most iterations to simulate (default 300)")
+    sim.add_argument("--resolution", type=_int(), choices=[512, 1280], help="image side in pixels (default 512)")
+    sim.add_argument("--prompts", type=_int(), help="prompts per iteration (default 64, 16 samples each)")
+    sim.add_argument("--seed", type=_int(), help="simulation seed (default 0): same seed, same result")
+    sim.add_argument("--iterations-scale", type=_float(positive=True),
                      help="progress model: x the tiny DiT's iterations to target (default 10)")
-    sim.add_argument("--notice-s", type=float, help="preemption warning in seconds (default 120; GCP: 30)")
-    sim.add_argument("--budget-usd", type=float, metavar="X",
+    sim.add_argument("--notice-s", type=_float(), help="preemption warning in seconds (default 120; GCP: 30)")
+    sim.add_argument("--budget-usd", type=_float(positive=True), metavar="X",
                      help="stop each policy (but the oracle) before X dollars would be exceeded, by the live "
                           "trainer's budget policy; its stop_reason says whether the target came first")
     sim.add_argument("--profile", default="qwen-image", choices=["qwen-image", "tiny-cpu"],

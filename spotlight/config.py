@@ -4,6 +4,13 @@ A YAML file in `experiments/` is a `RunConfig` written down. Loading rejects unk
 values of the wrong type or range with a single `ConfigError` line that names the file and the
 dotted field (`experiments/x.yaml: train.lr: expected a number > 0, got -1`). The defaults of
 `RunConfig()` are the embedded default run: the tiny DiT on CPU.
+
+Every numeric field has a documented range, checked in its section's `__post_init__`; every float
+is finite (`.inf` and `.nan` are refused for every float field by `_coerce`). Maxima bound what one
+setting can make a run allocate or loop over; they are generous (far beyond any real run) and each
+error names the field and the range. The file itself is read by `spotlight.input_file`: at most
+`MAX_CONFIG_BYTES`, UTF-8, no YAML anchors or aliases, no duplicate keys, at most 64 levels deep,
+and not empty. Values quoted in errors are cut to ~200 characters.
 """
 
 from __future__ import annotations
@@ -11,6 +18,8 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -19,6 +28,19 @@ from typing import Any, Literal
 
 import yaml
 
+from spotlight.input_file import InputFileError, load_yaml, short
+
+MAX_CONFIG_BYTES = 1 << 20
+"""Largest config file read (1 MiB; the shipped ones are under 1 KB)."""
+SEED_MAX = 2**32 - 1
+"""Largest run seed: numpy's legacy seeding takes < 2**32, `seeding.derive_seed` packs keys as
+signed 64-bit integers and torch's `manual_seed` takes < 2**64, so [0, 2**32) suits every RNG."""
+BUILTIN_REWARDS = ("colour", "jpeg_compressibility", "jpeg_incompressibility", "arithmetic", "clip_score")
+"""The rewards `spotlight.rewards.BUILTIN` builds (tests/test_config.py checks the two agree);
+others come from the `spotlight.rewards` entry-point group. Named here so that a config is checked
+at load without importing torch."""
+_DEVICE = re.compile(r"cpu|cuda(:\d{1,3})?|mps")
+
 
 class ConfigError(ValueError):
     """A bad config value; `str(err)` is the one line a user sees."""
@@ -26,7 +48,24 @@ class ConfigError(ValueError):
 
 def _check(ok: bool, name: str, expected: str, got: Any) -> None:
     if not ok:
-        raise ConfigError(f"{name}: expected {expected}, got {got!r}")
+        raise ConfigError(f"{name}: expected {expected}, got {short(got)}")
+
+
+def _at_most(obj: Any, names: tuple[str, ...], most: int | float, unit: str = "") -> None:
+    """Upper bounds: each field in `names` of `obj` is at most `most` (its lower bound is checked
+    on its own, with the message the field always had)."""
+    limit = f"{int(most):,}" if float(most).is_integer() else f"{most:g}"
+    for name in names:
+        value = getattr(obj, name)
+        _check(value is None or value <= most, name, f"at most {limit}{unit}", value)
+
+
+def reward_names() -> list[str]:
+    """Every reward name a config may use: the built-in ones and the registered entry points
+    (their names only; nothing is imported)."""
+    from importlib.metadata import entry_points
+
+    return sorted(set(BUILTIN_REWARDS) | {ep.name for ep in entry_points(group="spotlight.rewards")})
 
 
 @dataclass
@@ -39,16 +78,18 @@ class DiTConfig:
     """Local folder of a diffusers Qwen-Image checkpoint (with `transformer/`, and `vae/` and
     `text_encoder/` for real decoding and prompts). Nothing is downloaded."""
     resolution: int = 16
-    """Image side in pixels. Tiny preset: latent = pixels (1 latent pixel per image pixel);
+    """Image side in pixels, 1..4096. Tiny preset: latent = pixels (1 latent pixel per image pixel);
     qwen-image: the VAE downsamples by 8. Must give a latent side divisible by the patch size 2."""
     text_tokens: int = 8
-    """Prompt length in tokens for the deterministic stand-in text encoder."""
+    """Prompt length in tokens for the deterministic stand-in text encoder, 1..4096."""
 
     def __post_init__(self) -> None:
         _check(self.resolution > 0, "resolution", "a positive integer", self.resolution)
+        _at_most(self, ("resolution",), 4096, " pixels")
         _check(self.latent_side % 2 == 0, "resolution",
                f"a size whose latent side ({self.latent_side}) divides by the patch size 2", self.resolution)
         _check(self.text_tokens > 0, "text_tokens", "a positive integer", self.text_tokens)
+        _at_most(self, ("text_tokens",), 4096)
 
     @property
     def vae_scale(self) -> int:
@@ -66,17 +107,25 @@ class LLMConfig:
     pretrained_path: str | None = None
     """Local folder with a transformers causal LM and its tokenizer; empty means the tiny config."""
     hidden_size: int = 64
+    """Tiny config sizes: hidden_size 1..65,536, num_layers 1..1,024, num_heads and num_kv_heads
+    1..1,024, intermediate_size 1..262,144 (beyond the largest released LLMs)."""
     num_layers: int = 2
     num_heads: int = 4
     num_kv_heads: int = 2
     intermediate_size: int = 128
     max_new_tokens: int = 4
-    """Completion length limit in tokens (answers of the arithmetic task have at most 3 digits)."""
+    """Completion length limit in tokens, 1..32,768 (answers of the arithmetic task have at most 3 digits)."""
     temperature: float = 1.0
+    """Sampling temperature, in (0, 100]."""
 
     def __post_init__(self) -> None:
         for name in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size", "max_new_tokens"):
             _check(getattr(self, name) > 0, name, "a positive integer", getattr(self, name))
+        _at_most(self, ("hidden_size",), 65536)
+        _at_most(self, ("num_layers", "num_heads", "num_kv_heads"), 1024)
+        _at_most(self, ("intermediate_size",), 262144)
+        _at_most(self, ("max_new_tokens",), 32768, " tokens")
+        _at_most(self, ("temperature",), 100)
         _check(self.hidden_size % self.num_heads == 0, "hidden_size",
                f"a multiple of num_heads ({self.num_heads})", self.hidden_size)
         _check(self.num_heads % self.num_kv_heads == 0, "num_kv_heads",
@@ -98,15 +147,17 @@ class SamplerConfig:
     """The Flow-GRPO SDE sampler (DiT only)."""
 
     num_steps: int = 8
-    """Denoising steps per sample."""
+    """Denoising steps per sample, 1..1,000."""
     noise_level: float = 0.7
-    """`a` in the SDE's std `sqrt(sigma / (1 - sigma)) * a`."""
+    """`a` in the SDE's std `sqrt(sigma / (1 - sigma)) * a`, in (0, 10]."""
     sde_window: tuple[int, int] | None = None
     """[first, last) steps that are stochastic (and trained on); the rest are ODE steps. None: all."""
 
     def __post_init__(self) -> None:
         _check(self.num_steps > 0, "num_steps", "a positive integer", self.num_steps)
+        _at_most(self, ("num_steps",), 1000, " steps")
         _check(self.noise_level > 0, "noise_level", "a number > 0", self.noise_level)
+        _at_most(self, ("noise_level",), 10)
         if self.sde_window is not None:
             lo, hi = self.sde_window
             _check(0 <= lo < hi <= self.num_steps, "sde_window",
@@ -123,14 +174,20 @@ class RewardConfig:
     """The reward; see `spotlight.rewards` for the names."""
 
     name: str = "colour"
-    """colour | jpeg_compressibility | jpeg_incompressibility | arithmetic | clip_score."""
+    """colour | jpeg_compressibility | jpeg_incompressibility | arithmetic | clip_score, or a name
+    registered under the `spotlight.rewards` entry-point group; checked at load."""
     model_path: str | None = None
-    """Local weights for model-based rewards (clip_score: a CLIP/PickScore folder)."""
+    """Local weights for model-based rewards (clip_score: a CLIP/PickScore folder); `spotlight train`
+    checks that it is an existing folder before it builds anything."""
     colour_width: float = 0.5
-    """Colour reward: `exp(-|rgb - target|^2 / colour_width)` per pixel."""
+    """Colour reward: `exp(-|rgb - target|^2 / colour_width)` per pixel; in (0, 1e6]."""
 
     def __post_init__(self) -> None:
+        if self.name not in BUILTIN_REWARDS:
+            names = reward_names()
+            _check(self.name in names, "name", f"one of {', '.join(names)}", self.name)
         _check(self.colour_width > 0, "colour_width", "a number > 0", self.colour_width)
+        _at_most(self, ("colour_width",), 1e6)
 
 
 @dataclass
@@ -138,20 +195,23 @@ class GRPOConfig:
     """Group-relative policy optimisation: advantages and the clipped loss."""
 
     clip_low: float = 1e-3
-    """The ratio is clipped to [1 - clip_low, 1 + clip_high]."""
+    """The ratio is clipped to [1 - clip_low, 1 + clip_high]; clip_low in (0, 1), clip_high in (0, 100]."""
     clip_high: float = 1e-3
     adv_clip: float = 5.0
-    """Advantages are clipped to [-adv_clip, adv_clip]."""
+    """Advantages are clipped to [-adv_clip, adv_clip]; in (0, 1e6]."""
     adv_eps: float = 1e-4
-    """`A = (r - mean_g) / (std_g + adv_eps)`."""
+    """`A = (r - mean_g) / (std_g + adv_eps)`; in (0, 1]."""
     kl_beta: float = 0.0
-    """Weight of the KL penalty to the reference (warm-started) policy; 0 disables it."""
+    """Weight of the KL penalty to the reference (warm-started) policy, in [0, 1e6]; 0 disables it."""
 
     def __post_init__(self) -> None:
         for name in ("clip_low", "clip_high", "adv_clip", "adv_eps"):
             _check(getattr(self, name) > 0, name, "a number > 0", getattr(self, name))
         _check(self.clip_low < 1, "clip_low", "a number in (0, 1)", self.clip_low)
         _check(self.kl_beta >= 0, "kl_beta", "a number >= 0", self.kl_beta)
+        _at_most(self, ("clip_high",), 100)
+        _at_most(self, ("adv_clip", "kl_beta"), 1e6)
+        _at_most(self, ("adv_eps",), 1)
 
 
 @dataclass
@@ -159,24 +219,28 @@ class TrainConfig:
     """The iteration loop and the optimiser."""
 
     steps: int = 30
-    """GRPO iterations."""
+    """GRPO iterations, 1..1,000,000."""
     prompts_per_step: int = 8
+    """Prompts per iteration, 1..65,536."""
     group_size: int = 8
-    """G: samples per prompt."""
+    """G: samples per prompt, 2..4,096. An iteration's samples (prompts_per_step x group_size) are at
+    most 1,048,576: the rollout of one iteration is held in memory."""
     lr: float = 1e-4
+    """Learning rate, in (0, 1]."""
     updates_per_step: int = 2
-    """Optimiser steps per iteration, each over the whole rollout."""
+    """Optimiser steps per iteration, each over the whole rollout; 1..1,000."""
     grad_clip: float = 1.0
+    """Gradient norm clip, in (0, 1e6]."""
     checkpoint_every: int = 10
-    """Iterations between checkpoints (the last iteration is always checkpointed)."""
+    """Iterations between checkpoints (the last iteration is always checkpointed); 1..1,000,000."""
     micro_batch: int = 64
-    """Samples per forward pass in rollout and update (bounds memory, not results)."""
+    """Samples per forward pass in rollout and update (bounds memory, not results); 1..65,536."""
     eval_prompts: int = 0
-    """Prompts of a fixed evaluation set scored at the start of every iteration (0: no evaluation).
+    """Prompts of a fixed evaluation set scored at the start of every iteration (0: no evaluation), 0..65,536.
     `eval_reward` is the policy's mean reward on fixed prompts and seeds, unbiased by how an
     iteration chose its own seeds (exploration picks contrasting ones: their mean is not the policy's)."""
     eval_seeds: int = 8
-    """Seeds per evaluation prompt."""
+    """Seeds per evaluation prompt, 1..4,096."""
 
     def __post_init__(self) -> None:
         for name in ("steps", "prompts_per_step", "updates_per_step", "checkpoint_every", "micro_batch"):
@@ -186,6 +250,15 @@ class TrainConfig:
         _check(self.eval_prompts >= 0, "eval_prompts", "an integer >= 0", self.eval_prompts)
         _check(self.eval_seeds > 0, "eval_seeds", "a positive integer", self.eval_seeds)
         _check(self.grad_clip > 0, "grad_clip", "a number > 0", self.grad_clip)
+        _at_most(self, ("steps", "checkpoint_every"), 1_000_000)
+        _at_most(self, ("prompts_per_step", "micro_batch", "eval_prompts"), 65536)
+        _at_most(self, ("group_size", "eval_seeds"), 4096)
+        _at_most(self, ("updates_per_step",), 1000)
+        _at_most(self, ("lr",), 1)
+        _at_most(self, ("grad_clip",), 1e6)
+        _check(self.prompts_per_step * self.group_size <= 1 << 20, "group_size",
+               f"at most {(1 << 20) // self.prompts_per_step:,} with prompts_per_step {self.prompts_per_step} "
+               "(at most 1,048,576 samples per iteration)", self.group_size)
 
 
 @dataclass
@@ -194,10 +267,11 @@ class PromptsConfig:
 
     name: Literal["colours", "arithmetic"] = "colours"
     count: int = 8
-    """Size of the prompt set (colours: at most the number of named colours)."""
+    """Size of the prompt set, 1..1,000,000 (colours: at most the number of named colours)."""
 
     def __post_init__(self) -> None:
         _check(self.count > 0, "count", "a positive integer", self.count)
+        _at_most(self, ("count",), 1_000_000)
 
 
 @dataclass
@@ -209,9 +283,11 @@ class WarmStartConfig:
     """
 
     steps: int = 2400
-    """Optimiser steps; 0 disables the warm start."""
+    """Optimiser steps, 0..10,000,000; 0 disables the warm start."""
     batch_size: int = 32
+    """Examples per optimiser step, 1..65,536."""
     lr: float = 1e-3
+    """Learning rate, in (0, 1]."""
     cache_dir: str | None = None
     """Where warm-started weights are cached; None means $SPOTLIGHT_CACHE or ~/.cache/spotlight."""
 
@@ -219,6 +295,9 @@ class WarmStartConfig:
         _check(self.steps >= 0, "steps", "an integer >= 0", self.steps)
         _check(self.batch_size > 0, "batch_size", "a positive integer", self.batch_size)
         _check(self.lr > 0, "lr", "a number > 0", self.lr)
+        _at_most(self, ("steps",), 10_000_000)
+        _at_most(self, ("batch_size",), 65536)
+        _at_most(self, ("lr",), 1)
 
 
 @dataclass
@@ -230,22 +309,23 @@ class RuntimeConfig:
     address: str | None = None
     """Ray cluster to join (e.g. "auto" or "ray://head:10001"); None starts a local one."""
     spot_workers: int = 2
-    """Rollout worker slots on spot capacity (actors that need the `spot` custom resource)."""
+    """Rollout worker slots on spot capacity (actors that need the `spot` custom resource), 0..4,096."""
     ondemand_workers: int = 1
-    """Rollout workers on on-demand capacity: they keep the run going when every spot slot is gone."""
+    """Rollout workers on on-demand capacity, 0..4,096: they keep the run going when every spot slot is gone."""
     commit_every: int = 1
-    """Denoising steps between partial-state commits: a death without notice loses at most this many."""
+    """Denoising steps between partial-state commits, 1..1,000: a death without notice loses at most this many."""
     lease_s: float = 30.0
-    """A pulled request's lease; heartbeats (one per step) renew it; an expired lease re-queues it."""
+    """A pulled request's lease, in (0, 86,400] s; heartbeats (one per step) renew it; an expired
+    lease re-queues it."""
     notice_s: float = 120.0
-    """Warning a replayed trace gives before each removal, in trace seconds (AWS: 120; 0: none)."""
+    """Warning a replayed trace gives before each removal, in trace seconds, 0..3,600 (AWS: 120; 0: none)."""
     trace_speedup: float = 1.0
-    """A replayed trace runs this many times faster than real time."""
+    """A replayed trace runs this many times faster than real time, in (0, 1e9]."""
     notice_sources: list[Literal["aws", "gcp", "sigterm"]] = field(default_factory=list)
     """Where each rollout worker watches for a preemption notice: AWS IMDSv2 (spot instance-action,
     rebalance recommendation), GCP (instance/preempted), SIGTERM to its process. Empty off the cloud."""
     notice_poll_s: float = 5.0
-    """Seconds between polls of the notice sources."""
+    """Seconds between polls of the notice sources, in (0, 3,600]."""
 
     def __post_init__(self) -> None:
         _check(self.spot_workers >= 0, "spot_workers", "an integer >= 0", self.spot_workers)
@@ -257,6 +337,11 @@ class RuntimeConfig:
         _check(self.notice_s >= 0, "notice_s", "a number >= 0", self.notice_s)
         _check(self.trace_speedup > 0, "trace_speedup", "a number > 0", self.trace_speedup)
         _check(self.notice_poll_s > 0, "notice_poll_s", "a number > 0", self.notice_poll_s)
+        _at_most(self, ("spot_workers", "ondemand_workers"), 4096, " workers")
+        _at_most(self, ("commit_every",), 1000, " steps")
+        _at_most(self, ("lease_s",), 86400, " s")
+        _at_most(self, ("notice_s", "notice_poll_s"), 3600, " s")
+        _at_most(self, ("trace_speedup",), 1e9)
 
 
 @dataclass
@@ -272,34 +357,35 @@ class ExplorationConfig:
     reward variance), `uniform` (the same number per prompt), or `random` (none: random seeds, with
     only the stale-rank monitor's few probe samples explored)."""
     candidates_per_prompt: int = 32
-    """Most seeds explored per prompt and iteration (>= train.group_size)."""
+    """Most seeds explored per prompt and iteration (train.group_size..65,536)."""
     budget_source: Literal["samples", "train_time"] = "samples"
     """`samples`: exactly `samples_per_step` exploration samples per iteration, finished before the next
     rollout starts (deterministic: same config and seed, same weights); `train_time`: as many as the
     idle rollout workers compute while the learner trains — the rest is cancelled when new weights
     are published, so exploration never delays an iteration (not deterministic)."""
     samples_per_step: int = 128
-    """The `samples` budget: exploration samples per iteration over all prompts."""
+    """The `samples` budget: exploration samples per iteration over all prompts, 1..1,048,576."""
     request_size: int = 16
-    """Most seeds per exploration request (computed as one batch by one worker): a planner's
+    """Most seeds per exploration request (computed as one batch by one worker), 1..4,096: a planner's
     allocation to a prompt is cut into requests of this size."""
     round_samples: int = 64
-    """Bandit: samples handed out per planning round (results of a round steer the next)."""
+    """Bandit: samples handed out per planning round (results of a round steer the next), 1..1,048,576."""
     num_steps: int | None = None
-    """Denoising steps of an exploration sample (DiT); None: sampler.num_steps. Fewer steps replay the
-    seed's first SDE noise draws on a coarser schedule."""
+    """Denoising steps of an exploration sample (DiT), 1..1,000; None: sampler.num_steps. Fewer steps
+    replay the seed's first SDE noise draws on a coarser schedule."""
     ode: bool = False
     """DiT: explore with the deterministic ODE from the seed's initial noise (no SDE noise)."""
     prompt_candidates: int = 1
-    """Prompts explored per rollout prompt: > 1 explores that many times more prompts and rolls out
+    """Prompts explored per rollout prompt, 1..1,024: > 1 explores that many times more prompts and rolls out
     those whose stale groups vary most (an LLM skips prompts its stale weights always or never solve)."""
     monitor_seeds: int = 4
-    """Probe seeds per prompt the `random` planner explores, so the stale-rank monitor can measure."""
+    """Probe seeds per prompt the `random` planner explores, so the stale-rank monitor can measure
+    (0..candidates_per_prompt)."""
     stale_rank_threshold: float = 0.3
     """When the mean Spearman between seed rankings under θ(t-1) and θ(t) falls below this, seeds
-    are chosen at random until it recovers."""
+    are chosen at random until it recovers; in [-1, 1]."""
     optimism: float = 1.0
-    """Bandit: how much the spread of a little-explored prompt is inflated (UCB-style)."""
+    """Bandit: how much the spread of a little-explored prompt is inflated (UCB-style); 0..1e6."""
     explore_first: bool = True
     """Explore the first iteration's seeds with the starting weights before its rollout. There is no
     train phase yet to hide it in, so it is on the critical path, once per run; it spends
@@ -314,6 +400,12 @@ class ExplorationConfig:
         _check(-1 <= self.stale_rank_threshold <= 1, "stale_rank_threshold", "a number in [-1, 1]",
                self.stale_rank_threshold)
         _check(self.optimism >= 0, "optimism", "a number >= 0", self.optimism)
+        _at_most(self, ("candidates_per_prompt",), 65536, " seeds")
+        _at_most(self, ("samples_per_step", "round_samples"), 1 << 20, " samples")
+        _at_most(self, ("request_size",), 4096, " seeds")
+        _at_most(self, ("num_steps",), 1000, " steps")
+        _at_most(self, ("prompt_candidates",), 1024)
+        _at_most(self, ("optimism",), 1e6)
 
 
 @dataclass
@@ -326,7 +418,7 @@ class CloudConfig:
     """Accelerator of the head (learner) and the workers' first choice, as SkyPilot and the price
     table name it (e.g. H100, A100-80GB, L4)."""
     gpus_per_node: int = 1
-    """Accelerators per node (head and workers); a node is one instance of the price table."""
+    """Accelerators per node (head and workers), 1..64; a node is one instance of the price table."""
     fallback_gpus: list[str] = field(default_factory=list)
     """Further accelerators a spot worker pool may take when `gpu` has no spot capacity."""
     accelerator_order: Literal["any_of", "ordered"] = "any_of"
@@ -338,27 +430,30 @@ class CloudConfig:
     """Cloud to launch on; None lets SkyPilot choose among those enabled."""
     region: str | None = None
     worker_pools: int = 1
-    """Spot worker pools (one SkyPilot managed job each); runtime.spot_workers nodes are split among them."""
+    """Spot worker pools (one SkyPilot managed job each), 1..1,024; runtime.spot_workers nodes are
+    split among them."""
     job_recovery: Literal["FAILOVER", "EAGER_NEXT_REGION"] = "EAGER_NEXT_REGION"
     """SkyPilot's recovery strategy for a preempted spot pool."""
     max_restarts_on_errors: int = 3
-    """SkyPilot restarts of a pool whose job failed by itself (not preempted)."""
+    """SkyPilot restarts of a pool whose job failed by itself (not preempted), 0..1,000."""
     checkpoint_uri: str | None = None
     """Where checkpoints and committed in-flight state live besides the run folder: s3://bucket/prefix
-    (honours $AWS_ENDPOINT_URL) or file:///path; None: the run folder only."""
+    (honours $AWS_ENDPOINT_URL) or file:///path — a folder only inside $SPOTLIGHT_STORE_ROOTS (else
+    the working directory), see `cloud.store`; None: the run folder only."""
     inflight_every_s: float = 30.0
     """With a checkpoint_uri: seconds between snapshots of a running rollout's committed state (finished
     results, partial states) in the store, which a restarted controller resumes the iteration from
-    (`spotlight.inflight`); 0: none."""
+    (`spotlight.inflight`); 0..86,400, 0: none."""
     budget_usd: float | None = None
-    """Stop cleanly (final checkpoint, summary says why) before the metered cost would exceed this."""
+    """Stop cleanly (final checkpoint, summary says why) before the metered cost would exceed this;
+    in (0, 1e9] dollars."""
     deadline_h: float | None = None
-    """Hours from the start the run must finish in: spot workers fall back to on-demand when the
-    run falls behind uniform progress toward it."""
+    """Hours from the start the run must finish in, in (0, 87,600] (ten years): spot workers fall
+    back to on-demand when the run falls behind uniform progress toward it."""
     prices: str | None = None
     """Price table CSV; None: the shipped table (cloud/prices.csv)."""
     price_scale: float = 1.0
-    """Multiplies every price (tests scale prices so a budget binds on a tiny CPU run)."""
+    """Multiplies every price (tests scale prices so a budget binds on a tiny CPU run); in (0, 1e6]."""
 
     def __post_init__(self) -> None:
         _check(self.gpus_per_node > 0, "gpus_per_node", "a positive integer", self.gpus_per_node)
@@ -369,6 +464,13 @@ class CloudConfig:
         _check(self.deadline_h is None or self.deadline_h > 0, "deadline_h", "a number > 0 or null", self.deadline_h)
         _check(self.price_scale > 0, "price_scale", "a number > 0", self.price_scale)
         _check(self.inflight_every_s >= 0, "inflight_every_s", "a number >= 0", self.inflight_every_s)
+        _at_most(self, ("gpus_per_node",), 64, " GPUs")
+        _at_most(self, ("worker_pools",), 1024, " pools")
+        _at_most(self, ("max_restarts_on_errors",), 1000)
+        _at_most(self, ("inflight_every_s",), 86400, " s")
+        _at_most(self, ("budget_usd",), 1e9, " dollars")
+        _at_most(self, ("deadline_h",), 87600, " hours")
+        _at_most(self, ("price_scale",), 1e6)
         if self.checkpoint_uri is not None:
             from cloud.store import StoreURIError, parse_store_uri
 
@@ -383,8 +485,9 @@ class RunConfig:
     """One training run. `RunConfig()` is the tiny DiT run."""
 
     seed: int = 0
-    """Run seed: every random draw of the run derives from it."""
+    """Run seed: every random draw of the run derives from it; 0..2**32 - 1 (`SEED_MAX`)."""
     device: str = "cpu"
+    """Torch device: cpu, cuda, cuda:N or mps (`spotlight train` checks that it is there)."""
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
@@ -397,6 +500,9 @@ class RunConfig:
     cloud: CloudConfig = field(default_factory=CloudConfig)
 
     def __post_init__(self) -> None:
+        _check(0 <= self.seed <= SEED_MAX, "seed", f"an integer in [0, {SEED_MAX}]", self.seed)
+        _check(isinstance(self.device, str) and _DEVICE.fullmatch(self.device) is not None, "device",
+               "cpu, cuda, cuda:N or mps", self.device)
         ex = self.exploration
         _check(ex.candidates_per_prompt >= self.train.group_size, "exploration.candidates_per_prompt",
                f"at least train.group_size ({self.train.group_size})", ex.candidates_per_prompt)
@@ -438,10 +544,13 @@ def _type_name(tp: Any) -> str:
 
 
 def _coerce(value: Any, tp: Any, name: str) -> Any:
+    # No field takes inf or nan (issue 13: `train.lr: .inf` trained 89% of the weights into NaN); said
+    # here, before a union such as `float | None` would call it just "not a number or null".
+    _check(not isinstance(value, float) or math.isfinite(value), name, "a finite number", value)
     origin = typing.get_origin(tp)
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
-            raise ConfigError(f"{name}: expected a mapping of {tp.__name__} fields, got {value!r}")
+            raise ConfigError(f"{name}: expected a mapping of {tp.__name__} fields, got {short(value)}")
         return from_dict(tp, value, prefix=name + ".")
     if origin in (typing.Union, types.UnionType):
         for arg in typing.get_args(tp):
@@ -449,7 +558,7 @@ def _coerce(value: Any, tp: Any, name: str) -> Any:
                 return _coerce(value, arg, name)
             except ConfigError:
                 continue
-        raise ConfigError(f"{name}: expected {_type_name(tp)}, got {value!r}")
+        raise ConfigError(f"{name}: expected {_type_name(tp)}, got {short(value)}")
     if origin is Literal:
         _check(value in typing.get_args(tp), name, _type_name(tp), value)
         return value
@@ -472,7 +581,12 @@ def _coerce(value: Any, tp: Any, name: str) -> Any:
         return value
     if tp is float:
         _check(isinstance(value, (int, float)) and not isinstance(value, bool), name, "a number", value)
-        return float(value)
+        try:
+            number = float(value)
+        except OverflowError:  # an integer beyond float's range
+            number = math.inf
+        _check(math.isfinite(number), name, "a finite number", value)
+        return number
     if tp is str:
         _check(isinstance(value, str), name, "a string", value)
         return value
@@ -483,9 +597,10 @@ def from_dict(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
     """Build dataclass `cls` from `data`, rejecting unknown keys and mistyped values."""
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - set(fields))
+    unknown = sorted(set(data) - set(fields), key=str)  # keys are not all strings in a bad file
     if unknown:
-        raise ConfigError(f"{prefix}{unknown[0]}: unknown field (expected one of {', '.join(fields)})")
+        key = unknown[0] if isinstance(unknown[0], str) and len(unknown[0]) <= 100 else short(unknown[0])
+        raise ConfigError(f"{prefix}{key}: unknown field (expected one of {', '.join(fields)})")
     kwargs = {k: _coerce(v, hints[k], prefix + k) for k, v in data.items()}
     try:
         return cls(**kwargs)
@@ -495,20 +610,13 @@ def from_dict(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
 
 
 def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> RunConfig:
-    """Read a YAML run config. Every error is one `ConfigError` line starting with the file name."""
+    """Read a YAML run config (`spotlight.input_file.load_yaml`: bounded, no aliases, no duplicate
+    keys, not empty). Every error is one `ConfigError` line starting with the file name."""
     path = Path(path)
     try:
-        text = path.read_text()
-    except OSError as err:
-        raise ConfigError(f"{path}: cannot read config ({err.strerror})") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f"line {mark.line + 1}: " if mark is not None else ""
-        raise ConfigError(f"{path}: {where}not valid YAML ({getattr(err, 'problem', err)})") from None
-    if data is None:
-        data = {}
+        data = load_yaml(path, "config", MAX_CONFIG_BYTES)
+    except InputFileError as err:
+        raise ConfigError(str(err)) from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping of RunConfig fields at the top level, got {type(data).__name__}")
     try:
@@ -543,4 +651,12 @@ def to_yaml(cfg: RunConfig) -> str:
             return [plain(v) for v in x]
         return x
 
-    return yaml.safe_dump(plain(cfg.to_dict()), sort_keys=False)
+    return yaml.dump(plain(cfg.to_dict()), Dumper=_PlainDumper, sort_keys=False)
+
+
+class _PlainDumper(yaml.SafeDumper):
+    """SafeDumper that writes every value out: PyYAML emits an anchor and aliases for an object
+    that appears twice, which `load_config` refuses (issue 13); what we write must read back."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True

@@ -10,6 +10,10 @@ documented field by field below, with its source. `StepTimes.load(yaml)` overrid
 Profiles: `qwen-image` (the default: the real 20.4B model, figures from published numbers and the
 FLOP model) and `tiny-cpu` (the tiny DiT on this project's 2-core CPU machine, every figure
 measured here: README "Measured" and "Elastic sequence parallelism").
+
+Every field is finite and in a documented range (`LIMITS`); the GPU must be one the FLOP table
+knows (`cloud.iteration_time.PEAK_BF16_FLOPS`), or any name when `denoise_step_s` gives a measured
+figure (no FLOP scaling is used then) — an unknown GPU is refused, not silently modelled as an H100.
 """
 
 from __future__ import annotations
@@ -18,11 +22,21 @@ import math
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
-import yaml
-
 from cloud.iteration_time import PEAK_BF16_FLOPS
 from elastic_sp.regroup_policy import MeasuredStepTime, UlyssesStepTime
 from spotlight.config import ConfigError
+from spotlight.input_file import InputFileError, load_yaml, short
+
+MAX_STEP_TIMES_BYTES = 1 << 20
+"""Largest step-time file read (1 MiB)."""
+LIMITS: dict[str, tuple[float, float]] = {
+    "heads": (1, 1024), "gpus_per_node": (1, 64), "denoise_steps": (1, 1000), "trained_steps": (0, 1000),
+    "cfg_factor": (0, 16), "train_flops_factor": (0, 100), "train_efficiency": (1e-6, 1),
+    "reward_s_per_sample": (0, 86400), "weight_sync_s": (0, 86400), "regroup_s": (0, 86400),
+    "cold_start_s": (0, 86400), "restore_s": (0, 86400), "denoise_step_s": (1e-9, 86400),
+}
+"""[low, high] of every numeric field: counts bound the loops over SP degrees and steps, seconds
+are at most a day, and the update's efficiency is a fraction (it divides)."""
 
 LATENT_PIXELS_PER_TOKEN = 16
 """Qwen-Image: an 8x VAE then 2x2 patches, so one image token per 16x16 pixels: 512² -> 1024
@@ -78,12 +92,20 @@ class StepTimes:
             v = getattr(self, f.name)
             if f.name == "gpu":
                 if not isinstance(v, str) or not v:
-                    raise ConfigError(f"step_times.gpu: expected a GPU name, got {v!r}")
+                    raise ConfigError(f"step_times.gpu: expected a GPU name, got {short(v)}")
             elif v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0):
-                raise ConfigError(f"step_times.{f.name}: expected a number >= 0, got {v!r}")
-        for name in ("heads", "gpus_per_node", "denoise_steps"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
-                raise ConfigError(f"step_times.{name}: expected an integer >= 1, got {getattr(self, name)!r}")
+                raise ConfigError(f"step_times.{f.name}: expected a number >= 0, got {short(v)}")
+        for name in ("heads", "gpus_per_node", "denoise_steps", "trained_steps"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < LIMITS[name][0]:
+                raise ConfigError(f"step_times.{name}: expected an integer >= {LIMITS[name][0]}, "
+                                  f"got {short(getattr(self, name))}")
+        for name, (low, high) in LIMITS.items():
+            v = getattr(self, name)
+            if v is not None and not low <= v <= high:
+                raise ConfigError(f"step_times.{name}: expected a number in [{low:g}, {high:g}], got {short(v)}")
+        if self.gpu not in PEAK_BF16_FLOPS and self.denoise_step_s is None:
+            raise ConfigError(f"step_times.gpu: expected a GPU the step-time model knows "
+                              f"({', '.join(PEAK_BF16_FLOPS)}) or a measured denoise_step_s, got {short(self.gpu)}")
 
     @classmethod
     def profile(cls, name: str) -> StepTimes:
@@ -97,27 +119,27 @@ class StepTimes:
                        train_flops_factor=0.55 / 0.27, train_efficiency=1.0, cfg_factor=1.0, reward_s_per_sample=1e-5,
                        weight_sync_s=0.01, regroup_s=0.078, cold_start_s=7.1, restore_s=0.02,
                        denoise_step_s=0.27e-3)
-        raise ConfigError(f"unknown step-time profile {name!r} (expected qwen-image or tiny-cpu)")
+        raise ConfigError(f"unknown step-time profile {short(name)} (expected qwen-image or tiny-cpu)")
 
     @classmethod
     def load(cls, path: str | Path, base: StepTimes | None = None) -> StepTimes:
         """`base` (default: the qwen-image profile) with the fields a YAML mapping sets; `profile:
-        NAME` in it picks the base."""
+        NAME` in it picks the base. The file is read by `spotlight.input_file.load_yaml` (bounded,
+        no aliases or duplicate keys; an empty file is refused)."""
         path = Path(path)
         try:
-            data = yaml.safe_load(path.read_text()) or {}
-        except FileNotFoundError:
-            raise ConfigError(f"{path}: no such step-time file") from None
-        except yaml.YAMLError as err:
-            raise ConfigError(f"{path}: not YAML: {str(err).splitlines()[0]}") from None
+            data = load_yaml(path, "step-time", MAX_STEP_TIMES_BYTES)
+        except InputFileError as err:
+            raise ConfigError(str(err)) from None
         if not isinstance(data, dict):
-            raise ConfigError(f"{path}: expected a mapping of step-time fields")
-        base = cls.profile(data.pop("profile")) if "profile" in data else (base or cls())
+            raise ConfigError(f"{path}: expected a mapping of step-time fields, got {type(data).__name__}")
         known = {f.name for f in fields(cls)}
         for key in data:
-            if key not in known:
-                raise ConfigError(f"{path}: {key}: unknown step-time field (expected one of {', '.join(sorted(known))})")
+            if key not in known and key != "profile":
+                name = key if isinstance(key, str) and len(key) <= 100 else short(key)
+                raise ConfigError(f"{path}: {name}: unknown step-time field (expected profile or one of {', '.join(sorted(known))})")
         try:
+            base = cls.profile(data.pop("profile")) if "profile" in data else (base or cls())
             return replace(base, **data)
         except ConfigError as err:
             raise ConfigError(f"{path}: {err}") from None
@@ -126,7 +148,8 @@ class StepTimes:
 
     @property
     def speed(self) -> float:
-        """This GPU's speed relative to the H100 the Ulysses model describes."""
+        """This GPU's speed relative to the H100 the Ulysses model describes (a GPU without a FLOP
+        figure is accepted only with a measured `denoise_step_s`, which does not use this)."""
         return PEAK_BF16_FLOPS.get(self.gpu, PEAK_BF16_FLOPS["H100"]) / PEAK_BF16_FLOPS["H100"]
 
     def step_model(self, resolution: int):

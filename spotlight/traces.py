@@ -23,7 +23,14 @@ may join again later.
   which give theirs).
 - Spotlight counts CSV (what `spotlight traces synth` writes): a header `t_s,nodes`, then
   `seconds,live node count` per line, counts turned into events as for GCP (nodes `n-<k>`).
-Anything else is a `TraceError` whose message is one line, `FILE:LINE: what is wrong (expected ...)`.
+Anything else is a `TraceError` whose message is one line, `FILE:LINE: what is wrong (expected ...)`,
+quoting at most 60 characters of the offending text.
+
+Bounds, checked before the events they would create are allocated (a 27-byte counts file asking
+for 300,000,000 nodes must fail at once, not fill memory): a file of at most `MAX_TRACE_BYTES`,
+UTF-8 text (JSON: no duplicate keys, NaN or deep nesting); at most `MAX_NODES` distinct nodes (and
+live count), `MAX_EVENTS` events, node names of `MAX_NODE_NAME` characters, and times up to
+`MAX_DURATION_S`. A `Trace` built by hand is held to the same bounds.
 
 `replay_schedule(trace, slots, speedup, notice_s)` maps the trace onto `slots` local workers:
 - Trace nodes are numbered 0, 1, ... in order of first appearance; node k runs on slot k mod slots.
@@ -41,7 +48,6 @@ Hence the number of kills equals `trace.preemptions` for any slot count.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Callable
@@ -50,9 +56,31 @@ from datetime import datetime
 from pathlib import Path
 from typing import Literal
 
+from spotlight.input_file import InputFileError, parse_json, read_text, short
+
+MAX_TRACE_BYTES = 8 << 20
+"""Largest trace file read: 8 MiB (the shipped traces are under 20 KB; a SkyPilot spot trace of 16
+nodes at 10-minute ticks over two months is ~300 KB)."""
+MAX_NODES = 65_536
+"""Most distinct nodes in a trace, and the largest live count of a counts trace (the shipped traces
+peak at 32 nodes)."""
+MAX_EVENTS = 1_000_000
+"""Most events in a trace (~300 MB as Python objects; the shipped traces have under 400)."""
+MAX_NODE_NAME = 128
+"""Longest node name, in characters."""
+MAX_DURATION_S = 10 * 365 * 86400.0
+"""Latest time in a trace: ten years (a summary allocates one bucket per hour of it)."""
+
+
+def _q(value: object) -> str:
+    """A value quoted for an error line: at most 60 characters, as the expected-format texts are long."""
+    return short(value, 60)
+
+
 BAMBOO_EXPECTED = 'lines like "480000,add,node1" (delta_ms,add|remove,node)'
 GCP_EXPECTED = 'lines like "2021-12-11, 11:11:30, 55" (date, time, count)'
 _GCP_FIRST_FIELD = re.compile(r"\s*\d{4}-\d{2}-\d{2}\s*,")
+_INTEGER = re.compile(r"[-+]?[0-9]+")
 COUNTS_HEADER = "t_s,nodes"
 COUNTS_EXPECTED = 'a header "t_s,nodes" then lines like "3600,12" (seconds, live node count)'
 SKY_EXPECTED = '{"metadata": {"gap_seconds": N}, "data": [0 or 1 per tick, 1 = preempted]}'
@@ -82,6 +110,8 @@ class Trace:
 
     def __post_init__(self) -> None:
         _check(self.events, lambda i: f"{self.source}: event {i + 1}")
+        if self.end_s is not None and not (0 <= self.end_s <= MAX_DURATION_S):
+            raise TraceError(f"{self.source}: end {_q(self.end_s)} s is not a time in [0, {MAX_DURATION_S:g}] s")
 
     @property
     def duration_s(self) -> float:
@@ -116,13 +146,25 @@ class Trace:
 
 def _check(events: list[TraceEvent], where: Callable[[int], str]) -> None:
     """Raise TraceError at the first event that breaks the Trace invariants; `where(i)` locates it."""
+    if len(events) > MAX_EVENTS:
+        raise TraceError(f"{where(MAX_EVENTS)}: more than {MAX_EVENTS:,} events (expected at most that many)")
     live: set[str] = set()
+    seen: set[str] = set()
     previous = 0.0
     for i, e in enumerate(events):
         if e.action not in ("add", "remove"):
-            raise TraceError(f"{where(i)}: unknown event {e.action!r} (expected add or remove)")
-        if not math.isfinite(e.t_s) or e.t_s < 0:
-            raise TraceError(f"{where(i)}: time {e.t_s} s is not a finite time >= 0 (expected seconds since the start)")
+            raise TraceError(f"{where(i)}: unknown event {_q(e.action)} (expected add or remove)")
+        if not isinstance(e.t_s, (int, float)) or not math.isfinite(e.t_s) or e.t_s < 0:
+            raise TraceError(f"{where(i)}: time {_q(e.t_s)} s is not a finite time >= 0 "
+                             "(expected seconds since the start)")
+        if e.t_s > MAX_DURATION_S:
+            raise TraceError(f"{where(i)}: time {e.t_s:g} s is later than {MAX_DURATION_S:g} s (ten years)")
+        if not isinstance(e.node, str) or not 0 < len(e.node) <= MAX_NODE_NAME:
+            raise TraceError(f"{where(i)}: node name {_q(e.node)} (expected 1 to {MAX_NODE_NAME} characters)")
+        if e.node not in seen:
+            if len(seen) == MAX_NODES:
+                raise TraceError(f"{where(i)}: more than {MAX_NODES:,} distinct nodes (expected at most that many)")
+            seen.add(e.node)
         if e.t_s < previous:
             raise TraceError(
                 f"{where(i)}: time goes backwards, {e.t_s:g} s after {previous:g} s (expected non-decreasing times)"
@@ -142,13 +184,9 @@ def load_trace(path: str | Path) -> Trace:
     """Read a Bamboo CSV or GCP counts trace (format detected from the first non-blank line)."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise TraceError(f"{path}: no such trace file") from None
-    except IsADirectoryError:
-        raise TraceError(f"{path}: is a directory (expected a trace file)") from None
-    except UnicodeDecodeError:
-        raise TraceError(f"{path}: not a text file (expected {BAMBOO_EXPECTED} or {GCP_EXPECTED})") from None
+        text = read_text(path, "trace", MAX_TRACE_BYTES)
+    except InputFileError as err:
+        raise TraceError(str(err)) from None
     lines = [(n, line) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
     if not lines:
         raise TraceError(f"{path}: empty trace file (expected {BAMBOO_EXPECTED} or {GCP_EXPECTED})")
@@ -161,26 +199,35 @@ def load_trace(path: str | Path) -> Trace:
     return _load_bamboo(path, lines)
 
 
+def _fields(path: Path, n: int, line: str, count: int, expected: str) -> list[str]:
+    """The `count` comma-separated fields of line `n`, stripped; another number of them is a TraceError.
+    (Split at most `count` times: a long line of commas costs no more than a short one.)"""
+    fields = line.split(",", count)
+    if len(fields) != count:
+        raise TraceError(f"{path}:{n}: {line.count(',') + 1} fields in {_q(line.strip())} (expected {expected})")
+    return [f.strip() for f in fields]
+
+
 def _load_bamboo(path: Path, lines: list[tuple[int, str]]) -> Trace:
+    if len(lines) > MAX_EVENTS:
+        raise TraceError(f"{path}:{lines[MAX_EVENTS][0]}: more than {MAX_EVENTS:,} events (expected at most that many)")
     events: list[TraceEvent] = []
     for n, line in lines:
-        fields = [f.strip() for f in line.split(",")]
-        if len(fields) != 3:
-            raise TraceError(f"{path}:{n}: {len(fields)} fields in {line.strip()!r} (expected {BAMBOO_EXPECTED})")
-        ms, action, node = fields
+        ms, action, node = _fields(path, n, line, 3, BAMBOO_EXPECTED)
         try:
             t_ms = float(ms)
         except ValueError:
-            raise TraceError(f"{path}:{n}: time {ms!r} is not a number (expected {BAMBOO_EXPECTED})") from None
+            raise TraceError(f"{path}:{n}: time {_q(ms)} is not a number (expected {BAMBOO_EXPECTED})") from None
         if action not in ("add", "remove"):
-            raise TraceError(f"{path}:{n}: unknown event {action!r} (expected add or remove)")
+            raise TraceError(f"{path}:{n}: unknown event {_q(action)} (expected add or remove)")
         if not node:
             raise TraceError(f"{path}:{n}: empty node name (expected {BAMBOO_EXPECTED})")
         if not (math.isfinite(t_ms) and t_ms >= 0):
-            raise TraceError(f"{path}:{n}: time {ms} ms is not a finite time >= 0 (expected ms since the start)")
+            raise TraceError(f"{path}:{n}: time {t_ms:g} ms is not a finite time >= 0 "
+                             "(expected ms since the start)")
         if events and t_ms / 1000.0 < events[-1].t_s:
             raise TraceError(
-                f"{path}:{n}: time goes backwards, {ms} ms after {events[-1].t_s * 1000:g} ms "
+                f"{path}:{n}: time goes backwards, {t_ms:g} ms after {events[-1].t_s * 1000:g} ms "
                 "(expected non-decreasing times)"
             )
         events.append(TraceEvent(t_ms / 1000.0, action, node))  # type: ignore[arg-type]
@@ -189,52 +236,55 @@ def _load_bamboo(path: Path, lines: list[tuple[int, str]]) -> Trace:
 
 
 def _load_gcp(path: Path, lines: list[tuple[int, str]]) -> Trace:
-    events: list[TraceEvent] = []
-    live: list[str] = []  # a stack: decreases remove the most recently added nodes
-    created = 0
+    counts = _Counts("gcp-")
     start: datetime | None = None
     changed_at = 0.0  # time of the last reading that changed the count
     last_s = 0.0
     for n, line in lines:
-        fields = [f.strip() for f in line.split(",")]
-        if len(fields) != 3:
-            raise TraceError(f"{path}:{n}: {len(fields)} fields in {line.strip()!r} (expected {GCP_EXPECTED})")
+        day, clock, number = _fields(path, n, line, 3, GCP_EXPECTED)
         try:
-            at = datetime.strptime(f"{fields[0]} {fields[1]}", "%Y-%m-%d %H:%M:%S")
+            at = datetime.strptime(f"{day} {clock}", "%Y-%m-%d %H:%M:%S")
         except ValueError:
             raise TraceError(
-                f"{path}:{n}: bad date/time {fields[0]!r}, {fields[1]!r} (expected YYYY-MM-DD, HH:MM:SS)"
+                f"{path}:{n}: bad date/time {_q(day)}, {_q(clock)} (expected YYYY-MM-DD, HH:MM:SS)"
             ) from None
-        try:
-            count = int(fields[2])
-        except ValueError:
-            raise TraceError(f"{path}:{n}: count {fields[2]!r} is not an integer (expected {GCP_EXPECTED})") from None
-        if count < 0:
-            raise TraceError(f"{path}:{n}: count {count} is negative (expected a live instance count >= 0)")
+        count = _count(path, n, number, GCP_EXPECTED)
         if start is None:
             start = at
         t_s = (at - start).total_seconds()
+        if t_s > MAX_DURATION_S:
+            raise TraceError(f"{path}:{n}: {day} {clock} is more than ten years after the first line "
+                             f"(expected at most {MAX_DURATION_S:g} s)")
         last_s = max(last_s, t_s)
-        if count == len(live):
+        if count == len(counts.live):
             continue
         if t_s < changed_at:
             raise TraceError(
-                f"{path}:{n}: time goes backwards, {fields[0]} {fields[1]} is before the previous count "
+                f"{path}:{n}: time goes backwards, {day} {clock} is before the previous count "
                 f"change at +{changed_at:g} s (expected count changes in time order)"
             )
         changed_at = t_s
-        while count > len(live):
-            created += 1
-            live.append(f"gcp-{created}")
-            events.append(TraceEvent(t_s, "add", live[-1]))
-        while count < len(live):
-            events.append(TraceEvent(t_s, "remove", live.pop()))
-    return Trace(events, str(path), end_s=last_s)
+        counts.set(t_s, count, f"{path}:{n}")
+    return Trace(counts.events, str(path), end_s=last_s)
+
+
+def _count(path: Path, n: int, text: str, expected: str) -> int:
+    """A live count field: an integer in [0, MAX_NODES]."""
+    if not _INTEGER.fullmatch(text):
+        raise TraceError(f"{path}:{n}: count {_q(text)} is not an integer (expected {expected})")
+    if len(text) > 12 or int(text) > MAX_NODES:  # (no int() of a million digits)
+        raise TraceError(f"{path}:{n}: count {text if len(text) <= 20 else text[:17] + '...'} is more than {MAX_NODES:,} nodes "
+                         f"(expected a live count in [0, {MAX_NODES:,}])")
+    count = int(text)
+    if count < 0:
+        raise TraceError(f"{path}:{n}: count {count} is negative (expected a live count >= 0)")
+    return count
 
 
 class _Counts:
     """Live counts -> add/remove events: an increase by n adds n new nodes `<prefix><k>`, a decrease
-    removes the most recently added live ones (a stack)."""
+    removes the most recently added live ones (a stack). Refuses, before allocating them, events
+    beyond `MAX_EVENTS` and nodes beyond `MAX_NODES`."""
 
     def __init__(self, prefix: str) -> None:
         self.prefix = prefix
@@ -242,7 +292,13 @@ class _Counts:
         self.live: list[str] = []
         self.created = 0
 
-    def set(self, t_s: float, count: int) -> None:
+    def set(self, t_s: float, count: int, where: str) -> None:
+        grow = count - len(self.live)
+        if len(self.events) + abs(grow) > MAX_EVENTS:
+            raise TraceError(f"{where}: more than {MAX_EVENTS:,} events in all (expected at most that many)")
+        if self.created + max(grow, 0) > MAX_NODES:
+            raise TraceError(f"{where}: more than {MAX_NODES:,} distinct nodes in all (a count increase adds "
+                             "new nodes; expected at most that many)")
         while count > len(self.live):
             self.created += 1
             self.live.append(f"{self.prefix}{self.created}")
@@ -255,53 +311,61 @@ def _load_counts(path: Path, lines: list[tuple[int, str]]) -> Trace:
     counts = _Counts("n-")
     last = -math.inf
     for n, line in lines:
-        fields = [f.strip() for f in line.split(",")]
-        if len(fields) != 2:
-            raise TraceError(f"{path}:{n}: {len(fields)} fields in {line.strip()!r} (expected {COUNTS_EXPECTED})")
+        seconds, number = _fields(path, n, line, 2, COUNTS_EXPECTED)
         try:
-            t_s, count = float(fields[0]), int(fields[1])
+            t_s = float(seconds)
         except ValueError:
-            raise TraceError(f"{path}:{n}: {line.strip()!r} is not seconds,count (expected {COUNTS_EXPECTED})") from None
-        if not (math.isfinite(t_s) and t_s >= 0):
-            raise TraceError(f"{path}:{n}: time {fields[0]} is not a finite time >= 0 (expected seconds since the start)")
+            raise TraceError(f"{path}:{n}: {_q(line.strip())} is not seconds,count (expected {COUNTS_EXPECTED})") from None
+        if not (math.isfinite(t_s) and 0 <= t_s <= MAX_DURATION_S):
+            raise TraceError(f"{path}:{n}: time {t_s:g} is not a finite time in [0, {MAX_DURATION_S:g}] "
+                             "(expected seconds since the start)")
         if t_s < last:
             raise TraceError(f"{path}:{n}: time goes backwards, {t_s:g} s after {last:g} s (expected non-decreasing times)")
-        if count < 0:
-            raise TraceError(f"{path}:{n}: count {count} is negative (expected a live node count >= 0)")
+        if not _INTEGER.fullmatch(number):
+            raise TraceError(f"{path}:{n}: {_q(line.strip())} is not seconds,count (expected {COUNTS_EXPECTED})")
+        count = _count(path, n, number, COUNTS_EXPECTED)
         last = t_s
-        counts.set(t_s, count)
+        counts.set(t_s, count, f"{path}:{n}")
     return Trace(counts.events, str(path), end_s=max(last, 0.0))
 
 
 def _load_sky(path: Path, text: str) -> Trace:
     try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise TraceError(f"{path}:{err.lineno}: not JSON: {err.msg} (expected {SKY_EXPECTED})") from None
+        doc = parse_json(text, path)
+    except InputFileError as err:
+        raise TraceError(f"{err} (expected {SKY_EXPECTED})") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("metadata"), dict) or "data" not in doc:
         raise TraceError(f"{path}: expected an object with metadata and data ({SKY_EXPECTED})")
     gap = doc["metadata"].get("gap_seconds")
-    if isinstance(gap, bool) or not isinstance(gap, (int, float)) or not (math.isfinite(gap) and gap > 0):
-        raise TraceError(f"{path}: metadata.gap_seconds: expected a number of seconds > 0, got {gap!r}")
+    if isinstance(gap, bool) or not isinstance(gap, (int, float)) or not (0 < gap <= MAX_DURATION_S):
+        raise TraceError(f"{path}: metadata.gap_seconds: expected a number of seconds in (0, {MAX_DURATION_S:g}], "
+                         f"got {_q(gap)}")
     one_means = doc["metadata"].get("one_means", "preempted")
     if one_means not in ("preempted", "available"):
-        raise TraceError(f"{path}: metadata.one_means: expected preempted or available, got {one_means!r}")
+        raise TraceError(f"{path}: metadata.one_means: expected preempted or available, got {_q(one_means)}")
     data = doc["data"]
     series = data if isinstance(data, list) and data and all(isinstance(d, list) for d in data) else [data]
     if not isinstance(data, list) or not data:
-        raise TraceError(f"{path}: data: expected a non-empty list of 0/1 ticks, got {str(data)[:40]!r}")
+        raise TraceError(f"{path}: data: expected a non-empty list of 0/1 ticks, got {short(data, 40)}")
     if len({len(s) for s in series}) != 1:
         raise TraceError(f"{path}: data: the instances' tick lists differ in length (expected equal lengths)")
+    if len(series) > MAX_NODES:
+        raise TraceError(f"{path}: data: {len(series):,} instances (expected at most {MAX_NODES:,})")
+    if len(series[0]) * float(gap) > MAX_DURATION_S:
+        raise TraceError(f"{path}: data: {len(series[0]):,} ticks of {gap:g} s is more than ten years "
+                         f"(expected at most {MAX_DURATION_S:g} s)")
     events: list[TraceEvent] = []
     up = [False] * len(series)
     for tick in range(len(series[0])):
         for k, s in enumerate(series):
             v = s[tick]
             where = f"data[{k}][{tick}]" if len(series) > 1 else f"data[{tick}]"
-            if isinstance(v, bool) or v not in (0, 1):
-                raise TraceError(f"{path}: {where}: {v!r} is not 0 or 1 (expected {SKY_EXPECTED})")
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or v not in (0, 1):
+                raise TraceError(f"{path}: {where}: {_q(v)} is not 0 or 1 (expected {SKY_EXPECTED})")
             available = (v == 1) == (one_means == "available")
             if available != up[k]:
+                if len(events) == MAX_EVENTS:
+                    raise TraceError(f"{path}: {where}: more than {MAX_EVENTS:,} events (expected at most that many)")
                 events.append(TraceEvent(tick * float(gap), "add" if available else "remove", f"sky-{k}"))
                 up[k] = available
     return Trace(events, str(path), end_s=len(series[0]) * float(gap))

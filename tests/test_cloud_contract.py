@@ -195,13 +195,14 @@ def test_trace_notice_deadline_is_the_replayed_kill():
 
 
 @pytest.mark.parametrize("name", ["aws", "gcp", "local"])
-def test_provider_contract(name, tmp_path):
+def test_provider_contract(name, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPOTLIGHT_STORE_ROOTS", str(tmp_path))  # folder stores only in allowed folders
     provider = get_provider(name)
     assert isinstance(provider, Provider) and provider.name == name
     store = provider.open_store(str(tmp_path / "ckpt"))
     store.put("x/y", b"z")
     assert provider.open_store(f"file://{tmp_path}/ckpt").get("x/y") == b"z"
-    for bad in ["s3:///no-bucket", "gs://bucket/x", "ftp://host/x"]:
+    for bad in ["s3:///no-bucket", "gs://bucket/x", "ftp://host/x", "file:///etc", str(tmp_path.parent)]:
         with pytest.raises(StoreURIError):
             provider.open_store(bad)
     clock = ManualClock()

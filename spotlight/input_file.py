@@ -1,0 +1,216 @@
+"""Input files: reading a file a user hands us (a config, a trace, a step-time override) so that a
+bad one costs one error line, never a traceback, unbounded memory or unbounded time.
+
+Invariants (tests/test_bad_input.py feeds every command files that break each one):
+- at most `max_bytes` are ever read, whatever the file claims to be (/dev/zero is refused at once);
+- text is strict UTF-8 without NUL bytes; anything else is "not a text file";
+- YAML is read by `_Loader`: PyYAML's safe loader, refusing anchors and aliases (a 332-byte alias
+  bomb expands to gigabytes), nesting deeper than `MAX_DEPTH` (100k `[` would overflow the
+  recursive composer), duplicate mapping keys (YAML says they are an error; PyYAML keeps the last),
+  and integers longer than `MAX_INT_DIGITS` digits;
+- JSON is read with the same duplicate-key and depth rules, and without NaN or Infinity;
+- every message is one line starting with the file name, and values are quoted by `short`, at most
+  `QUOTE_CHARS` characters.
+
+An `InputFileError` carries that line; callers re-raise it as their own error type (ConfigError,
+TraceError) so that the CLI reports it like any other bad input.
+"""
+
+from __future__ import annotations
+
+import json
+import reprlib
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+MAX_DEPTH = 64
+"""Most nesting levels of a YAML or JSON document (a run config has 4)."""
+MAX_INT_DIGITS = 100
+"""Longest integer literal read from YAML: every integer setting is far below 10**100, and Python
+refuses to parse more than 4,300 digits anyway (with a ValueError, not a YAML error)."""
+QUOTE_CHARS = 200
+"""Most characters of a value quoted in an error line (issue 13: a 312 MB error line)."""
+
+_REPR = reprlib.Repr()
+_REPR.maxstring = QUOTE_CHARS
+_REPR.maxother = QUOTE_CHARS
+_REPR.maxlong = 60
+_REPR.maxlevel = 3
+
+
+class InputFileError(ValueError):
+    """A file that cannot be read as the input it should be; `str(err)` is one line naming it."""
+
+
+def short(value: Any, limit: int = QUOTE_CHARS) -> str:
+    """`repr(value)` cut to at most `limit` characters, for error lines. Never raises: a huge
+    integer, which `repr` refuses beyond 4,300 digits, is described by its size."""
+    try:
+        text = _REPR.repr(value)
+    except ValueError:  # int too large to convert to a string
+        text = f"<an integer of {value.bit_length()} bits>" if isinstance(value, int) else "<unprintable>"
+    text = " ".join(text.split())  # one line, whatever the value holds
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def read_text(path: str | Path, what: str, max_bytes: int) -> str:
+    """The file's text, or InputFileError: missing, a folder, larger than `max_bytes`, not UTF-8
+    text. `what` names the input in messages ("config", "trace", ...)."""
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            data = f.read(max_bytes + 1)  # bounded even when the size is not known in advance
+    except FileNotFoundError:
+        raise InputFileError(f"{path}: no such {what} file") from None
+    except IsADirectoryError:
+        raise InputFileError(f"{path}: is a folder (expected a {what} file)") from None
+    except OSError as err:
+        raise InputFileError(f"{path}: cannot read {what} ({err.strerror or type(err).__name__})") from None
+    if len(data) > max_bytes:
+        raise InputFileError(f"{path}: larger than {_size(max_bytes)} (expected a {what} file of at most that size)")
+    if b"\0" in data:
+        raise InputFileError(f"{path}: a binary file, not text (expected a {what} file)")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise InputFileError(f"{path}: not a UTF-8 text file (byte {err.start}; expected a {what} file)") from None
+
+
+def _size(n: int) -> str:
+    return f"{n // (1 << 20)} MiB" if n % (1 << 20) == 0 else f"{n} bytes"
+
+
+# ---- YAML ---------------------------------------------------------------------------------------
+
+
+class _Refused(yaml.MarkedYAMLError):
+    """Something `_Loader` refuses, with the line it is on."""
+
+
+class _Loader(yaml.SafeLoader):
+    """PyYAML's safe loader without anchors, aliases, deep nesting, duplicate keys or huge integers.
+
+    The pure-Python SafeLoader, not the libyaml one: the refusals hook into `compose_node`, which
+    runs node by node as the scanner reads, so a refused document stops at its first offence."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._depth = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None) is not None:
+            raise _Refused(None, None, "YAML anchors and aliases are not accepted (write each value out)",
+                           event.start_mark)
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                raise _Refused(None, None, f"nested deeper than {MAX_DEPTH} levels", event.start_mark)
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+        if isinstance(node, yaml.MappingNode):
+            seen: set = set()
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":  # `<<`: the base class merges these
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    duplicate = key in seen
+                except TypeError:  # an unhashable key: the base class says so with its line
+                    break
+                if duplicate:
+                    raise _Refused(None, None, f"duplicate key {short(key)} (each key may appear once)",
+                                   key_node.start_mark)
+                seen.add(key)
+        return super().construct_mapping(node, deep)
+
+    def construct_object(self, node: Any, deep: bool = False) -> Any:
+        if isinstance(node, yaml.ScalarNode) and node.tag == "tag:yaml.org,2002:int":
+            digits = sum(c.isalnum() for c in node.value)  # hex, octal and binary digits too
+            if digits > MAX_INT_DIGITS:
+                raise _Refused(None, None, f"an integer of {digits} digits (expected at most {MAX_INT_DIGITS})",
+                               node.start_mark)
+        try:
+            return super().construct_object(node, deep)
+        except (ValueError, OverflowError) as err:  # e.g. a date 2024-13-45: datetime's ValueError
+            raise _Refused(None, None, f"cannot read this value ({short(str(err))})", node.start_mark) from None
+
+
+def load_yaml(path: str | Path, what: str, max_bytes: int) -> Any:
+    """The YAML document in `path` (module docstring for what is refused); an empty document is
+    refused too, since a file left empty by mistake would otherwise mean "all defaults"."""
+    text = read_text(path, what, max_bytes)
+    try:
+        loader = _Loader(text)
+        try:
+            data = loader.get_single_data()
+        finally:
+            loader.dispose()
+    except yaml.YAMLError as err:
+        raise InputFileError(f"{path}: {_yaml_problem(err)}") from None
+    except RecursionError:  # not expected past MAX_DEPTH; kept so that no input can give a traceback
+        raise InputFileError(f"{path}: nested too deeply (expected at most {MAX_DEPTH} levels)") from None
+    if data is None:
+        raise InputFileError(f"{path}: empty {what} file (expected a mapping of fields)")
+    return data
+
+
+def _yaml_problem(err: yaml.YAMLError) -> str:
+    mark = getattr(err, "problem_mark", None)
+    where = f"line {mark.line + 1}: " if mark is not None else ""
+    problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+    if isinstance(err, _Refused):
+        return f"{where}{problem}"
+    return f"{where}not valid YAML ({' '.join(str(problem).split())[:QUOTE_CHARS]})"
+
+
+# ---- JSON ---------------------------------------------------------------------------------------
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise InputFileError(f"duplicate key {short(key)} (each key may appear once)")
+        out[key] = value
+    return out
+
+
+def parse_json(text: str, path: str | Path) -> Any:
+    """The JSON document `text` read from `path`: duplicate keys and nesting deeper than
+    `MAX_DEPTH` refused, NaN and Infinity (not JSON) refused; errors name the file (and the line for
+    syntax errors)."""
+    try:
+        data = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_not_json)
+    except json.JSONDecodeError as err:
+        raise InputFileError(f"{path}:{err.lineno}: not JSON: {err.msg}") from None
+    except InputFileError as err:
+        raise InputFileError(f"{path}: {err}") from None
+    except RecursionError:  # json's C scanner raises it past ~1,000 levels, before using much memory
+        raise InputFileError(f"{path}: nested too deeply (expected at most {MAX_DEPTH} levels)") from None
+    except ValueError as err:  # an integer literal over Python's 4,300-digit limit
+        raise InputFileError(f"{path}: not JSON: {short(str(err))}") from None
+    if _depth(data) > MAX_DEPTH:
+        raise InputFileError(f"{path}: nested too deeply (expected at most {MAX_DEPTH} levels)")
+    return data
+
+
+def _not_json(name: str) -> Any:
+    raise InputFileError(f"{name} is not a JSON number (expected finite numbers)")
+
+
+def _depth(data: Any) -> int:
+    """Nesting depth of parsed JSON, iteratively (bounded by ~1,000: the parser's own limit)."""
+    deepest, stack = 0, [(data, 1)]
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, (list, dict)):
+            deepest = max(deepest, level)
+            stack.extend((v, level + 1) for v in (item.values() if isinstance(item, dict) else item)
+                         if isinstance(v, (list, dict)))
+    return deepest
