@@ -16,7 +16,10 @@ form is the coordinator's business (`coordinator.py`). The coordinator sees ever
 the `Agent` interface below: it waits on the agent's `waitables()` and reads what they carry with
 `receive()` — the members' reports, and `Lost` for a member that died. `NodeAgent` is the agent
 in the coordinator's own process (one node, or tests); `agent_server.RemoteAgent` is the same
-interface over a connection to an agent that runs as its own long-lived process on its node.
+interface over a connection to an agent that runs as its own long-lived process on its node (a
+signed connection carrying data only: `signed_connection`). Between an agent and its members,
+messages are pickles on pipes (`protocol.Channel`): those pipes join processes the agent itself
+started on the same node and never cross a network.
 """
 
 from __future__ import annotations
@@ -182,8 +185,12 @@ class NodeAgent:
             self.members[name].channel.send(msg)
 
     def kill(self, name: str) -> None:
-        """SIGKILL member `name`: a death without notice, as a preempted device gives."""
-        os.kill(self.members[name].pid, signal.SIGKILL)
+        """SIGKILL member `name`: a death without notice, as a preempted device gives. A member
+        already collected is left alone (its pid may belong to another process by now)."""
+        handle = self.members[name]
+        if handle.alive:  # not yet reaped, so the pid is still this member's (a zombie at worst)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(handle.pid, signal.SIGKILL)
 
     def stop(self, name: str, timeout_s: float = 5.0) -> None:
         """Ask member `name` to exit; kill it if it has not within `timeout_s`."""

@@ -1,14 +1,27 @@
 """The node agent as its own long-lived process, and the coordinator's handle on it.
 
-    python -m elastic_sp.agent_server --node NAME [--listen HOST:PORT]
+    python -m elastic_sp.agent_server --node NAME [--listen HOST:PORT] [--handshake-timeout-s 5]
 
 A node runs one agent server for as long as the node lives. It listens on TCP for one coordinator
-at a time (multiprocessing's authenticated connections: an HMAC challenge with the key in
-$SPOTLIGHT_SP_AUTHKEY) and runs a `NodeAgent` for it: the coordinator's commands go to the
-members, and the members' reports come back tagged with the member's name; a member's death comes
-back as `agent.Lost`. Everything crosses the connection as a plain pickle (tensors by value), so
-the coordinator may run on another machine; the node's shared-memory weights never leave the node
-(an `Exported` report is relayed without its tensors).
+at a time and runs a `NodeAgent` for it: the coordinator's commands go to the members, and the
+members' reports come back tagged with the member's name; a member's death comes back as
+`agent.Lost`. The coordinator may run on another machine; the node's shared-memory weights never
+leave the node (an `Exported` report is relayed without its tensors).
+
+The connection is a `signed_connection.SignedConnection` (its docstring has the wire format):
+both sides prove they hold the key in $SPOTLIGHT_SP_AUTHKEY (at least 32 characters), then every
+message is data of `WIRE_TYPES` (`cloud.codec`: tensors by value, no pickles), numbered and signed
+with a per-connection key. Cleartext: integrity, not confidentiality — listen on a private network.
+Invariants, tested in tests/test_elastic_sp_agent_server.py:
+- A silent or slow connection is dropped `handshake_timeout_s` after it was accepted and never
+  delays another: each handshake runs in its own thread
+  (test_a_silent_connection_does_not_hold_up_a_coordinator).
+- A message with a bad signature, a stale sequence number, an oversized length, or that is not
+  data of `WIRE_TYPES` (a pickle included: never unpickled) ends that connection only, with one
+  line on stderr; the server keeps the node's weights and serves the next coordinator
+  (test_a_bad_message_ends_only_its_connection, test_an_oversized_message_is_refused_unread).
+- A key shorter than 32 characters is refused on both sides, with one line
+  (test_a_short_key_is_refused_on_both_sides).
 
 When the coordinator's connection ends, the server stops that coordinator's members but keeps the
 node's weights and waits for the next coordinator: a restarted controller finds the node's copy
@@ -22,27 +35,46 @@ node lost when the connection ends.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
-import pickle
+import queue
 import secrets
 import socket
 import subprocess
 import sys
+import threading
 import time
+import typing
 from dataclasses import dataclass
-from multiprocessing import AuthenticationError
-from multiprocessing.connection import Client, Connection, Listener, wait
+from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Any
 
 from elastic_sp import protocol as P
 from elastic_sp.agent import Lost, MemberHandle, NodeAgent, Source
+from elastic_sp.signed_connection import (
+    MAX_MESSAGE_BYTES,
+    ProtocolError,
+    SignedConnection,
+    accept,
+    check_key,
+    connect,
+)
 from elastic_sp.spec import ServeSpec
 from elastic_sp.weights import NodeWeights
+from schedulers.request import Kind, Request
+from spotlight.dit_sampler import SampleState
 
 AUTHKEY_ENV = "SPOTLIGHT_SP_AUTHKEY"
 READY_LINE = "agent listening on "
 """The server's first line on stdout, followed by HOST:PORT (how a launcher learns a port 0 choice)."""
+HANDSHAKE_TIMEOUT_S = 5.0
+"""A connection must complete its handshake within this long of being accepted (and, once
+authenticated, never stall longer mid-message): a real one takes 0.35 ms on localhost (median of
+200) plus two round trips of the network; a silent one is dropped then, and never delays another
+(each handshake runs in its own thread)."""
+MAX_PENDING_HANDSHAKES = 64
+"""Connections handshaking at once; more are closed at once (a flood costs threads, not the node)."""
 
 # ---- coordinator -> agent ------------------------------------------------------------------------
 
@@ -129,27 +161,36 @@ class Relay:
     """A member's report (`protocol`), or `agent.Lost`."""
 
 
-def _send(conn: Connection, msg: Any) -> None:
-    conn.send_bytes(pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL))
+def _config_types(cls: type) -> set[type]:
+    """`cls` and every dataclass its fields hold, recursively (RunConfig and each of its sections,
+    whatever sections it grows)."""
+    found = {cls}
+    for tp in typing.get_type_hints(cls).values():
+        for arg in (tp, *typing.get_args(tp)):
+            if dataclasses.is_dataclass(arg) and isinstance(arg, type) and arg not in found:
+                found |= _config_types(arg)
+    return found
 
 
-def _recv(conn: Connection) -> Any:
-    return pickle.loads(conn.recv_bytes())
-
-
-def _no_delay(conn: Connection) -> Connection:
-    """Send small messages at once: with Nagle's algorithm a step's report can wait ~40 ms for the
-    peer's delayed ACK, which would double the time a regroup takes to serve again."""
-    with socket.fromfd(conn.fileno(), socket.AF_INET, socket.SOCK_STREAM) as sock:  # a dup of the same socket
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    return conn
+WIRE_TYPES: tuple[type, ...] = (
+    Setup, Spawn, ToMember, Kill, Stop, Close, Hello, Spawned, Refused, Stopped, Closed, Relay,
+    P.Form, P.Run, P.Forward, P.Halt, P.Export, P.Digest, P.Stop,
+    P.Ready, P.Formed, P.Committed, P.Output, P.Broken, P.Exported, P.Digested, P.Failed,
+    Lost, Request, Kind, SampleState, *sorted(_config_types(ServeSpec), key=lambda c: c.__qualname__),
+)
+"""Every class that may cross the connection; decoding builds no other (`cloud.codec`)."""
 
 
 def _authkey() -> bytes:
     key = os.environ.get(AUTHKEY_ENV)
     if not key:
-        raise ValueError(f"${AUTHKEY_ENV} is not set: agent server and coordinator authenticate with it")
-    return key.encode()
+        raise ValueError(f"${AUTHKEY_ENV} is not set: agent server and coordinator authenticate with it "
+                         "(make one with: python -c \"import secrets; print(secrets.token_hex(32))\")")
+    return check_key(key.encode(), f"${AUTHKEY_ENV}")
+
+
+def _log(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 # ---- the server ----------------------------------------------------------------------------------
@@ -158,51 +199,101 @@ def _authkey() -> bytes:
 class AgentServer:
     """One node's agent process (see the module docstring)."""
 
-    def __init__(self, node: str, listener: Listener) -> None:
+    def __init__(self, node: str, sock: socket.socket, key: bytes, handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S,
+                 max_message_bytes: int = MAX_MESSAGE_BYTES) -> None:
         self.node = node
-        self.listener = listener
+        self.sock = sock
+        """The listening socket."""
+        self.key = check_key(key, "the agent server's key")
+        self.handshake_timeout_s = handshake_timeout_s
+        self.max_message_bytes = max_message_bytes
         self.kept: tuple[ServeSpec, NodeWeights] | None = None
         """The node's weights, kept across coordinators for the spec they belong to."""
 
     def serve_forever(self) -> None:
+        """Accept in a thread, handshake each connection in a thread of its own (a silent one holds
+        only its own thread, for at most the timeout), serve authenticated coordinators here, in
+        the order they got through."""
+        ready: queue.Queue[SignedConnection] = queue.Queue()
+        threading.Thread(target=self._accept_loop, args=(ready,), name="sp-accept", daemon=True).start()
         while True:
-            try:
-                conn = self.listener.accept()
-            except (OSError, EOFError, AuthenticationError):  # a wrong key, or a client that hung up at once
-                continue
-            with _no_delay(conn):
+            conn = ready.get()
+            with conn:
                 if self.session(conn):
                     return
 
-    def session(self, conn: Connection) -> bool:
-        """Serve one coordinator; True when it asked the server to shut down."""
+    def _accept_loop(self, ready: queue.Queue[SignedConnection]) -> None:
+        pending = threading.BoundedSemaphore(MAX_PENDING_HANDSHAKES)
+        while True:
+            try:
+                sock, peer = self.sock.accept()
+            except OSError:
+                if self.sock.fileno() == -1:  # closed: the server is ending
+                    return
+                time.sleep(0.1)  # e.g. out of file descriptors: back off, do not spin
+                continue
+            if not pending.acquire(blocking=False):
+                _log(f"agent {self.node}: refused {peer[0]}:{peer[1]}: {MAX_PENDING_HANDSHAKES} handshakes pending")
+                sock.close()
+                continue
+            threading.Thread(target=self._handshake, args=(sock, peer, ready, pending), daemon=True,
+                             name=f"sp-handshake-{peer[0]}:{peer[1]}").start()
+
+    def _handshake(self, sock: socket.socket, peer: tuple, ready: queue.Queue[SignedConnection],
+                   pending: threading.BoundedSemaphore) -> None:
         try:
-            setup = _recv(conn)
+            ready.put(accept(sock, self.key, self.handshake_timeout_s, WIRE_TYPES, self.max_message_bytes))
+        except Exception as err:  # a wrong key, a silent or slow peer, a port scan: that connection only
+            sock.close()
+            _log(f"agent {self.node}: dropped {peer[0]}:{peer[1]} in the handshake: {_one_line(err)}")
+        finally:
+            pending.release()
+
+    def session(self, conn: SignedConnection) -> bool:
+        """Serve one coordinator; True when it asked the server to shut down. A message that breaks
+        the protocol (bad signature or number, not data of `WIRE_TYPES`, a command that does not
+        apply) ends this session like a coordinator that went away: one line on stderr."""
+        try:
+            setup = conn.recv()
+        except ProtocolError as err:
+            _log(f"agent {self.node}: dropped coordinator {conn.peer}: {_one_line(err)}")
+            return False
         except (EOFError, OSError):
             return False
         if not isinstance(setup, Setup):
-            _send(conn, Refused(f"expected Setup first, got {type(setup).__name__}"))
+            self._refuse(conn, f"expected Setup first, got {type(setup).__name__}")
             return False
         weights = self.kept[1] if self.kept is not None and self.kept[0] == setup.spec else None
         if weights is None and setup.load_weights and setup.checkpoint is not None:
-            weights = NodeWeights.from_checkpoint(setup.checkpoint)
+            try:
+                weights = NodeWeights.from_checkpoint(setup.checkpoint)
+            except Exception as err:  # a missing or unreadable checkpoint: refuse this setup, keep serving
+                self._refuse(conn, f"cannot load {setup.checkpoint}: {_one_line(err)}")
+                return False
         agent = NodeAgent(self.node, setup.spec, weights, setup.checkpoint, setup.start_method)
         try:
-            _send(conn, Hello(self.node, os.getpid(), agent.has_weights))
+            conn.send(Hello(self.node, os.getpid(), agent.has_weights))
             while True:
                 for obj in wait([conn, *agent.waitables()]):
                     if obj is conn:
-                        cmd = _recv(conn)
+                        cmd = conn.recv()
                         if isinstance(cmd, Close):
                             agent.close()
-                            _send(conn, Closed())
+                            conn.send(Closed())
                             return cmd.shutdown
-                        self._command(conn, agent, cmd)
+                        try:
+                            self._command(conn, agent, cmd)
+                        except (KeyError, ValueError, TypeError, AttributeError) as err:  # signed, but does not apply
+                            raise ProtocolError(f"bad command {type(cmd).__name__} "
+                                                f"({type(err).__name__}: {_one_line(err)})") from None
                     else:
                         for name, msg in agent.receive(obj):
                             if isinstance(msg, P.Exported):  # the tensors stay on the node
                                 msg = P.Exported(msg.member, {})
-                            _send(conn, Relay(name, msg))
+                            conn.send(Relay(name, msg))
+        except ProtocolError as err:
+            _log(f"agent {self.node}: dropped coordinator {conn.peer}: {_one_line(err)}")
+            return False
         except (EOFError, OSError):  # the coordinator is gone: its members go, the weights stay
             return False
         finally:
@@ -211,23 +302,35 @@ class AgentServer:
                 self.kept = (setup.spec, agent.weights)
 
     @staticmethod
-    def _command(conn: Connection, agent: NodeAgent, cmd: Any) -> None:
+    def _refuse(conn: SignedConnection, error: str) -> None:
+        try:
+            conn.send(Refused(error))
+        except OSError:
+            pass
+
+    @staticmethod
+    def _command(conn: SignedConnection, agent: NodeAgent, cmd: Any) -> None:
         if isinstance(cmd, ToMember):
             agent.send(cmd.name, cmd.msg)
         elif isinstance(cmd, Spawn):
             try:
                 h = agent.spawn(cmd.name, cmd.source, cmd.start_method, cmd.device)
             except ValueError as err:
-                _send(conn, Refused(str(err)))
+                conn.send(Refused(str(err)))
                 return
-            _send(conn, Spawned(h.name, h.pid, h.device, h.started))
+            conn.send(Spawned(h.name, h.pid, h.device, h.started))
         elif isinstance(cmd, Kill):
             agent.kill(cmd.name)
         elif isinstance(cmd, Stop):
             agent.stop(cmd.name, cmd.timeout_s)
-            _send(conn, Stopped(cmd.name, agent.members[cmd.name].exitcode))
+            conn.send(Stopped(cmd.name, agent.members[cmd.name].exitcode))
         else:
-            _send(conn, Refused(f"unknown command {type(cmd).__name__}"))
+            conn.send(Refused(f"unknown command {type(cmd).__name__}"))
+
+
+def _one_line(err: BaseException) -> str:
+    text = " ".join(str(err).split()) or type(err).__name__
+    return text if len(text) <= 200 else text[:197] + "..."
 
 
 # ---- the coordinator's handle --------------------------------------------------------------------
@@ -236,9 +339,9 @@ class AgentServer:
 class RemoteAgent:
     """`agent.Agent` over a connection to an agent server."""
 
-    def __init__(self, conn: Connection, hello: Hello, address: tuple[str, int], authkey: bytes,
+    def __init__(self, conn: SignedConnection, hello: Hello, address: tuple[str, int], authkey: bytes,
                  process: subprocess.Popen | None = None) -> None:
-        self.conn: Connection | None = conn
+        self.conn: SignedConnection | None = conn
         self.node = hello.node
         self.pid = hello.pid
         self.address = address
@@ -253,11 +356,20 @@ class RemoteAgent:
     @classmethod
     def connect(cls, address: tuple[str, int], spec: ServeSpec, checkpoint: str | Path | None = None,
                 load_weights: bool = False, start_method: str = "forkserver", authkey: bytes | None = None,
-                process: subprocess.Popen | None = None) -> RemoteAgent:
-        authkey = authkey or _authkey()
-        conn = _no_delay(Client(address, authkey=authkey))
-        _send(conn, Setup(spec, None if checkpoint is None else str(checkpoint), load_weights, start_method))
-        hello = _recv(conn)
+                process: subprocess.Popen | None = None, handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S,
+                max_message_bytes: int = MAX_MESSAGE_BYTES) -> RemoteAgent:
+        """Connect to the agent server at `address` and set it up for `spec`. The key: `authkey`,
+        else $SPOTLIGHT_SP_AUTHKEY; one shorter than 32 characters is a ValueError. Waits for the
+        server's Hello as long as it takes (it may be loading the checkpoint, or serving the
+        coordinator before this one)."""
+        authkey = check_key(authkey, "the agent key") if authkey is not None else _authkey()
+        conn = connect(address, authkey, handshake_timeout_s, WIRE_TYPES, max_message_bytes)
+        try:
+            conn.send(Setup(spec, None if checkpoint is None else str(checkpoint), load_weights, start_method))
+            hello = conn.recv()
+        except BaseException:
+            conn.close()
+            raise
         if not isinstance(hello, Hello):
             conn.close()
             raise RuntimeError(f"agent at {address[0]}:{address[1]} refused the setup: {getattr(hello, 'error', hello)}")
@@ -265,18 +377,22 @@ class RemoteAgent:
 
     @classmethod
     def start(cls, node: str, spec: ServeSpec, checkpoint: str | Path | None = None, load_weights: bool = False,
-              host: str = "127.0.0.1", timeout_s: float = 120.0) -> RemoteAgent:
-        """Start an agent server for `node` as a new process on this machine and connect to it."""
-        key = os.environ.get(AUTHKEY_ENV) or secrets.token_hex(16)
+              host: str = "127.0.0.1", timeout_s: float = 120.0,
+              max_message_bytes: int = MAX_MESSAGE_BYTES) -> RemoteAgent:
+        """Start an agent server for `node` as a new process on this machine and connect to it
+        (with $SPOTLIGHT_SP_AUTHKEY if set, else a fresh random key)."""
+        key = _authkey().decode() if os.environ.get(AUTHKEY_ENV) else secrets.token_hex(32)
         env = {**os.environ, AUTHKEY_ENV: key, "OMP_NUM_THREADS": "1"}
-        proc = subprocess.Popen([sys.executable, "-m", "elastic_sp.agent_server", "--node", node, "--listen", f"{host}:0"],
+        proc = subprocess.Popen([sys.executable, "-m", "elastic_sp.agent_server", "--node", node, "--listen", f"{host}:0",
+                                 "--max-message-bytes", str(max_message_bytes)],
                                 stdout=subprocess.PIPE, env=env, text=True)
         try:
             ready = _first_line(proc, timeout_s)
             if not ready.startswith(READY_LINE):
                 raise RuntimeError(f"agent server for {node} did not start (exit code {proc.poll()}): {ready!r}")
             h, p = ready[len(READY_LINE):].strip().rsplit(":", 1)
-            return cls.connect((h, int(p)), spec, checkpoint, load_weights, authkey=key.encode(), process=proc)
+            return cls.connect((h, int(p)), spec, checkpoint, load_weights, authkey=key.encode(), process=proc,
+                               max_message_bytes=max_message_bytes)
         except BaseException:
             proc.kill()
             proc.wait()
@@ -317,9 +433,9 @@ class RemoteAgent:
         relays, self._inbox = self._inbox, []
         try:
             while self.conn is not None and self.conn.poll():
-                relays.append(_recv(self.conn))
-        except (EOFError, OSError):  # the node is gone, and every member with it
-            self._disconnect()
+                relays.append(self.conn.recv())
+        except (EOFError, OSError) as err:  # the node is gone, and every member with it
+            self._dropped(err)
             relays += [Relay(h.name, Lost(h.name, None)) for h in self.members.values() if h.alive]
         out = []
         for r in relays:
@@ -360,7 +476,7 @@ class RemoteAgent:
         if self.conn is None:
             return
         try:
-            _send(self.conn, msg)
+            self.conn.send(msg)
         except OSError:
             pass
 
@@ -369,26 +485,32 @@ class RemoteAgent:
         if self.conn is None:
             raise RuntimeError(f"agent of node {self.node} is gone")
         try:
-            _send(self.conn, msg)
+            self.conn.send(msg)
             deadline = time.monotonic() + timeout_s
             while True:
                 left = deadline - time.monotonic()
                 if left <= 0 or not self.conn.poll(left):
                     raise TimeoutError(f"agent of node {self.node}: no reply to {type(msg).__name__} in {timeout_s} s")
-                reply = _recv(self.conn)
+                reply = self.conn.recv()
                 if isinstance(reply, Relay):
                     self._inbox.append(reply)
                 elif isinstance(reply, Refused):
                     raise ValueError(reply.error)
                 elif isinstance(reply, reply_type):
                     return reply
-        except (EOFError, OSError):
+        except (EOFError, OSError) as err:
             self._inbox += [Relay(h.name, Lost(h.name, None)) for h in self.members.values() if h.alive]
-            self._disconnect()
+            self._dropped(err)
             raise RuntimeError(f"agent of node {self.node} is gone") from None
 
     def _ended(self, handle: MemberHandle, exitcode: int | None) -> None:
         handle.alive, handle.exitcode = False, exitcode
+
+    def _dropped(self, err: BaseException) -> None:
+        """The connection ended; one line on stderr when the server broke the protocol."""
+        if isinstance(err, ProtocolError):
+            _log(f"coordinator: dropped the agent of node {self.node}: {_one_line(err)}")
+        self._disconnect()
 
     def _disconnect(self) -> None:
         if self.conn is not None:
@@ -417,27 +539,44 @@ def _first_line(proc: subprocess.Popen, timeout_s: float) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m elastic_sp.agent_server",
                                      description="A node's SP agent: owns the node's member processes and its live "
-                                                 f"weights, serving one coordinator at a time (key: ${AUTHKEY_ENV}).")
+                                                 f"weights, serving one coordinator at a time (key: ${AUTHKEY_ENV}, "
+                                                 "at least 32 characters; messages are signed, not encrypted: "
+                                                 "listen on a private network).")
     parser.add_argument("--node", required=True, help="this node's name, as the coordinator calls it")
     parser.add_argument("--listen", default="127.0.0.1:0", help="HOST:PORT to listen on (port 0: any free one)")
+    parser.add_argument("--handshake-timeout-s", type=float, default=HANDSHAKE_TIMEOUT_S,
+                        help="drop a connection that has not authenticated within this many seconds "
+                             f"(default {HANDSHAKE_TIMEOUT_S})")
+    parser.add_argument("--max-message-bytes", type=int, default=MAX_MESSAGE_BYTES,
+                        help=f"refuse a message announced larger than this (default {MAX_MESSAGE_BYTES})")
     args = parser.parse_args(argv)
     host, _, port = args.listen.rpartition(":")
     if not host or not port.isdigit():
         parser.error(f"--listen: expected HOST:PORT, got {args.listen!r}")
+    if not 0 < args.handshake_timeout_s < float("inf"):
+        parser.error(f"--handshake-timeout-s: expected a number of seconds > 0, got {args.handshake_timeout_s}")
+    if args.max_message_bytes <= 0:
+        parser.error(f"--max-message-bytes: expected a positive integer, got {args.max_message_bytes}")
     try:
         key = _authkey()
     except ValueError as err:
-        parser.error(str(err))
-    with Listener((host, int(port)), authkey=key) as listener:
-        bound_host, bound_port = listener.address
+        print(f"{parser.prog}: error: {err}", file=sys.stderr)
+        return 2
+    try:
+        sock = socket.create_server((host, int(port)))
+    except OSError as err:  # the port is taken, the address is not this machine's
+        print(f"{parser.prog}: error: --listen {args.listen}: cannot listen ({err.strerror or err})", file=sys.stderr)
+        return 2
+    with sock:
+        bound_host, bound_port = sock.getsockname()[:2]
         print(f"{READY_LINE}{bound_host}:{bound_port}", flush=True)
-        AgentServer(args.node, listener).serve_forever()
+        AgentServer(args.node, sock, key, args.handshake_timeout_s, args.max_message_bytes).serve_forever()
     return 0
 
 
 if __name__ == "__main__":
-    # Run the module under its own name: messages pickle their classes as elastic_sp.agent_server.*,
-    # which is what the coordinator's side unpickles (and sends), never as __main__.*.
+    # Run the module under its own name: messages name their classes elastic_sp.agent_server.*,
+    # which is what WIRE_TYPES allows on the coordinator's side (and sends), never __main__.*.
     from elastic_sp import agent_server
 
     sys.exit(agent_server.main())

@@ -1,9 +1,14 @@
 """The messages between a node agent (and the coordinator behind it) and its member processes.
 
-Commands go to a member, reports come back, one pipe per member. Messages are plain pickles of
-frozen dataclasses — tensors in them are copied inline, which for a latent is cheaper than
-torch's shared-memory handles (a file descriptor passed per tensor) — except `Exported`, whose
-weights travel as shared-memory handles on purpose (`Channel.send(..., shared=True)`).
+Commands go to a member, reports come back, one pipe per member. On these pipes messages are
+plain pickles of frozen dataclasses — tensors in them are copied inline, which for a latent is
+cheaper than torch's shared-memory handles (a file descriptor passed per tensor) — except
+`Exported`, whose weights travel as shared-memory handles on purpose (`Channel.send(...,
+shared=True)`). Pickles are safe here because a pipe joins the agent and a member process it
+started itself on the same node: it never crosses a network, and whoever could write into it
+already runs code as the agent. Where these messages do cross a network — between a coordinator
+and an agent server — they travel as data (`cloud.codec`, every class here is in
+`agent_server.WIRE_TYPES`) on a signed connection, never as pickles.
 
 Every command and report that concerns a group carries its `generation`: a report from a
 generation that has been re-formed since is stale and ignored.
@@ -158,7 +163,8 @@ class Failed:
 
 
 class Channel:
-    """One end of a member's pipe, sending and receiving the messages above."""
+    """One end of a member's pipe (same node, never a network), sending and receiving the
+    messages above as pickles."""
 
     def __init__(self, conn: Connection) -> None:
         self.conn = conn

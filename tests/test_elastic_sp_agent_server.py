@@ -1,5 +1,6 @@
 """Node agents as their own processes (`elastic_sp.agent_server`): the coordinator drives them over
-authenticated TCP connections, as it would agents on other machines.
+authenticated TCP connections, as it would agents on other machines; the server's control plane
+holds against silent, hostile and malformed peers.
 
 Real agent processes (`python -m elastic_sp.agent_server`), real member processes under them, real
 gloo groups; nothing is mocked.
@@ -8,13 +9,22 @@ gloo groups; nothing is mocked.
 from __future__ import annotations
 
 import os
+import pickle
+import secrets
 import signal
+import socket
+import struct
+import subprocess
+import sys
 import time
+from contextlib import closing
 
 import pytest
 import torch
 
-from elastic_sp.agent_server import RemoteAgent
+from cloud.codec import encode
+from elastic_sp.agent_server import READY_LINE, WIRE_TYPES, Hello, Kill, RemoteAgent, Setup, Spawn
+from elastic_sp.signed_connection import ProtocolError, connect
 from elastic_sp.coordinator import Coordinator
 from elastic_sp.regroup_policy import UlyssesStepTime
 from elastic_sp.weights import digest, save_checkpoint
@@ -111,3 +121,186 @@ def test_losing_a_whole_node_mid_rollout_resumes_the_request_on_the_other_node(c
         assert wait_gone(doomed)  # members exit when their agent's pipe closes
     finally:
         coord.close()
+
+
+# ---- the control plane against silent, hostile and malformed peers --------------------------------
+
+HANDSHAKE_S = 2.0
+"""The shared server's handshake timeout: short, so the cases that wait it out stay fast."""
+
+
+class Server:
+    """`python -m elastic_sp.agent_server` started by hand, its stderr kept in a file."""
+
+    def __init__(self, tmp, key: str, *flags: str) -> None:
+        self.key = key.encode()
+        self.stderr_path = tmp / "agent.stderr"
+        with open(self.stderr_path, "w") as err:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "elastic_sp.agent_server", "--node", "n0", "--listen", "127.0.0.1:0", *flags],
+                stdout=subprocess.PIPE, stderr=err, text=True,
+                env={**os.environ, "SPOTLIGHT_SP_AUTHKEY": key, "OMP_NUM_THREADS": "1"})
+        line = self.proc.stdout.readline()
+        assert line.startswith(READY_LINE), (line, self.stderr())
+        host, port = line[len(READY_LINE):].strip().rsplit(":", 1)
+        self.address = (host, int(port))
+
+    def stderr(self) -> list[str]:
+        return self.stderr_path.read_text().splitlines()
+
+    def coordinator(self):
+        """A signed connection that has done the Setup, as `RemoteAgent.connect` does."""
+        conn = connect(self.address, self.key, 5.0, WIRE_TYPES)
+        conn.send(Setup(SPEC))
+        assert isinstance(conn.recv(), Hello)
+        return conn
+
+    def vm_peak_kb(self) -> int:
+        with open(f"/proc/{self.proc.pid}/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("VmPeak:"))
+
+
+def dropped(sock: socket.socket, within_s: float = 10.0) -> bool:
+    """Whether the server closed this connection (reading the rest of what it sent, if anything)."""
+    sock.settimeout(within_s)
+    try:
+        while sock.recv(1 << 16):
+            pass
+    except ConnectionResetError:  # closed with our bytes unread: also closed
+        pass
+    except TimeoutError:
+        return False
+    return True
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """One agent server for the control-plane cases (a start is a process importing torch, ~3 s)."""
+    s = Server(tmp_path_factory.mktemp("agent"), secrets.token_hex(32), "--handshake-timeout-s", str(HANDSHAKE_S))
+    yield s
+    try:  # still up and serving after everything the cases sent: a coordinator ends it cleanly
+        if s.proc.poll() is None:
+            RemoteAgent.connect(s.address, SPEC, authkey=s.key).close(shutdown=True)
+        assert s.proc.wait(15) == 0, s.stderr()
+    finally:
+        if s.proc.poll() is None:
+            s.proc.kill()
+            s.proc.wait()
+        s.proc.stdout.close()
+
+
+def test_a_silent_connection_does_not_hold_up_a_coordinator(server):
+    before = len(server.stderr())
+    silent = [socket.create_connection(server.address) for _ in range(3)]  # connect, then say nothing
+    try:
+        t0 = time.monotonic()
+        agent = RemoteAgent.connect(server.address, SPEC, authkey=server.key)
+        connected_s = time.monotonic() - t0
+        assert not agent.has_weights and agent.pid == server.proc.pid
+        with pytest.raises(ValueError, match="no live weights"):  # a command and its reply, over the connection
+            agent.spawn("m0", "node")
+        agent.close(shutdown=False)
+        # Each handshake has its own thread: the silent ones delay nobody (a server that handshook
+        # them in turn would have kept this coordinator waiting 3 x HANDSHAKE_S).
+        assert connected_s < HANDSHAKE_S, connected_s
+        assert all(dropped(s, HANDSHAKE_S + 5) for s in silent)  # ... and are dropped at their deadline
+    finally:
+        for s in silent:
+            s.close()
+    time.sleep(0.2)
+    lines = server.stderr()[before:]
+    assert sum("in the handshake" in line and "handshake deadline passed" in line for line in lines) == 3, lines
+    assert server.proc.poll() is None
+
+
+class _Payload:
+    """Unpickling it would create the marker file."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_a_bad_message_ends_only_its_connection(server, tmp_path):
+    marker = tmp_path / "PWNED"
+    before = len(server.stderr())
+
+    def garbage(conn):
+        conn.sock.sendall(os.urandom(200))
+
+    def wrong_signature(conn):
+        frame = bytearray(conn.frame(encode(Kill("m0"), WIRE_TYPES)))
+        frame[20] ^= 1  # a bit of the signature
+        conn.sock.sendall(frame)
+
+    def replayed(conn):
+        frame = conn.frame(encode(Spawn("m0", "node"), WIRE_TYPES))  # harmless: refused, no live weights
+        conn.sock.sendall(frame + frame)
+
+    def signed_pickle(conn):  # the peer holds the key, and sends a pickle anyway
+        conn.send_bytes(pickle.dumps(_Payload(marker)))
+
+    def command_that_does_not_apply(conn):
+        conn.send(Kill("nobody"))
+
+    cases = [garbage, wrong_signature, replayed, signed_pickle, command_that_does_not_apply]
+    for case in cases:
+        with closing(server.coordinator()) as conn:
+            case(conn)
+            assert dropped(conn.sock), case.__name__
+    with closing(connect(server.address, server.key, 5.0, WIRE_TYPES)) as conn:  # a pickle instead of Setup
+        conn.send_bytes(pickle.dumps(_Payload(marker)))
+        assert dropped(conn.sock)
+    with pytest.raises(ProtocolError, match="refused our key"):
+        connect(server.address, secrets.token_hex(32).encode(), 5.0, WIRE_TYPES)
+
+    time.sleep(0.2)
+    assert server.proc.poll() is None
+    assert not marker.exists()
+    lines = server.stderr()[before:]
+    assert len([line for line in lines if "dropped coordinator" in line]) == len(cases) + 1, lines
+    assert any("bad signature" in line for line in lines) and any("not an allowed value" in line for line in lines)
+    assert any("numbered 1, expected 2 (replayed" in line for line in lines) and any("bad command" in line for line in lines)
+    assert any("does not hold the key" in line for line in lines)
+    assert not any("Traceback" in line for line in lines)
+    agent = RemoteAgent.connect(server.address, SPEC, authkey=server.key)  # the next coordinator gets through
+    assert agent.pid == server.proc.pid
+    agent.close(shutdown=False)
+
+
+def test_an_oversized_message_is_refused_unread(server):
+    before = len(server.stderr())
+    peak = server.vm_peak_kb()
+    with closing(server.coordinator()) as conn:  # 1 GiB + 1 announced, over the default maximum: refused at once
+        t0 = time.monotonic()
+        conn.sock.sendall(struct.pack(">QQ32s", (1 << 30) + 1, 1, b"\x00" * 32))
+        assert dropped(conn.sock, HANDSHAKE_S / 2) and time.monotonic() - t0 < HANDSHAKE_S / 2
+    with closing(server.coordinator()) as conn:  # 1 GiB - 1: allowed, but never sent; only what arrives is held
+        conn.sock.sendall(struct.pack(">QQ32s", (1 << 30) - 1, 1, b"\x00" * 32) + b"\x00" * 1000)
+        assert dropped(conn.sock, HANDSHAKE_S + 5)
+    time.sleep(0.2)
+    lines = server.stderr()[before:]
+    assert any("the maximum is 1073741824" in line for line in lines), lines
+    assert any("stalled after 1000 of 1073741823 bytes" in line for line in lines), lines
+    assert server.vm_peak_kb() - peak < 256 << 10  # not a GiB reserved, let alone touched
+    assert server.proc.poll() is None
+
+
+def test_a_short_key_is_refused_on_both_sides(server, monkeypatch):
+    for key in ("too-short", ""):
+        done = subprocess.run([sys.executable, "-m", "elastic_sp.agent_server", "--node", "n9"], capture_output=True,
+                              text=True, timeout=120, env={**os.environ, "SPOTLIGHT_SP_AUTHKEY": key})
+        assert done.returncode == 2 and done.stdout == "", done
+        (line,) = done.stderr.splitlines()
+        assert "SPOTLIGHT_SP_AUTHKEY" in line and "secrets.token_hex(32)" in line, line
+        if key:
+            assert "has 9 characters; it needs at least 32" in line
+    with pytest.raises(ValueError, match="at least 32"):
+        RemoteAgent.connect(server.address, SPEC, authkey=b"k" * 31)
+    monkeypatch.setenv("SPOTLIGHT_SP_AUTHKEY", "k" * 31)
+    with pytest.raises(ValueError, match="SPOTLIGHT_SP_AUTHKEY has 31 characters"):
+        RemoteAgent.connect(server.address, SPEC)
+    with pytest.raises(ValueError, match="SPOTLIGHT_SP_AUTHKEY has 31 characters"):
+        RemoteAgent.start("n9", SPEC)  # refused before a process is started
