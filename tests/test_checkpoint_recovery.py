@@ -15,10 +15,7 @@ from __future__ import annotations
 
 import ast
 import hashlib
-import io
 import json
-import os
-import pickle
 import shutil
 from pathlib import Path
 
@@ -26,6 +23,7 @@ import pytest
 import torch
 
 from conftest import small_llm_config
+from planted_pickle import Payload, pickled, torch_saved
 from s3_server import s3, s3_server  # noqa: F401 (fixtures)
 from spotlight import checkpoint
 from spotlight.learner import NonFiniteUpdate
@@ -185,20 +183,9 @@ def learner_prompts(learner):
 # ---- planted pickles in the checkpoint store ------------------------------------------------------
 
 
-class _Payload:
-    """Unpickling this (pickle.load, torch.load(weights_only=False)) runs a shell command."""
-
-    def __init__(self, marker: Path):
-        self.marker = str(marker)
-
-    def __reduce__(self):
-        return (os.system, (f"touch {self.marker}",))
-
-
 def _pickles(marker: Path) -> dict[str, bytes]:
-    buffer = io.BytesIO()
-    torch.save({"optimizer": _Payload(marker), "rng": _Payload(marker)}, buffer)
-    return {"pickle": pickle.dumps(_Payload(marker)), "torch.save": buffer.getvalue()}
+    return {"pickle": pickled(Payload(marker)),
+            "torch.save": torch_saved({"optimizer": Payload(marker), "rng": Payload(marker)})}
 
 
 def _put(s3, key, body):

@@ -2,7 +2,6 @@
 
 import enum
 import os
-import pickle
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -11,6 +10,7 @@ import torch
 
 from safetensors.torch import save as save_safetensors
 
+from planted_pickle import Payload, pickled
 from cloud.codec import FORMAT, DecodeError, decode, encode
 
 
@@ -72,14 +72,9 @@ def test_optimizer_state_round_trips():
         assert all(torch.equal(a[k], b[k]) for k in a)
 
 
-class _Payload:
-    def __reduce__(self):
-        return (os.system, ("touch PWNED",))
-
-
 def test_a_pickle_never_decodes_and_never_runs(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    blob = pickle.dumps({"optimizer": _Payload()})
+    blob = pickled({"optimizer": Payload(tmp_path / "PWNED")})
     with pytest.raises(DecodeError):
         decode(blob)
     assert not (tmp_path / "PWNED").exists()

@@ -9,7 +9,6 @@ gloo groups; nothing is mocked.
 from __future__ import annotations
 
 import os
-import pickle
 import secrets
 import signal
 import socket
@@ -23,6 +22,7 @@ import pytest
 import torch
 
 from cloud.codec import encode
+from planted_pickle import Payload, pickled
 from elastic_sp.agent_server import READY_LINE, WIRE_TYPES, Hello, Kill, RemoteAgent, Setup, Spawn
 from elastic_sp.signed_connection import ProtocolError, connect
 from elastic_sp.coordinator import Coordinator
@@ -213,16 +213,6 @@ def test_a_silent_connection_does_not_hold_up_a_coordinator(server):
     assert server.proc.poll() is None
 
 
-class _Payload:
-    """Unpickling it would create the marker file."""
-
-    def __init__(self, marker):
-        self.marker = marker
-
-    def __reduce__(self):
-        return (os.system, (f"touch {self.marker}",))
-
-
 def test_a_bad_message_ends_only_its_connection(server, tmp_path):
     marker = tmp_path / "PWNED"
     before = len(server.stderr())
@@ -240,7 +230,7 @@ def test_a_bad_message_ends_only_its_connection(server, tmp_path):
         conn.sock.sendall(frame + frame)
 
     def signed_pickle(conn):  # the peer holds the key, and sends a pickle anyway
-        conn.send_bytes(pickle.dumps(_Payload(marker)))
+        conn.send_bytes(pickled(Payload(marker)))
 
     def command_that_does_not_apply(conn):
         conn.send(Kill("nobody"))
@@ -251,7 +241,7 @@ def test_a_bad_message_ends_only_its_connection(server, tmp_path):
             case(conn)
             assert dropped(conn.sock), case.__name__
     with closing(connect(server.address, server.key, 5.0, WIRE_TYPES)) as conn:  # a pickle instead of Setup
-        conn.send_bytes(pickle.dumps(_Payload(marker)))
+        conn.send_bytes(pickled(Payload(marker)))
         assert dropped(conn.sock)
     with pytest.raises(ProtocolError, match="refused our key"):
         connect(server.address, secrets.token_hex(32).encode(), 5.0, WIRE_TYPES)

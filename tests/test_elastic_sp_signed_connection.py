@@ -6,7 +6,6 @@ oversized, stalled or pickled frame is a ProtocolError, and nothing a peer sends
 
 from __future__ import annotations
 
-import os
 import pickle
 import secrets
 import socket
@@ -18,6 +17,7 @@ import pytest
 import torch
 
 from elastic_sp import protocol as P
+from planted_pickle import Payload, pickled
 from elastic_sp.agent_server import WIRE_TYPES, Relay, Setup
 from elastic_sp.signed_connection import MAGIC, ProtocolError, SignedConnection, accept, connect
 from schedulers.request import Kind, Request
@@ -147,23 +147,15 @@ def test_a_frame_reflected_back_to_its_sender_is_refused(pair):
         server.recv_bytes()
 
 
-class _Payload:
-    def __init__(self, marker):
-        self.marker = marker
-
-    def __reduce__(self):
-        return (os.system, (f"touch {self.marker}",))
-
-
 def test_a_well_signed_pickle_is_never_unpickled(pair, tmp_path):
     server, client = pair
     marker = tmp_path / "PWNED"
-    client.send_bytes(pickle.dumps(_Payload(marker)))
+    client.send_bytes(pickled(Payload(marker)))
     with pytest.raises(ProtocolError, match="not an allowed value"):
         server.recv()
     assert not marker.exists()
     with pytest.raises(TypeError, match="cannot encode"):  # nor can our side send it
-        client.send(_Payload(marker))
+        client.send(Payload(marker))
 
 
 def test_an_oversized_length_is_refused_before_its_payload_is_read(pair):

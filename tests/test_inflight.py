@@ -6,16 +6,14 @@ stopped. Real Ray actors for the interrupted run, the real queue, a real S3 serv
 from __future__ import annotations
 
 import hashlib
-import io
 import json
-import os
-import pickle
 
 import pytest
 import torch
 
 from conftest import small_dit_config
 from s3_server import s3, s3_server  # noqa: F401 (fixtures)
+from planted_pickle import Payload, pickled, torch_saved
 from cloud.codec import encode
 from cloud.store import LocalStore
 from spotlight.dit_sampler import SampleState
@@ -102,16 +100,6 @@ def test_a_snapshot_is_used_only_for_requests_with_the_same_seeds(tmp_path):
     assert store.store.list("inflight/") == []
 
 
-class _Payload:
-    """Unpickling this runs a shell command that leaves a marker file."""
-
-    def __init__(self, marker):
-        self.marker = str(marker)
-
-    def __reduce__(self):
-        return (os.system, (f"touch {self.marker}",))
-
-
 def test_a_damaged_malformed_or_planted_snapshot_is_skipped_never_fatal_never_run(tmp_path):
     lines = []
     store = InflightStore(LocalStore(tmp_path / "store"), log=lines.append)
@@ -132,8 +120,8 @@ def test_a_damaged_malformed_or_planted_snapshot_is_skipped_never_fatal_never_ru
     cases = {
         "truncated": (data[: len(data) // 2], False),
         "altered": (data[:-1] + bytes([data[-1] ^ 1]), False),
-        "pickle": (pickle.dumps({"step": 3, "seeds": _Payload(marker)}), True),
-        "torch.save pickle": (_torch_save({"step": 3, "seeds": seeds, "results": {"a": _Payload(marker)},
+        "pickle": (pickled({"step": 3, "seeds": Payload(marker)}), True),
+        "torch.save pickle": (torch_saved({"step": 3, "seeds": seeds, "results": {"a": Payload(marker)},
                                            "partial": {}}), True),
         "not a snapshot": (forged([1, 2, 3]), True),
         "no seeds (was KeyError)": (forged({"step": 3, "results": {}, "partial": {}}), True),
@@ -152,9 +140,3 @@ def test_a_damaged_malformed_or_planted_snapshot_is_skipped_never_fatal_never_ru
     assert store.load(3, seeds) == ({}, {}) and "2 entries do not fit" in lines[0]
     (tmp_path / "store" / "inflight" / "it-000003.json").unlink()
     assert store.load(3, seeds) == ({}, {})  # a snapshot without its manifest is not there yet
-
-
-def _torch_save(obj):
-    buffer = io.BytesIO()
-    torch.save(obj, buffer)
-    return buffer.getvalue()

@@ -4,7 +4,7 @@ import string
 import pytest
 import torch
 
-from spotlight.config import ConfigError, RewardConfig
+from spotlight.config import default_config, ConfigError, RewardConfig
 from spotlight.policy import Rollout
 from spotlight.prompts import COLOURS, Prompt
 from spotlight.rewards import build_reward, jpeg_kilobytes
@@ -40,8 +40,9 @@ def test_arithmetic_reward():
 
 
 def test_unknown_reward_and_missing_weights_are_config_errors(tmp_path):
+    # Refused when the config is read (issue 13: it used to be refused only when the reward was built).
     with pytest.raises(ConfigError, match="reward.name: expected one of .*colour"):
-        build_reward(RewardConfig(name="aesthetics"))
+        default_config({"reward": {"name": "aesthetics"}})
     with pytest.raises(ConfigError, match="reward.model_path"):
         build_reward(RewardConfig(name="clip_score", model_path=str(tmp_path / "none")))
 
