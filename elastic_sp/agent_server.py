@@ -189,8 +189,15 @@ def _authkey() -> bytes:
     return check_key(key.encode(), f"${AUTHKEY_ENV}")
 
 
+_LOG_LOCK = threading.Lock()
+
+
 def _log(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
+    """One whole line on stderr. Handshakes log from their own threads, and `print` writes the text
+    and the newline separately: two threads' lines came out spliced into one."""
+    with _LOG_LOCK:
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
 
 
 # ---- the server ----------------------------------------------------------------------------------
