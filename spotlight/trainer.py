@@ -145,6 +145,8 @@ class Trainer:
             self.log(line)
         if info["checkpoint"]:
             self.log(f"resuming from {info['checkpoint']} (iteration {self.start_step})")
+        elif any((self.out / "checkpoints").glob(checkpoint.SKIPPED + "*")):
+            self.log("no usable checkpoint: the run starts from iteration 0 (set-aside ones are in checkpoints/.skipped-*)")
         if cfg.exploration.enabled:
             self.explorer = self._explorer()
         self._truncate_metrics(self.start_step)
