@@ -6,10 +6,10 @@ decrease; a node is added only while it is not live and removed only while it is
 may join again later.
 
 `load_trace(path)` reads two formats, told apart by the first non-blank line:
-- Bamboo CSV, `delta_ms,add|remove,nodeN` (`data/traces/bamboo-*.csv`): cumulative milliseconds
-  since the start.
-- GCP counts, `date, time, count` (`data/traces/bamboo-gcloud-*.txt`): the live instance count
-  read at a time. A count increase by n adds n nodes named `gcp-<k>` (k = 1, 2, ... in order of
+- Bamboo CSV, `delta_ms,add|remove,nodeN` (`experiments/traces/bamboo-*.csv`): cumulative
+  milliseconds since the start.
+- GCP counts, `date, time, count` (`experiments/traces/bamboo-gcloud-*.txt`): the live instance
+  count read at a time. A count increase by n adds n nodes named `gcp-<k>` (k = 1, 2, ... in order of
   creation); a decrease by n removes the n most recently added live ones; `t_s` is relative to the
   first line. The shipped files repeat each reading over three lines a minute apart, so a reading
   may start before the previous one's repeats end: only the readings that change the count must be
