@@ -284,6 +284,11 @@ class PullQueue:
                     partial[request_id] = (r.step, r.state)
             return results, partial
 
+    def completed(self, ids: Iterable[str]) -> list[str]:
+        """Those of `ids` that are completed, in the order given."""
+        with self._lock:
+            return [i for i in ids if self._status_of(i) is Status.COMPLETED]
+
     def pending(self, ids: Iterable[str] | None = None) -> int:
         """How many of `ids` (default: all requests put) are neither completed nor cancelled."""
         with self._lock:

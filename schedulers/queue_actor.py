@@ -66,6 +66,9 @@ class _QueueActor:
     def committed(self, ids: Iterable[str]) -> tuple[dict[str, Any], dict[str, tuple[int, Any]]]:
         return self._queue.committed(ids)
 
+    def completed(self, ids: Iterable[str]) -> list[str]:
+        return self._queue.completed(ids)
+
     def pending(self, ids: Iterable[str] | None = None) -> int:
         return self._queue.pending(ids)
 
@@ -84,7 +87,7 @@ QueueActor = ray.remote(num_cpus=0)(_QueueActor)
 
 class QueueClient:
     """Synchronous calls to a `QueueActor`, with `PullQueue`'s method names: what a `RolloutWorker`
-    inside an actor is handed as its queue."""
+    inside an actor is handed as its queue, and what the fleet engine drives it with."""
 
     def __init__(self, handle: Any) -> None:
         self.handle = handle
@@ -104,3 +107,32 @@ class QueueClient:
 
     def complete(self, worker: str, request_id: str, result: Any) -> bool:
         return ray.get(self.handle.complete.remote(worker, request_id, result))
+
+    # ---- what the fleet engine asks (`schedulers.fleet.Queue`) ----------------------------------
+
+    def put(self, requests: Request | Iterable[Request]) -> None:
+        ray.get(self.handle.put.remote(requests))
+
+    def is_done(self, ids: Iterable[str]) -> bool:
+        return ray.get(self.handle.is_done.remote(ids))
+
+    def worker_lost(self, worker: str) -> list[str]:
+        return ray.get(self.handle.worker_lost.remote(worker))
+
+    def notify(self, worker: str, notice: Any) -> None:
+        ray.get(self.handle.notify.remote(worker, notice))
+
+    def cancel(self, kind: Kind) -> int:
+        return ray.get(self.handle.cancel.remote(kind))
+
+    def committed(self, ids: Iterable[str]) -> tuple[dict[str, Any], dict[str, tuple[int, Any]]]:
+        return ray.get(self.handle.committed.remote(ids))
+
+    def completed(self, ids: Iterable[str]) -> list[str]:
+        return ray.get(self.handle.completed.remote(ids))
+
+    def results(self, ids: Iterable[str]) -> list[Any]:
+        return ray.get(self.handle.results.remote(ids))
+
+    def stats(self) -> dict[str, int]:
+        return ray.get(self.handle.stats.remote())

@@ -2,17 +2,19 @@
 this interface, so the local and the Ray runtime run the same loop, the same queue and the same
 worker code — they differ in where the learner, rollout workers and reward worker live.
 
+Both drive their rollout workers through the fleet engine (`schedulers.fleet.FleetEngine`), the
+one place the orchestration is written; a runtime adds its executor and the other roles.
+
 `LocalRuntime` hosts everything in this process: the pull queue, one rollout worker that shares
-the learner's policy (no weight copies), and the reward worker. It never sees preemptions. It has
-no idle workers either: it explores (`update(..., exploration=...)`) serially before the update,
-with the weights the update is about to replace — the results equal the Ray runtime's, where
-exploration overlaps the update; a `train_time` budget lasts as long as the previous update did.
+the learner's policy (no weight copies, `InProcessExecutor`), and the reward worker. It never sees
+preemptions. It has no idle workers either: it explores (`update(..., exploration=...)`) serially
+before the update, with the weights the update is about to replace — the results equal the Ray
+runtime's, where exploration overlaps the update; a `train_time` budget lasts as long as the
+previous update did.
 """
 
 from __future__ import annotations
 
-import math
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -20,6 +22,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 
 from schedulers.clock import WallClock
+from schedulers.fleet import FleetEngine, Node, Ready, Served, Worker
+from schedulers.preemption import PreemptionNotice
 from schedulers.queue import PullQueue
 from schedulers.request import Request
 from spotlight.config import RunConfig
@@ -100,37 +104,40 @@ def scheduler_stats(queue_stats: dict[str, int], preemptions: int, workers_lost:
     }
 
 
-class ExplorationRate:
-    """What the runtime measured of its last train phases, to size a `train_time` budget: the
-    update's seconds and the exploration samples scored per second by all idle workers together."""
+class InProcessExecutor:
+    """One `RolloutWorker` in this process, sharing the learner's policy (no weight copies), as the
+    fleet engine's executor: serving computes everything the queue has for it, then returns."""
 
-    def __init__(self) -> None:
-        self.update_s: float | None = None
-        self.samples_per_s: float | None = None
+    def __init__(self, worker: RolloutWorker) -> None:
+        self.worker = worker
+        self._events: list[Any] = []
 
-    def estimate(self) -> int | None:
-        """Samples the idle workers should score during the next update (None: not measured yet)."""
-        if self.update_s is None or not self.samples_per_s:
-            return None
-        return max(1, math.floor(self.update_s * self.samples_per_s))
+    def start(self, node: Node, spot: bool) -> list[Worker]:
+        w = Worker(self.worker.name, (node.name,), spot, handle=self.worker)
+        self._events.append(Ready(w))
+        return [w]
 
-    def explored(self, samples: int, seconds: float) -> None:
-        if samples > 0 and seconds > 0:
-            self.samples_per_s = samples / seconds
+    def serve(self, worker: Worker, kinds: Any, version: int) -> None:
+        done = worker.handle.serve(kinds)
+        self._events.append(Served(worker.name, noticed=done["noticed"]))
 
+    def notify(self, worker: Worker, notice: PreemptionNotice) -> None:
+        worker.handle.notify(notice)
 
-def exploration_stats(session: "ExplorationSession", seconds: float) -> dict[str, float]:
-    """The exploration part of an update's stats (metrics.jsonl)."""
-    return {"explored_samples": session.samples, "explore_cancelled": session.cancelled,
-            "explore_budget": session.budget, "time_explore_s": seconds}
+    def stop(self, worker: Worker, lost: bool) -> None:
+        pass  # nothing to end: the worker is this process
+
+    def wait(self, until: float | None, pending: Any = ()) -> list[Any]:
+        events, self._events = self._events, []
+        return events
 
 
 class LocalRuntime:
     def __init__(self, cfg: RunConfig) -> None:
         self.cfg = cfg
-        self.queue = PullQueue(WallClock(), cfg.runtime.lease_s)
+        self.clock = WallClock()
+        self.queue = PullQueue(self.clock, cfg.runtime.lease_s)
         self.learner = Learner(cfg)
-        self.rate = ExplorationRate()
 
     def build(self, checkpoints: Path) -> dict[str, Any]:
         info = self.learner.build(checkpoints)
@@ -138,6 +145,8 @@ class LocalRuntime:
                                     commit_every=self.cfg.runtime.commit_every)
         self.worker.set_weights(self.learner.version)
         self.reward = RewardWorker(self.cfg.reward)
+        self.engine = FleetEngine(self.clock, self.queue, InProcessExecutor(self.worker), ondemand_nodes=1, spot_nodes=0)
+        self.engine.start()
         return info
 
     @property
@@ -145,9 +154,8 @@ class LocalRuntime:
         return self.learner.version
 
     def rollout(self, requests: list[Request], progress: Progress | None = None, every_s: float = 30.0) -> list[Rollout]:
-        # One worker serves the whole rollout in this call: there is no mid-way state to report.
-        self.queue.put(requests)
-        self.worker.serve()
+        # One worker serves the whole rollout in one call: there is no mid-way state to report.
+        self.engine.rollout(requests, self.version)
         return self.queue.results([r.id for r in requests])
 
     def rewards(self, parts: list[Rollout]) -> torch.Tensor:
@@ -155,29 +163,24 @@ class LocalRuntime:
 
     def update(self, parts: list[Rollout], advantages: torch.Tensor,
                exploration: "ExplorationSession | None" = None) -> dict[str, float]:
-        explored = self.explore(exploration) if exploration is not None else {}
-        start = time.perf_counter()
+        explored = {}
+        if exploration is not None:
+            # No idle worker here: a train_time budget lasts as long as the last update took.
+            rate = self.engine.rate
+            until = self.clock.now() + rate.update_s if exploration.time_bounded and rate.update_s else None
+            explored = self.engine.explore(exploration, self._score, self.version, until=until)
+        start = self.clock.now()
         stats = self.learner.update(parts, advantages)
-        self.rate.update_s = time.perf_counter() - start
+        self.engine.rate.update_s = self.clock.now() - start
         self.worker.set_weights(self.learner.version)
         return {**stats, **explored}
 
     def explore(self, session: "ExplorationSession") -> dict[str, float]:
         """Run `session`'s rounds with the weights held (before an update replaces them)."""
-        start = time.perf_counter()
-        session.begin(self.rate.estimate())
-        # No idle worker here: a train_time budget lasts as long as the last update took.
-        deadline = start + self.rate.update_s if session.time_bounded and self.rate.update_s else math.inf
-        while time.perf_counter() < deadline:
-            requests = session.next_requests()
-            if not requests:
-                break
-            parts = self.rollout(requests)
-            session.record(requests, self.rewards(parts))
-        seconds = time.perf_counter() - start
-        if not session.critical_path:
-            self.rate.explored(session.samples, seconds)
-        return exploration_stats(session, seconds)
+        return self.engine.explore(session, self._score, self.version)
+
+    def _score(self, requests: list[Request]) -> torch.Tensor:
+        return self.reward.score(self.queue.results([r.id for r in requests]))
 
     def save_checkpoint(self, root: Path) -> str:
         return self.learner.save_checkpoint(root)
@@ -189,7 +192,8 @@ class LocalRuntime:
         pass  # one in-process worker, never preempted: only the cost meter changes
 
     def stats(self) -> dict[str, int]:
-        return scheduler_stats(self.queue.stats(), 0, 0)
+        c = self.engine.counters
+        return scheduler_stats(self.queue.stats(), c["notices"], c["workers_lost"])
 
     def shutdown(self) -> None:
         pass

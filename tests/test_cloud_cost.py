@@ -432,9 +432,11 @@ def test_ray_fall_back_to_ondemand_restarts_spot_slots_and_stops_the_trace(tmp_p
         for step in range(3):
             if step == 1:  # what the trainer does when the deadline policy says so
                 runtime.use_ondemand()
-                assert [(s.spot, s.alive, s.name) for s in runtime.slots] == [
-                    (False, True, "ondemand1.1"), (False, True, "ondemand2.1"), (False, True, "ondemand0.1")]
-                assert runtime.actions == runtime.actions[:runtime._next_action]  # nothing more is replayed
+                engine = runtime.engine
+                assert sorted((w.spot, w.name) for w in engine.workers.values()) == [
+                    (False, "ondemand0.1"), (False, "ondemand1.1"), (False, "ondemand2.1")]
+                assert all(not n.spot and n.alive for n in engine.nodes.values()) and len(engine.nodes) == 3
+                assert engine.actions == engine.actions[:engine._next_action]  # nothing more is replayed
             trainer.iteration(step)
         runtime.save_final(tmp_path / "ray" / "final")
         stats = runtime.stats()

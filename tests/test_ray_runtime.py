@@ -103,10 +103,18 @@ def test_workers_killed_from_outside_are_detected_and_their_work_resumed(tmp_pat
         deadline = time.monotonic() + 120
         while not pids("ray::RolloutWorker.serve") and time.monotonic() < deadline:  # training has begun
             time.sleep(0.05)
-        victims = rng.sample(pids("ray::RolloutWorker"), 2)
-        for victim in victims:
+        killed: set[int] = set()
+        while len(killed) < 2 and time.monotonic() < deadline:
             time.sleep(rng.uniform(0.2, 1.5))
-            os.kill(victim, signal.SIGKILL)
+            # Chosen at the moment of the kill: a worker process of the module's earlier run may
+            # still be exiting when this run starts, and killing it would kill nothing of this run.
+            alive = [p for p in pids("ray::RolloutWorker") if p not in killed]
+            try:
+                victim = rng.choice(alive)
+                os.kill(victim, signal.SIGKILL)
+                killed.add(victim)
+            except (IndexError, ProcessLookupError):
+                continue
 
     thread = threading.Thread(target=killer, daemon=True)
     thread.start()

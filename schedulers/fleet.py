@@ -1,0 +1,561 @@
+"""The fleet engine: the one place the orchestration of a spot fleet is written.
+
+It owns the fleet — nodes (spot or on-demand) and the workers an executor runs on them — and what
+happens to it: a node gets a preemption notice, dies, joins (from a replayed trace, a notice
+watcher, or the cluster); and it runs the phases of an iteration over the pull queue: a rollout,
+critical-path exploration, and a train phase in which idle spot workers explore the next
+iteration's seeds until the new weights are published. It takes a `Clock` and an `Executor` — the
+thing that computes requests — so the live runtimes (in-process, Ray actors, elastic SP groups)
+and the simulator (a modelled executor on a `ManualClock`) run this same code.
+
+What the engine does, and only here:
+- dispatch: every idle worker allowed in the phase is told to serve the phase's request kinds at
+  the weight version it holds (workers then pull; `schedulers.queue.PullQueue` balances);
+- a notice on a node: every worker touching the node is told (it gives its request back at the
+  next step boundary and pulls nothing more), counted once per node in `notices`;
+- a node's death: its workers are lost, their requests re-queued from the last commit
+  (`PullQueue.worker_lost`); a death without a notice first counts in `workers_lost`;
+- a worker that dies by itself (the executor reports it): the same, as a death without notice;
+- a node that joins: the executor starts workers on it, which pull as soon as they are ready;
+- no capacity left and none coming back: one clear error instead of a hang.
+
+What an executor does (`Executor`): start workers on a node's devices, make an idle worker serve,
+tell it of a notice, end it, and wait for what happens (a worker ready, done serving, dead). How a
+worker computes — a `RolloutWorker` in this process or in a Ray actor, an SP group, a model of
+step times — is the executor's business; so is grouping devices into SP groups.
+
+Time: actions are due on the *replay clock*, which runs `speedup` times faster than the engine's
+clock, and only during the phases named in `replay_phases` (a live replay runs the trace only while
+rolling out, when a preemption costs something; the simulator runs it always).
+
+Invariants (tests/test_fleet.py runs one scenario through every executor):
+- a request is computed by at most one live worker at a time, and committed exactly once (the
+  queue's invariants; the engine never completes anything itself);
+- every worker the engine registered is in exactly one phase (`WorkerPhase`);
+- the counters (`notices`, `kills`, `workers_lost`) and the queue's are the same for every executor
+  given the same scenario where compute does not enter.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Collection, Iterable, Sequence
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, Protocol
+
+from schedulers.clock import Clock
+from schedulers.preemption import Cause, PreemptionNotice
+from schedulers.request import Kind, Request
+
+# ---- what the engine keeps ----------------------------------------------------------------------
+
+
+class WorkerPhase(Enum):
+    """A worker's life. Transitions (anything else is impossible):
+
+    ==========  =======================================================  ==========
+    from        event                                                    to
+    ==========  =======================================================  ==========
+    (start)     the executor starts it                                   STARTING
+    STARTING    `Ready`                                                  IDLE
+    IDLE        dispatch (`Executor.serve`)                              SERVING
+    SERVING     `Served` (the queue had nothing more for it)             IDLE
+    any         a notice on its node, once it holds no request           (retired)
+    any         its node dies, or `Died`                                 (lost)
+    IDLE        the executor dissolves it (`Dissolved`: SP regrouping)   (gone)
+    ==========  =======================================================  ==========
+    """
+
+    STARTING = "starting"
+    IDLE = "idle"
+    SERVING = "serving"
+
+
+@dataclass
+class Worker:
+    """One puller of requests: a Ray actor, an SP group, an in-process worker, a modelled group."""
+
+    name: str
+    """Unique over the engine's life (a restarted worker gets a new name, so a zombie's late
+    commits are refused by the queue)."""
+    nodes: tuple[str, ...]
+    """The nodes whose devices it runs on (more than one only for an SP group across nodes)."""
+    spot: bool
+    phase: WorkerPhase = WorkerPhase.STARTING
+    noticed: bool = False
+    handle: Any = None
+    """The executor's own data for this worker (an actor, a group, a modelled state)."""
+
+
+@dataclass
+class Node:
+    name: str
+    spot: bool
+    devices: int = 1
+    alive: bool = True
+    noticed: bool = False
+    generation: int = 0
+    """How many times the node has joined: worker names carry it."""
+
+
+@dataclass(frozen=True)
+class FleetAction:
+    """Something that happens to a node at replay-clock time `at_s`: "notice", "kill" or "add"."""
+
+    at_s: float
+    node: str
+    action: str
+
+
+# ---- what executors report ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Ready:
+    worker: Worker
+
+
+@dataclass(frozen=True)
+class Served:
+    """The worker stopped serving: the queue had nothing for it, or it stopped on a notice —
+    `noticed` when the worker saw one the engine did not send (its own notice watcher)."""
+
+    worker: str
+    noticed: bool = False
+
+
+@dataclass(frozen=True)
+class Died:
+    """The worker died by itself (its process or node is gone): a death without notice. `nodes`:
+    the nodes that went with it (they count as gone until they join again)."""
+
+    worker: str
+    nodes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Dissolved:
+    """The executor ended an idle worker to regroup its devices (elastic SP)."""
+
+    worker: str
+
+
+Event = Ready | Served | Died | Dissolved
+
+
+class Pending(Protocol):
+    """Something the engine waits on besides the workers: the learner's update."""
+
+    def done(self) -> bool: ...
+
+    @property
+    def deadline(self) -> float | None:
+        """Engine-clock time it is done at, when known (a modelled update), else None."""
+        ...
+
+
+class Executor(Protocol):
+    """Computes requests on the fleet's devices (see the module docstring)."""
+
+    def start(self, node: Node, spot: bool) -> list[Worker]:
+        """Start workers on `node`'s devices; they report `Ready` when they can pull. An SP
+        executor may instead re-plan its groups and report new workers as `Ready` later."""
+        ...
+
+    def serve(self, worker: Worker, kinds: Collection[Kind], version: int) -> None:
+        """Make idle `worker` pull and compute requests of `kinds` at weight `version` until the
+        queue has nothing for it (then `Served`) or it is told of a notice."""
+        ...
+
+    def notify(self, worker: Worker, notice: PreemptionNotice) -> None:
+        """`worker` gives back what it holds at the next step boundary and pulls nothing more."""
+        ...
+
+    def stop(self, worker: Worker, lost: bool) -> None:
+        """End `worker`: `lost` when its node died under it (the engine re-queues its requests),
+        else retired (noticed and idle) or dissolved."""
+        ...
+
+    def wait(self, until: float | None, pending: Sequence[Pending] = ()) -> list[Event]:
+        """Block until something happens to a worker, a `pending` is done, or the clock reaches
+        `until` (None: no bound); return what happened."""
+        ...
+
+
+class Queue(Protocol):
+    """What the engine asks of the pull queue (`PullQueue`, or a client of its Ray actor)."""
+
+    def put(self, requests: Iterable[Request]) -> None: ...
+
+    def is_done(self, ids: Iterable[str]) -> bool: ...
+
+    def worker_lost(self, worker: str) -> list[str]: ...
+
+    def cancel(self, kind: Kind) -> int: ...
+
+    def committed(self, ids: Iterable[str]) -> tuple[dict[str, Any], dict[str, tuple[int, Any]]]: ...
+
+    def completed(self, ids: Iterable[str]) -> list[str]: ...
+
+
+class Session(Protocol):
+    """One phase's exploration rounds (`spotlight.exploration.ExplorationSession`)."""
+
+    critical_path: bool
+    samples: int
+    cancelled: int
+    budget: int
+
+    @property
+    def time_bounded(self) -> bool: ...
+
+    def begin(self, estimated_samples: int | None = None) -> None: ...
+
+    def next_requests(self) -> list[Request]: ...
+
+    def record(self, requests: list[Request], rewards: Any) -> None: ...
+
+
+class NoCapacity(RuntimeError):
+    """Every worker is gone and no capacity is coming back."""
+
+
+class ExplorationRate:
+    """What the engine measured of its last train phases, to size a `train_time` budget: the
+    update's seconds and the exploration samples scored per second by the idle workers together."""
+
+    def __init__(self) -> None:
+        self.update_s: float | None = None
+        self.samples_per_s: float | None = None
+
+    def estimate(self) -> int | None:
+        """Samples the idle workers should score during the next update (None: not measured yet)."""
+        if self.update_s is None or not self.samples_per_s:
+            return None
+        return max(1, math.floor(self.update_s * self.samples_per_s))
+
+    def explored(self, samples: int, seconds: float) -> None:
+        if samples > 0 and seconds > 0:
+            self.samples_per_s = samples / seconds
+
+
+def exploration_stats(session: Session, seconds: float) -> dict[str, float]:
+    """The exploration part of an update's stats (metrics.jsonl)."""
+    return {"explored_samples": session.samples, "explore_cancelled": session.cancelled,
+            "explore_budget": session.budget, "time_explore_s": seconds}
+
+
+# ---- the engine ---------------------------------------------------------------------------------
+
+
+class ReplayClock:
+    """Trace time: `speedup` x the engine clock's seconds, counted only while running."""
+
+    def __init__(self, clock: Clock, speedup: float = 1.0) -> None:
+        self.clock, self.speedup = clock, speedup
+        self._banked = 0.0
+        self._since: float | None = None
+
+    def now(self) -> float:
+        running = self.clock.now() - self._since if self._since is not None else 0.0
+        return (self._banked + running) * self.speedup
+
+    def run(self) -> None:
+        if self._since is None:
+            self._since = self.clock.now()
+
+    def pause(self) -> None:
+        if self._since is not None:
+            self._banked += self.clock.now() - self._since
+            self._since = None
+
+    def engine_time(self, replay_s: float) -> float | None:
+        """Engine-clock time at which replay time `replay_s` is reached if it keeps running."""
+        if self._since is None:
+            return None
+        return self._since + replay_s / self.speedup - self._banked
+
+
+class FleetEngine:
+    """See the module docstring. Cheap to construct; `start()` brings the first fleet up."""
+
+    def __init__(self, clock: Clock, queue: Queue, executor: Executor, ondemand_nodes: int, spot_nodes: int,
+                 actions: Sequence[FleetAction] = (), speedup: float = 1.0,
+                 replay_phases: Collection[str] = ("rollout",), devices_per_node: int = 1,
+                 poll_s: float | None = None) -> None:
+        self.clock, self.queue, self.executor = clock, queue, executor
+        self.nodes: dict[str, Node] = {}
+        for i in range(ondemand_nodes):
+            self.nodes[f"ondemand{i}"] = Node(f"ondemand{i}", spot=False, devices=devices_per_node)
+        for i in range(spot_nodes):
+            self.nodes[f"spot{i}"] = Node(f"spot{i}", spot=True, devices=devices_per_node)
+        self.actions = sorted(actions, key=lambda a: a.at_s)
+        self._next_action = 0
+        self.replay = ReplayClock(clock, speedup)
+        self.replay_phases = frozenset(replay_phases)
+        self.poll_s = poll_s
+        """Longest single wait (None: until the next event); a live executor polls its queue."""
+        self.workers: dict[str, Worker] = {}
+        self._idle: dict[bool, dict[str, None]] = {False: {}, True: {}}
+        """Idle workers, on-demand (False) and spot (True), in the order they became idle."""
+        self.counters = {"notices": 0, "kills": 0, "workers_lost": 0}
+        self.rate = ExplorationRate()
+        self.on_fleet: Callable[[], None] | None = None
+        """Called after the live fleet changed (the cost meter follows it)."""
+
+    # ---- the fleet ------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start workers on every node and wait until each is ready or gone (a spot node may
+        vanish while starting: that is a worker lost, not a failed run)."""
+        for node in self.nodes.values():
+            self._join(node)
+        while any(w.phase is WorkerPhase.STARTING for w in self.workers.values()):
+            self._handle(self.executor.wait(None))
+
+    def live(self, spot: bool | None = None) -> list[Worker]:
+        """Workers alive and not noticed (spot or on-demand only, if given)."""
+        return [w for w in self.workers.values() if not w.noticed and (spot is None or w.spot == spot)]
+
+    def spot_devices(self) -> int:
+        return sum(n.devices for n in self.nodes.values() if n.spot and n.alive)
+
+    def _join(self, node: Node) -> None:
+        node.alive, node.noticed = True, False
+        node.generation += 1
+        for w in self.executor.start(node, node.spot):
+            self.workers[w.name] = w
+        if self.on_fleet is not None:
+            self.on_fleet()
+
+    def _apply_due(self) -> None:
+        now = self.replay.now()
+        while self._next_action < len(self.actions) and self.actions[self._next_action].at_s <= now:
+            a = self.actions[self._next_action]
+            self._next_action += 1
+            node = self.nodes.get(a.node)
+            if node is None:
+                node = self.nodes[a.node] = Node(a.node, spot=True, alive=False)
+            if a.action == "notice" and node.alive and not node.noticed:
+                self.notice(node.name, PreemptionNotice(Cause.TRACE, None, node.name))
+            elif a.action == "kill" and node.alive:
+                self.kill(node.name)
+            elif a.action == "add" and not node.alive:
+                self._join(node)
+
+    def notice(self, node: str, notice: PreemptionNotice) -> None:
+        """`node` will go away: its workers give back at the next step boundary and pull no more."""
+        n = self.nodes[node]
+        n.noticed = True
+        self.counters["notices"] += 1
+        for w in self._on(node):
+            if w.noticed:
+                continue
+            w.noticed = True
+            self.executor.notify(w, notice)
+            if w.phase is not WorkerPhase.SERVING:  # holds nothing: retire it now
+                self._remove(w)
+                self.executor.stop(w, lost=False)
+
+    def kill(self, node: str) -> None:
+        """`node` is gone: its workers' requests go back to the queue at their last commit."""
+        n = self.nodes[node]
+        self.counters["kills"] += 1
+        if not n.noticed:
+            self.counters["workers_lost"] += 1
+        n.alive = False
+        for w in self._on(node):
+            self._remove(w)
+            self.executor.stop(w, lost=True)
+            self.queue.worker_lost(w.name)
+        if self.on_fleet is not None:
+            self.on_fleet()
+
+    def _on(self, node: str) -> list[Worker]:
+        return [w for w in self.workers.values() if node in w.nodes]
+
+    def _remove(self, w: Worker) -> None:
+        self.workers.pop(w.name, None)
+        self._idle[w.spot].pop(w.name, None)
+
+    def _handle(self, events: list[Event]) -> None:
+        for ev in events:
+            if isinstance(ev, Ready):
+                w = ev.worker
+                self.workers[w.name] = w
+                w.phase = WorkerPhase.IDLE
+                self._idle[w.spot][w.name] = None
+                continue
+            w = self.workers.get(ev.worker)
+            if w is None:
+                continue  # already retired or lost: a late report
+            if isinstance(ev, Served):
+                w.noticed = w.noticed or ev.noticed
+                if w.noticed:
+                    self._remove(w)
+                    self.executor.stop(w, lost=False)
+                else:
+                    w.phase = WorkerPhase.IDLE
+                    self._idle[w.spot][w.name] = None
+            elif isinstance(ev, Died):
+                self._remove(w)
+                if not w.noticed:
+                    self.counters["workers_lost"] += 1
+                self.queue.worker_lost(w.name)
+                for name in ev.nodes:
+                    self.nodes[name].alive = False
+                if ev.nodes and self.on_fleet is not None:
+                    self.on_fleet()
+            elif isinstance(ev, Dissolved):
+                self._remove(w)
+
+    def use_ondemand(self) -> None:
+        """Fall back from spot (between phases): the replay stops, and every spot node, live or
+        preempted, is replaced by an on-demand node (`ondemandK`, numbered on from the existing
+        ones) with fresh workers. A live spot worker is retired, not lost: nothing is in flight
+        between phases (whatever it might still lease goes back to the queue all the same)."""
+        self.actions = self.actions[:self._next_action]
+        index = sum(not n.spot for n in self.nodes.values())
+        for n in [n for n in self.nodes.values() if n.spot]:
+            for w in self._on(n.name):
+                self._remove(w)
+                self.executor.stop(w, lost=True)
+                self.queue.worker_lost(w.name)
+            del self.nodes[n.name]
+            node = self.nodes[f"ondemand{index}"] = Node(f"ondemand{index}", spot=False, devices=n.devices)
+            index += 1
+            self._join(node)
+        while any(w.phase is WorkerPhase.STARTING for w in self.workers.values()):
+            self._handle(self.executor.wait(None))
+
+    # ---- the loop -------------------------------------------------------------------------------
+
+    def _more_capacity_coming(self) -> bool:
+        return any(a.action == "add" for a in self.actions[self._next_action:])
+
+    def _dispatch(self, kinds: Collection[Kind], version: int, spot_only: bool) -> None:
+        for spot in ((True,) if spot_only else (False, True)):
+            idle = self._idle[spot]
+            while idle:
+                name = next(iter(idle))
+                del idle[name]
+                w = self.workers[name]
+                w.phase = WorkerPhase.SERVING
+                self.executor.serve(w, kinds, version)
+
+    def _step(self, kinds: Collection[Kind], version: int, spot_only: bool, pending: Sequence[Pending] = (),
+              until: float | None = None) -> None:
+        """One turn: apply due actions, dispatch, wait for the next thing to happen."""
+        self._apply_due()
+        self._dispatch(kinds, version, spot_only)
+        if not self.workers and not self._more_capacity_coming():
+            raise NoCapacity("no rollout capacity left: every spot worker is gone, none is coming back, "
+                             "and there are no on-demand workers")
+        bound = [t for t in (until, self._next_due(), *(p.deadline for p in pending)) if t is not None]
+        limit = min(bound) if bound else None
+        if self.poll_s is not None:
+            limit = self.clock.now() + self.poll_s if limit is None else min(limit, self.clock.now() + self.poll_s)
+        self._handle(self.executor.wait(limit, pending))
+
+    def _next_due(self) -> float | None:
+        if self._next_action >= len(self.actions):
+            return None
+        return self.replay.engine_time(self.actions[self._next_action].at_s)
+
+    def _phase(self, name: str) -> None:
+        if name in self.replay_phases:
+            self.replay.run()
+        else:
+            self.replay.pause()
+
+    def rollout(self, requests: list[Request], version: int,
+                progress: Callable[[dict[str, Any], dict[str, tuple[int, Any]]], None] | None = None,
+                every_s: float = 30.0) -> None:
+        """Compute every request (at weight `version`) on every live worker; while it runs,
+        `progress(results, partial)` gets what is committed every `every_s` seconds."""
+        ids = [r.id for r in requests]
+        self.queue.put(requests)
+        self._phase("rollout")
+        reported = self.clock.now()
+        try:
+            while not self.queue.is_done(ids):
+                if progress is not None and self.clock.now() - reported >= every_s:
+                    progress(*self.queue.committed(ids))
+                    reported = self.clock.now()
+                self._step((Kind.ROLLOUT,), version, spot_only=False)
+        finally:
+            self._phase("idle")
+
+    def explore(self, session: Session, score: Callable[[list[Request]], Any], version: int,
+                update: Pending | None = None, until: float | None = None) -> dict[str, float]:
+        """Run `session`'s rounds at weight `version`. With `update` (the learner computing the next
+        weights), only the idle spot workers explore (every worker when the fleet has no spot
+        nodes) until the update is done; a time-bounded session then ends — what is in flight is
+        cancelled, so the new weights go out at once — and a sample-bounded one is finished with
+        every worker helping (deterministic). Without `update`, every worker explores at once
+        (the critical-path exploration before a run's first rollout), and with `until` no round
+        starts after that clock time (an executor with no idle workers explores before the update,
+        for as long as the last update took). `score(requests)` gives the rewards of completed
+        exploration requests."""
+        start = self.clock.now()
+        spot_fleet = any(n.spot for n in self.nodes.values())
+        session.begin(self.rate.estimate())
+        requests = session.next_requests()
+        self.queue.put(requests)
+        updating = update is not None
+        updated: float | None = None
+        self._phase("train")
+        try:
+            while requests:
+                ids = [r.id for r in requests]
+                if self.queue.is_done(ids):
+                    session.record(requests, score(requests))
+                    if until is not None and self.clock.now() >= until:
+                        break
+                    requests = session.next_requests()
+                    self.queue.put(requests)
+                    continue
+                if updating and update.done():
+                    updating, updated = False, self.clock.now()
+                    self.rate.update_s = updated - start
+                    if session.time_bounded:
+                        session.cancelled += self.queue.cancel(Kind.EXPLORATION)
+                        done = set(self.queue.completed(ids))
+                        finished = [r for r in requests if r.id in done]
+                        if finished:
+                            session.record(finished, score(finished))
+                        break
+                    continue
+                if not self.workers and not self._more_capacity_coming():
+                    raise NoCapacity("no worker left to finish exploration (exploration.budget_source: samples)")
+                self._step((Kind.EXPLORATION,), version, spot_only=updating and spot_fleet,
+                           pending=[update] if updating else ())
+        finally:
+            self._phase("idle")
+        seconds = self.clock.now() - start
+        if not session.critical_path:  # the critical path has every worker, not a train phase's
+            self.rate.explored(session.samples, seconds)
+        if update is None:
+            return exploration_stats(session, seconds)
+        if updating:  # exploration ran out before the update did
+            self.wait(update)
+            self.rate.update_s = self.clock.now() - start
+            return {**exploration_stats(session, seconds), "time_publish_wait_s": 0.0}
+        # How long the new weights waited for exploration after the update was done.
+        return {**exploration_stats(session, seconds), "time_publish_wait_s": self.clock.now() - updated}
+
+    def wait(self, pending: Pending) -> None:
+        """Wait for `pending` (the learner's update) while the fleet lives on: notices, deaths
+        and joins are handled, workers only idle."""
+        self._phase("train")
+        try:
+            while not pending.done():
+                self._apply_due()
+                bound = [t for t in (self._next_due(), pending.deadline) if t is not None]
+                limit = min(bound) if bound else None
+                if self.poll_s is not None:
+                    limit = self.clock.now() + self.poll_s if limit is None else min(limit, self.clock.now() + self.poll_s)
+                self._handle(self.executor.wait(limit, [pending]))
+        finally:
+            self._phase("idle")
