@@ -8,10 +8,12 @@ Arms (all with `exploration.enabled`, in-process `runtime: local`, so every run 
 
     python -m experiments.exploration_ablation [--models dit,llm] [--arms random,uniform,bandit]
         [--seeds 0,1,2] [--steps N] [--samples-per-step N] [--out DIR] [--fresh] [--quick] [--json]
+        [--no-progress]
 
 Writes OUT/<model>/<arm>/seed<k>/ (one Trainer run each; a finished run with the same config is
 reused, so re-running after a crash is cheap), OUT/results.json, OUT/table.md and OUT/ablation.png.
 With --json, stdout holds exactly one JSON object (the results); everything else goes to stderr.
+Each run draws its warm-start and training bars on stderr; --json and --no-progress silence them.
 """
 
 from __future__ import annotations
@@ -80,7 +82,7 @@ def saved_config(out: Path) -> dict[str, Any] | None:
         return None
 
 
-def run(cfg: RunConfig, out: Path, fresh: bool) -> tuple[list[dict[str, Any]], float]:
+def run(cfg: RunConfig, out: Path, fresh: bool, progress: bool = False) -> tuple[list[dict[str, Any]], float]:
     """Train one run (or reuse a finished one); its metrics rows and its training wall time (s)."""
     from spotlight.trainer import Trainer  # imports torch: only when something is trained
 
@@ -92,7 +94,7 @@ def run(cfg: RunConfig, out: Path, fresh: bool) -> tuple[list[dict[str, Any]], f
         _err(f"{out}: reusing the finished run")
     else:
         _err(f"{out}: training {cfg.train.steps} iterations")
-        Trainer(cfg, out, progress=False, log=_err).build().train()  # resumes a crashed run's checkpoint
+        Trainer(cfg, out, progress=progress, log=_err).build().train()  # resumes a crashed run's checkpoint
     # Wall time of the iterations only (the summary's sum), so a cached warm start does not count.
     return read_rows(out), json.loads((out / "summary.json").read_text())["wall_s"]
 
@@ -207,7 +209,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="where runs and results go (default: runs/exploration_ablation)")
     p.add_argument("--fresh", action="store_true", help="delete and re-run finished runs")
     p.add_argument("--quick", action="store_true", help="toy sizes and one seed, for a smoke test (< 1 minute)")
-    p.add_argument("--json", action="store_true", help="print the results as one JSON object on stdout")
+    p.add_argument("--json", action="store_true", help="print the results as one JSON object on stdout "
+                   "(and no progress bars on stderr)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
     for m in MODELS:
         p.add_argument(f"--config-{m}", type=Path, default=HERE / f"tiny_{m}.yaml", metavar="PATH",
                        help=f"base run config (default: experiments/tiny_{m}.yaml)")
@@ -222,6 +226,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         return [a for a in allowed if a in got]  # canonical order: random first, it sets the target
 
     args.models, args.arms = names("models", args.models, MODELS), names("arms", args.arms, ARMS)
+    args.progress = not (args.json or args.no_progress)
     args.seeds = args.seeds or ("0" if args.quick else "0,1,2")
     try:
         args.seeds = [int(s) for s in args.seeds.split(",")]
@@ -254,7 +259,7 @@ def ablate(model: str, args: argparse.Namespace) -> tuple[dict[str, Any], dict[s
     # `common` sets train/warm_start/sampler/prompts; an arm sets seed/runtime/exploration: no overlap.
     runs = {arm: [run(load_config(path, {**common, "seed": s, "runtime": {"kind": "local"},
                                          "exploration": arm_overrides(model, arm, base, samples)}),
-                      args.out / model / arm / f"seed{s}", args.fresh) for s in args.seeds]
+                      args.out / model / arm / f"seed{s}", args.fresh, args.progress) for s in args.seeds]
             for arm in args.arms}
     target = getattr(args, f"target_{model}")
     target = random_target(runs["random"]) if target is None else target
@@ -270,7 +275,9 @@ def main(argv: list[str] | None = None) -> int:
     results, curves = {}, {}
     try:
         # Anything a library prints goes to stderr, so that --json leaves exactly one object on stdout.
-        with contextlib.redirect_stdout(sys.stderr):
+        from spotlight.cli import hub_progress
+
+        with contextlib.redirect_stdout(sys.stderr), hub_progress(args.progress, diffusers="dit" in args.models):
             for model in args.models:
                 results[model], curves[model] = ablate(model, args)
     except ConfigError as err:  # a bad config file (or a run folder's): one line, no traceback

@@ -8,10 +8,13 @@
    committed step) against the baseline of
    restarting each preempted request from step 0 — what the same run would have redone had every
    resumed request started over (`steps_recomputed + steps_resumed`).
+
+With `progress`, each part says on stderr what it runs, and each replayed run draws its trainer's bar.
 """
 
 from __future__ import annotations
 
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -22,7 +25,7 @@ SHIPPED_TRACE = Path(__file__).resolve().parents[1] / "experiments" / "traces" /
 
 
 def replay_run(trace: Path, notice_s: float, iterations: int, speedup: float,
-               spot: int) -> tuple[dict[str, Any], dict[str, int]]:
+               spot: int, progress: bool = False) -> tuple[dict[str, Any], dict[str, int]]:
     """One tiny-DiT Ray run with `trace` replayed; returns its summary and the queue's own counters."""
     from spotlight.ray_runtime import RayRuntime
     from spotlight.traces import load_trace, replay_schedule
@@ -35,18 +38,21 @@ def replay_run(trace: Path, notice_s: float, iterations: int, speedup: float,
     })
     runtime = RayRuntime(cfg, actions=replay_schedule(load_trace(trace), spot, speedup, notice_s))
     with tempfile.TemporaryDirectory() as out:
-        summary = Trainer(cfg, Path(out), progress=False, log=lambda _: None).build(runtime).train()
+        summary = Trainer(cfg, Path(out), progress=progress, log=lambda _: None).build(runtime).train()
     return summary, runtime.queue_stats
 
 
 def run_scheduler_bench(ops: int = 2000, iterations: int = 6, speedup: float = 3600.0, spot: int = 4,
-                        trace: Path = SHIPPED_TRACE) -> dict[str, Any]:
+                        trace: Path = SHIPPED_TRACE, progress: bool = False) -> dict[str, Any]:
     from schedulers.bench_queue import run_queue_bench
 
+    say = (lambda msg: print(f"bench scheduler: {msg}", file=sys.stderr, flush=True)) if progress else (lambda _: None)
+    say(f"{ops} queue round trips, in-process and through the Ray actor")
     result: dict[str, Any] = {"queue": run_queue_bench(ops), "trace": str(trace), "trace_speedup": speedup,
                               "spot_workers": spot, "iterations": iterations}
     for name, notice_s in (("with_notice", 120.0), ("without_notice", 0.0)):
-        s, q = replay_run(trace, notice_s, iterations, speedup, spot)
+        say(f"replaying {trace.name} on a tiny-DiT Ray run, {'%g s notices' % notice_s if notice_s else 'no notices'}")
+        s, q = replay_run(trace, notice_s, iterations, speedup, spot, progress)
         hits, cut = s["preemptions"] + s["workers_lost"], max(s["requests_interrupted"], 1)
         result[name] = {
             **{k: s[k] for k in ("preemptions", "workers_lost", "requests_completed", "requests_interrupted",

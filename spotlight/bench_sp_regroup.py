@@ -27,11 +27,13 @@ from __future__ import annotations
 
 import os
 import statistics
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
+from tqdm import tqdm
 
 from elastic_sp.agent import NodeAgent
 from elastic_sp.agent_server import RemoteAgent
@@ -109,8 +111,10 @@ class _Run:
 
 
 def run_sp_regroup_bench(world: int = 4, repeats: int = 3, heads: int = 4, steps: int = 8, kill_at_step: int = 2,
-                         rendezvous_repeats: int = 5, cold: bool = True, agent: str = "process") -> dict[str, Any]:
-    """The figures described in the module docstring, as one dict (medians over `repeats`)."""
+                         rendezvous_repeats: int = 5, cold: bool = True, agent: str = "process",
+                         progress: bool = False) -> dict[str, Any]:
+    """The figures described in the module docstring, as one dict (medians over `repeats`); with
+    `progress`, a bar on stderr counts its measurements."""
     if world < 2:
         raise ValueError(f"--world must be >= 2 (a group must lose a member and go on), got {world}")
     if agent not in ("process", "local"):
@@ -124,7 +128,11 @@ def run_sp_regroup_bench(world: int = 4, repeats: int = 3, heads: int = 4, steps
         raise ValueError(f"--world {world} must divide --heads {heads}: the first group has degree {world}")
     spec = ServeSpec(arch=tiny_arch(heads), run=default_config({"sampler": {"num_steps": steps}}), timeout_s=60.0)
     load_before = os.getloadavg()[0]
-    with tempfile.TemporaryDirectory(prefix="sp-regroup-") as tmp:
+    # the members up, one group per degree, the rendezvous repeats, the reference sample, the repeats
+    # of the in-place regroup and of the restart
+    bar = tqdm(total=1 + len(degrees) + rendezvous_repeats + 1 + repeats + (repeats if cold else 0),
+               desc="bench sp-regroup", unit="step", disable=not progress, file=sys.stderr)
+    with bar, tempfile.TemporaryDirectory(prefix="sp-regroup-") as tmp:
         model = spec.build_model()
         checkpoint = save_checkpoint(model.state_dict(), Path(tmp) / "model.safetensors")
         run = _Run(spec, checkpoint, world, agent)
@@ -132,6 +140,7 @@ def run_sp_regroup_bench(world: int = 4, repeats: int = 3, heads: int = 4, steps
             run.add(world)
             run.coord.wait_ready(timeout_s=300)
             members = run.coord.ready_members()
+            bar.update()
 
             # 1. SP output against the single-process output, per degree.
             errors: dict[str, float] = {}
@@ -147,17 +156,20 @@ def run_sp_regroup_bench(world: int = 4, repeats: int = 3, heads: int = 4, steps
                     outs = run.coord.forward(name, x, sigma, emb, mask, side)
                     err = max(err, max((o - ref).abs().max().item() for o in outs))
                 errors[str(d)] = err
+                bar.update()
 
             # 2. The bare rendezvous of a fresh group of `world`.
             rendezvous = []
             for _ in range(rendezvous_repeats):
                 run.full_group()
                 rendezvous.append(next(e.data["rendezvous_s"] for e in reversed(run.coord.events) if e.kind == "formed"))
+                bar.update()
 
             # The undisturbed sample every disturbed one is compared with.
             run.full_group()
             run.serve("reference", steps)
             reference = run.finish("reference")
+            bar.update()
 
             # 3. In-place regroup after a SIGKILL.
             regroup, detect, formed, joins, resume_err, regroup_degrees = [], [], [], [], 0.0, []
@@ -180,6 +192,7 @@ def run_sp_regroup_bench(world: int = 4, repeats: int = 3, heads: int = 4, steps
                 run.coord.wait_ready([joiner])
                 joins.append(run.coord.members[joiner].ready.seconds)
                 members = run.coord.ready_members()
+                bar.update()
 
             # 4. The same loss recovered by a restart from the checkpoint.
             cold_start, cold_ready = [], []
@@ -199,6 +212,7 @@ def run_sp_regroup_bench(world: int = 4, repeats: int = 3, heads: int = 4, steps
                 run.finish(rid)
                 (joiner,) = run.add(1)
                 run.coord.wait_ready([joiner])
+                bar.update()
         finally:
             run.coord.close()
 

@@ -17,19 +17,29 @@ Numeric flags are parsed by `_int` / `_float` (finite numbers only; values quote
 characters); their ranges are the config's or the simulator's, or, for `bench`, `BENCH_LIMITS`.
 Heavy modules (torch, the trainer, the simulator) are imported inside the commands, after the
 checks that need none of them.
+
+Long work (the warm start, training, `simulate`, the benchmarks) draws tqdm bars on stderr;
+`--json` and `--no-progress` silence every one of them, the Hugging Face libraries' own included.
+A reader that goes away (`spotlight traces show T --json | head -c 10`) ends the command quietly
+with exit code 141, as SIGPIPE ends `cat`; Ctrl-C ends it with 130 and, for `train`, says which
+checkpoint a re-run resumes from.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
+import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 from cloud.store import StoreError
 from spotlight.config import ConfigError, RunConfig, default_config, load_config
 from spotlight.input_file import short
+from spotlight.sim_report import plural
 from spotlight.traces import TraceError
 
 BENCH_LIMITS = {"repeats": (1, 1000), "iterations": (1, 1000), "world": (2, 16), "heads": (1, 64)}
@@ -119,6 +129,70 @@ def _overrides(args: argparse.Namespace) -> dict:
     return over
 
 
+def _progress(args: argparse.Namespace) -> bool:
+    """Whether a command draws progress bars: not with --json or --no-progress."""
+    return not (getattr(args, "json", False) or getattr(args, "no_progress", False))
+
+
+@contextlib.contextmanager
+def hub_progress(enabled: bool, diffusers: bool = False) -> Iterator[None]:
+    """Within: the Hugging Face libraries draw their own bars on stderr only if `enabled`
+    (transformers' `save_pretrained` draws "Writing model shards", the loaders "Loading checkpoint
+    shards"). Each library has its own switch: huggingface_hub's reads $HF_HUB_DISABLE_PROGRESS_BARS,
+    which transformers also reads once, when it is imported; diffusers has only its function, so it
+    is imported here when `diffusers` says the run will use it (3 s of imports otherwise wasted).
+    Every switch is set back on exit."""
+    if enabled:
+        yield
+        return
+    import importlib
+
+    import huggingface_hub.utils as hub
+
+    names = ("transformers.utils.logging", "diffusers.utils.logging")
+    if diffusers:
+        importlib.import_module(names[1])
+    env, hub_off = os.environ.get("HF_HUB_DISABLE_PROGRESS_BARS"), hub.are_progress_bars_disabled()
+    was = {n: sys.modules[n].is_progress_bar_enabled() for n in names if n in sys.modules}
+    os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"  # Ray workers inherit it too
+    hub.disable_progress_bars()
+    for n in was:
+        sys.modules[n].disable_progress_bar()
+    try:
+        yield
+    finally:
+        if env is None:
+            os.environ.pop("HF_HUB_DISABLE_PROGRESS_BARS", None)
+        else:
+            os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = env
+        if not hub_off:
+            hub.enable_progress_bars()
+        for n in (n for n in names if n in sys.modules):  # one imported meanwhile: as its import would have set it
+            if was.get(n, not hub_off):
+                sys.modules[n].enable_progress_bar()
+
+
+class _PolicyBars:
+    """One tqdm bar per simulated policy on stderr, each closed when the next policy starts."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.bar = None
+
+    def __call__(self, policy: str, done: int) -> None:
+        from tqdm import tqdm
+
+        if self.bar is None or self.bar.desc != f"simulate {policy}":
+            self.close()
+            self.bar = tqdm(total=self.total, desc=f"simulate {policy}", unit="it", file=sys.stderr)
+        self.bar.update(done - self.bar.n)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
 def check_train_inputs(cfg: RunConfig, args: argparse.Namespace, out: Path) -> None:
     """What `train` checks before it builds anything: the --out folder, local weight folders, the
     device, the trace's runtime. (`launch` does not check folders and devices: it writes configs
@@ -174,17 +248,52 @@ def cmd_train(args: argparse.Namespace) -> int:
                                           cfg.runtime.notice_s)
     log = (lambda msg: print(msg, file=sys.stderr)) if args.json else print
     try:
-        summary = Trainer(cfg, out, progress=not args.no_progress, log=log).build(runtime).train()
+        with hub_progress(_progress(args), diffusers=cfg.policy.kind == "dit"):
+            summary = Trainer(cfg, out, progress=_progress(args), log=log).build(runtime).train()
     except NonFiniteUpdate as err:  # not bad input: the run itself failed (exit 1), in one line too
         print(f"spotlight: error: {err}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print(f"spotlight: interrupted; {_kept(out, cfg)}", file=sys.stderr)
+        return 130
     if args.json:
         print(json.dumps(summary))
     else:
         stopped = "" if summary["stop_reason"] == "steps" else f", stopped for the {summary['stop_reason']}"
-        print(f"{summary['steps']} iterations: reward {summary.get('reward_first', float('nan')):.3f} -> "
-              f"{summary.get('reward_last', float('nan')):.3f}; ${summary['cost_usd']:.2f}{stopped}; outputs in {out}/")
+        print(f"{plural(summary['steps'], 'iteration')}: reward {summary.get('reward_first', float('nan')):.3f} -> "
+              f"{summary.get('reward_last', float('nan')):.3f}; {_dollars(summary, cfg)}{stopped}; outputs in {out}/")
     return 0
+
+
+def _kept(out: Path, cfg: RunConfig) -> str:
+    """What an interrupted `train` leaves for a re-run with the same --out: its newest checkpoint."""
+    from spotlight import checkpoint
+
+    newest = checkpoint.latest(out / "checkpoints")
+    if newest is None:
+        return (f"no checkpoint was written yet (the first comes after iteration {cfg.train.checkpoint_every}), "
+                "so the same command starts the run over from iteration 0")
+    return (f"{newest.path} holds {plural(newest.step, 'iteration')}; the same command resumes from "
+            f"iteration {newest.step}")
+
+
+def _dollars(summary: dict, cfg: RunConfig) -> str:
+    """The run's cost and what it prices: the cost meter prices the fleet of the config's cloud
+    section (`cloud.gpu`), whatever device ran it — on a CPU that fleet is notional."""
+    text = f"${summary['cost_usd']:.2f}"
+    price, fleet = summary.get("node_price"), summary.get("fleet")
+    if price is None or fleet is None:
+        return text
+    od, spot, gpu = fleet["ondemand_nodes"], fleet["spot_nodes"], price["gpu"]
+    unit = (gpu, f"{gpu}s") if price["gpus"] == 1 else (f"node of {price['gpus']} {gpu}s",
+                                                       f"nodes of {price['gpus']} {gpu}s")
+    text += f" for {od} on-demand {unit[od != 1]} at ${price['ondemand_usd_h']:.2f}/h"
+    if spot:
+        text += f" + {spot} spot at ${price['spot_usd_h']:.2f}/h"
+    if not cfg.device.startswith("cuda"):
+        used = "the CPU" if cfg.device == "cpu" else cfg.device
+        text += f" (a notional fleet: this run used {used})"
+    return text
 
 
 def cmd_prices(args: argparse.Namespace) -> int:
@@ -222,19 +331,19 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.name == "throughput":
         from spotlight.bench_throughput import run_throughput
 
-        result = run_throughput(repeats=5 if args.repeats is None else args.repeats)
+        result = run_throughput(repeats=5 if args.repeats is None else args.repeats, progress=_progress(args))
     elif args.name == "sp-regroup":
         from spotlight.bench_sp_regroup import run_sp_regroup_bench
 
         try:
             result = run_sp_regroup_bench(world=args.world, repeats=3 if args.repeats is None else args.repeats,
-                                          heads=args.heads, agent=args.agent)
+                                          heads=args.heads, agent=args.agent, progress=_progress(args))
         except ValueError as err:  # a flag combination the bench cannot run, named by the error
             raise ConfigError(str(err)) from None
     else:
         from spotlight.bench_scheduler import run_scheduler_bench
 
-        result = run_scheduler_bench(iterations=args.iterations)
+        result = run_scheduler_bench(iterations=args.iterations, progress=_progress(args))
     if args.json:
         print(json.dumps(result))
     else:
@@ -320,7 +429,11 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     except ConfigError as err:
         raise ConfigError(f"{gpu_from}: {err}") from None
     trace = open_trace(args.trace)
-    result = simulate(cfg, trace, names)
+    bars = _PolicyBars(cfg.iterations)
+    try:
+        result = simulate(cfg, trace, names, on_iteration=bars if _progress(args) else None)
+    finally:
+        bars.close()
     if plot is not None:
         plot_simulation(result, plot)
     if args.json:
@@ -344,8 +457,8 @@ def cmd_traces(args: argparse.Namespace) -> int:
     trace = open_trace(args.trace)
     if out is not None:
         write_bamboo(trace, out)
-        print(f"wrote {args.out}: {len(trace.events)} events, {trace.preemptions} preemptions over "
-              f"{trace.duration_s / 3600:.1f} h")
+        print(f"wrote {args.out}: {plural(len(trace.events), 'event')}, {plural(trace.preemptions, 'preemption')} "
+              f"over {trace.duration_s / 3600:.1f} h")
         return 0
     summary = summarize(trace)
     if plot is not None:
@@ -402,7 +515,9 @@ def build_parser() -> argparse.ArgumentParser:
                             "uniform progress, and it stops before an iteration that could not end in time "
                             "(overrides cloud.deadline_h)")
     train.add_argument("--json", action="store_true", help="print the summary as one JSON object")
-    train.add_argument("--no-progress", action="store_true", help="no progress bar")
+    train.add_argument("--no-progress", action="store_true",
+                       help="no progress bars on stderr (the warm start's, the iterations', Hugging Face's); "
+                            "--json implies it")
     train.set_defaults(func=cmd_train)
 
     prices = sub.add_parser("prices", help="the GPU price table (on-demand and spot $/hour)",
@@ -430,7 +545,8 @@ def build_parser() -> argparse.ArgumentParser:
                             "shipped trace is replayed, against restarting requests from step 0; sp-regroup: "
                             "seconds for an SP group to serve again after losing a member (re-formed in place) "
                             "against a restart from the checkpoint, and SP output error per degree")
-    bench.add_argument("--json", action="store_true", help="print one JSON object")
+    bench.add_argument("--json", action="store_true", help="print one JSON object (and no progress on stderr)")
+    bench.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
     bench.add_argument("--repeats", type=_int(*BENCH_LIMITS["repeats"]), default=None,
                        help="throughput: timed repetitions (default 5); sp-regroup: losses per recovery path "
                             "(default 3); medians reported; 1..1000")
@@ -488,7 +604,8 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--gpu", help="GPU type for step times and prices (default H100)")
     sim.add_argument("--step-times", metavar="YAML", help="override step-time fields (spotlight/step_time.py)")
     sim.add_argument("--no-stop", action="store_true", help="run every --iterations even after the target")
-    sim.add_argument("--json", action="store_true", help="print one JSON object")
+    sim.add_argument("--json", action="store_true", help="print one JSON object (and no progress on stderr)")
+    sim.add_argument("--no-progress", action="store_true", help="no progress bars on stderr (one per policy)")
     sim.add_argument("--plot", metavar="PNG", help="write live GPUs and progress over time per policy")
     sim.set_defaults(func=cmd_simulate)
 
@@ -505,15 +622,43 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        try:
+            return _run(argv)
+        finally:
+            # A reader gone away shows here, where it can be handled, rather than in the interpreter's
+            # last flush ("Exception ignored ... BrokenPipeError").
+            sys.stdout.flush()
+    except BrokenPipeError:
+        return _closed_pipe()
+
+
+def _run(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
     except (ConfigError, FileNotFoundError, TraceError, StoreError) as err:
         print(f"spotlight: error: {err}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("spotlight: interrupted; the newest checkpoint is kept and the run resumes from it", file=sys.stderr)
+    except KeyboardInterrupt:  # `train` says what its run keeps itself (cmd_train)
+        print("spotlight: interrupted", file=sys.stderr)
         return 130
+
+
+def _closed_pipe() -> int:
+    """The reader of stdout (or stderr) went away, as `| head` does: end quietly with 141, what a
+    shell reports for a process that SIGPIPE ended (`cat big | head` too). What is left to write
+    goes to /dev/null, so that the interpreter's last flush does not fail again (the recipe of
+    Python's signal docs, "Note on SIGPIPE"). SIGPIPE itself stays ignored: its default action would
+    also end the process on a write to a closed socket (Ray, S3, the SP agents)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            with contextlib.suppress(OSError, ValueError, AttributeError):
+                os.dup2(devnull, stream.fileno())
+    return 141
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Sequence
 
@@ -182,8 +183,10 @@ class DiTPolicy:
 
     # ---- warm start ---------------------------------------------------------------------------
 
-    def warm_start(self, prompts: Sequence[Prompt], steps: int, batch_size: int, lr: float, seed: int) -> dict[str, float]:
-        """Flow matching on synthetic prompt-conditioned images (see `synthetic_images`)."""
+    def warm_start(self, prompts: Sequence[Prompt], steps: int, batch_size: int, lr: float, seed: int,
+                   on_step: Callable[[], None] | None = None) -> dict[str, float]:
+        """Flow matching on synthetic prompt-conditioned images (see `synthetic_images`); `on_step`
+        is called after each step (a progress bar)."""
         if self.cfg.policy.dit.preset != "tiny":
             raise ValueError("policy.dit.preset: the synthetic warm start is for the tiny config; "
                              "qwen-image starts from released weights (set warm_start.steps: 0)")
@@ -205,6 +208,8 @@ class DiTPolicy:
             loss.backward()
             opt.step()
             losses.append(loss.item())
+            if on_step is not None:
+                on_step()
         self.model.eval()
         tail = losses[-50:] or [float("nan")]
         return {"loss": sum(tail) / len(tail)}

@@ -20,6 +20,7 @@ ends after (and includes) the first `<eos>`. Invariants:
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from pathlib import Path
 from typing import Sequence
 
@@ -275,9 +276,11 @@ class LLMPolicy:
     # ---- warm start ----------------------------------------------------------------------------
 
     def warm_start(
-        self, prompts: Sequence[Prompt], steps: int, batch_size: int, lr: float, seed: int
+        self, prompts: Sequence[Prompt], steps: int, batch_size: int, lr: float, seed: int,
+        on_step: Callable[[], None] | None = None,
     ) -> dict[str, float]:
-        """Supervised training (Adam) on worked examples "07+13=" -> "20<eos>", in place.
+        """Supervised training (Adam) on worked examples "07+13=" -> "20<eos>", in place; `on_step`
+        is called after each step (a progress bar).
 
         Operands are drawn uniformly from range(ARITHMETIC_OPERAND_MAX) from seed-keyed streams;
         cross-entropy is on the answer tokens and <eos> only. Returns the last step's loss and the
@@ -300,6 +303,8 @@ class LLMPolicy:
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
+            if on_step is not None:
+                on_step()
         # No warm-start gradient may leak into the first GRPO backward.
         self.model.zero_grad(set_to_none=True)
         return {"loss": loss.item(), "accuracy": self.accuracy(prompts)}

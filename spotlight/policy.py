@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 import torch
 
@@ -79,8 +79,10 @@ class Policy(Protocol):
         returns scalar stats (loss, clip_frac, kl, ...)."""
         ...
 
-    def warm_start(self, prompts: Sequence[Prompt], steps: int, batch_size: int, lr: float, seed: int) -> dict[str, float]:
-        """Supervised training from scratch on synthetic data; returns final-loss stats."""
+    def warm_start(self, prompts: Sequence[Prompt], steps: int, batch_size: int, lr: float, seed: int,
+                   on_step: Callable[[], None] | None = None) -> dict[str, float]:
+        """Supervised training from scratch on synthetic data; returns final-loss stats. `on_step`
+        is called after every optimiser step (a progress bar)."""
         ...
 
     def set_reference(self) -> None:

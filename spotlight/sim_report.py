@@ -6,6 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+def plural(count: int, noun: str, many: str | None = None) -> str:
+    """`count` and its noun, in the plural unless it is 1: "1 iteration", "2 iterations"."""
+    return f"{count} {noun if count == 1 else many or noun + 's'}"
+
+
 COLUMNS = (("time_to_target_h", "hours to target", "{:.2f}"), ("cost_usd", "cost $", "{:,.0f}"),
            ("gpu_utilization", "GPU util", "{:.0%}"), ("preemptions", "preemptions", "{}"),
            ("steps_recomputed", "steps redone", "{}"), ("iterations_to_target", "iterations", "{}"),
@@ -13,47 +18,74 @@ COLUMNS = (("time_to_target_h", "hours to target", "{:.2f}"), ("cost_usd", "cost
            ("stop_reason", "stopped at", "{}"))
 
 
+def _vs_ondemand(ratio: float) -> str:
+    """A policy's cost over ondemand's, said both ways: "0.59x (41% less)", "1.70x (70% more)"."""
+    if abs(ratio - 1.0) < 0.005:
+        return f"{ratio:.2f}x (same)"
+    return f"{ratio:.2f}x ({abs(ratio - 1.0):.0%} {'less' if ratio < 1.0 else 'more'})"
+
+
 def table(result: dict[str, Any]) -> str:
-    """One row per policy, with speed-up and cost ratio against `ondemand` when it was simulated."""
+    """One row per policy, with its speed-up and its cost against `ondemand` when that was simulated:
+    "speed-up" is ondemand's hours to target over the policy's (above 1x: faster), "cost vs
+    ondemand" the policy's dollars to target over ondemand's (below 1x: cheaper), with the
+    difference in words so that neither reads backwards."""
     pols = result["policies"]
     base = pols.get("ondemand")
-    head = ["policy"] + [c[1] for c in COLUMNS] + (["speed-up", "cost ratio"] if base else [])
+    head = ["policy"] + [c[1] for c in COLUMNS] + (["speed-up", "cost vs ondemand"] if base else [])
     rows = [head]
     for name, r in pols.items():
         cells = [name] + ["-" if r.get(k) is None else fmt.format(r[k]) for k, _, fmt in COLUMNS]
         if base:
             ok = r["time_to_target_h"] and base["time_to_target_h"]
             cells += [f"{base['time_to_target_h'] / r['time_to_target_h']:.2f}x" if ok else "-",
-                      f"{base['cost_usd'] / r['cost_usd']:.2f}x" if ok else "-"]
+                      _vs_ondemand(r["cost_usd"] / base["cost_usd"]) if ok else "-"]
         rows.append(cells)
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
     lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))) for row in rows]
     c = result["config"]
     lines.append(f"({c['gpus']} on-demand + up to {c['spot_gpus_peak']} spot {c['gpu']} GPUs at "
                  f"${c['price_per_gpu_h']['ondemand']:.2f} / ${c['price_per_gpu_h']['spot']:.2f} per GPU-hour, "
-                 f"{c['resolution']}px, {c['prompts']}x{c['group_size']} samples per iteration; trace {result['trace']}; "
-                 f"speed-up and cost ratio vs ondemand)")
+                 f"{c['resolution']}px, {c['prompts']}x{c['group_size']} samples per iteration; trace {result['trace']}"
+                 + ("; speed-up: ondemand's hours to target / the policy's (above 1x is faster); cost vs ondemand: "
+                    "the policy's cost to target / ondemand's (below 1x is cheaper))" if base else ")"))
     return "\n".join(lines)
 
 
 def plot_simulation(result: dict[str, Any], path: str | Path) -> None:
+    """Live GPUs over time, one panel per policy (on one panel the policies' lines hide each other:
+    they share the trace, so most of them coincide), and every policy's validation score below,
+    each with its own colour, line style and markers."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 7), sharex=True)
-    for name, r in result["policies"].items():
-        t = [p[0] for p in r["timeline"]]
-        top.step(t, [p[1] for p in r["timeline"]], where="post", label=name)
-        bottom.plot([p[0] for p in r["progress"]], [p[1] for p in r["progress"]], label=name)
-    bottom.axhline(result["progress_model"]["target"], color="grey", ls="--", lw=1, label="target")
-    top.set_ylabel("live GPUs (paid)")
-    bottom.set_ylabel("validation score (model)")
-    bottom.set_xlabel("hours")
-    top.legend(fontsize=8)
-    bottom.legend(fontsize=8)
-    top.set_title(f"trace {result['trace']}")
+    pols = result["policies"]
+    n = len(pols)
+    fig, axes = plt.subplots(n + 1, 1, figsize=(9, 1.3 * n + 3.6), sharex=True,
+                             gridspec_kw={"height_ratios": [1] * n + [2.6]}, squeeze=False)
+    axes = axes[:, 0]
+    styles = ["-", "--", "-.", ":"]
+    markers = ["o", "s", "^", "D", "v", "P", "X", "*"]
+    peak = max((p[1] for r in pols.values() for p in r["timeline"]), default=1)
+    for i, (name, r) in enumerate(pols.items()):
+        colour = f"C{i % 10}"
+        ax = axes[i]
+        ax.step([p[0] for p in r["timeline"]], [p[1] for p in r["timeline"]], where="post", color=colour, lw=1.2)
+        ax.set_ylim(0, peak * 1.15 + 1)
+        ax.set_ylabel("GPUs", fontsize=8)
+        ax.text(1.01, 0.5, name, transform=ax.transAxes, va="center", ha="left", fontsize=9, color=colour,
+                fontweight="bold")
+        ax.tick_params(labelsize=8)
+        prog = r["progress"]
+        axes[-1].plot([p[0] for p in prog], [p[1] for p in prog], color=colour, ls=styles[i % len(styles)],
+                      marker=markers[i % len(markers)], markevery=max(1, len(prog) // 12), ms=4, lw=1.4, label=name)
+    axes[-1].axhline(result["progress_model"]["target"], color="grey", ls="--", lw=1, label="target")
+    axes[-1].set_ylabel("validation score (model)")
+    axes[-1].set_xlabel("hours")
+    axes[-1].legend(fontsize=8, ncol=2)
+    axes[0].set_title(f"live GPUs (paid) per policy, and validation score; trace {result['trace']}", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -61,8 +93,9 @@ def plot_simulation(result: dict[str, Any], path: str | Path) -> None:
 
 def trace_table(summary: dict[str, Any]) -> str:
     s = summary
-    lines = [f"{s['source']}: {s['events']} events, {s['nodes']} distinct nodes over {s['duration_h']:.1f} h; "
-             f"live nodes max {s['max_live']}, mean {s['mean_live']:.1f}; {s['preemptions']} preemptions "
+    lines = [f"{s['source']}: {plural(s['events'], 'event')}, {plural(s['nodes'], 'distinct node')} over "
+             f"{s['duration_h']:.1f} h; live nodes max {s['max_live']}, mean {s['mean_live']:.1f}; "
+             f"{plural(s['preemptions'], 'preemption')} "
              f"({s['preemptions_per_h']:.1f} per hour), largest burst {s['largest_burst']} at once",
              "hour  mean live  preemptions"]
     lines += [f"{b['start_h']:4.0f}  {b['mean_live']:9.1f}  {b['preemptions']:11d}" for b in s["per_bucket"]]

@@ -51,6 +51,8 @@ from spotlight.inflight import InflightStore
 from spotlight.learner import NonFiniteUpdate
 from spotlight.prompts import draw_prompts, prompt_set
 from spotlight.runtime import LocalRuntime, Runtime
+from spotlight.sim_report import plural
+from spotlight.warm_start import apply_warm_start, cache_path
 
 
 EVAL_SEED0 = 10**9
@@ -133,14 +135,18 @@ class Trainer:
                 self.inflight = InflightStore(store, self.log)
         self.prompts = prompt_set(cfg.prompts, cfg.seed)
         self.runtime = runtime if runtime is not None else make_runtime(cfg)
+        trained = self._warm_start()
         roles = time.perf_counter()
         info = self.runtime.build(self.out / "checkpoints")
-        self.warm, self.start_step = info["warm_start"], info["step"]
+        self.warm, self.start_step = trained or info["warm_start"], info["step"]
         # Starting the roles, warm-start training aside: what replacing the workers would take.
-        self._restart_s = time.perf_counter() - roles - self.warm.get("seconds", 0.0)
+        self._restart_s = time.perf_counter() - roles - info["warm_start"].get("seconds", 0.0)
+        if self.start_step > cfg.train.steps:  # a newer checkpoint came from --checkpoint-uri's store
+            self.runtime.shutdown()
+            raise ConfigError(self._more_than_asked(self.start_step))
         if self.warm.get("steps"):
             how = "loaded from cache" if self.warm["cached"] else f"trained in {self.warm['seconds']:.0f} s"
-            self.log(f"warm start ({self.warm['steps']} steps) {how}: {self.warm['path']}")
+            self.log(f"warm start ({plural(self.warm['steps'], 'step')}) {how}: {self.warm['path']}")
         for line in info.get("skipped", []):
             self.log(line)
         if info["checkpoint"]:
@@ -152,6 +158,49 @@ class Trainer:
         self._truncate_metrics(self.start_step)
         (self.out / "config.yaml").write_text(to_yaml(cfg))  # after the check: it is the resume key
         return self
+
+    def _warm_start(self) -> dict[str, Any] | None:
+        """Train the warm start into its cache here, with a bar on stderr, when the cache misses; the
+        learner then loads it. Returns what `apply_warm_start` returns when it trained, else None.
+
+        Why here and not in the learner: on the Ray runtime the learner is an actor started with
+        `log_to_driver=False`, so a bar drawn there never reaches the terminal, and the first run
+        sat silent for minutes (2400 steps of experiments/tiny_dit.yaml: ~3.5 min). The weights are
+        the learner's own, bit for bit: the same seed before the same `build_policy`, the same cache
+        key, and the learner loads the file it would have written (tests/test_cli_rough_edges.py).
+        Not on a cluster joined with --address: its learner may sit on another node, whose cache
+        folder is not this one's."""
+        cfg = self.cfg
+        if cfg.warm_start.steps == 0 or cache_path(cfg).is_file():
+            return None
+        if cfg.runtime.kind == "ray" and cfg.runtime.address:
+            self.log(f"warm start: {plural(cfg.warm_start.steps, 'step')} to train in the learner actor on the "
+                     f"cluster at {cfg.runtime.address} (its progress is not shown here)")
+            return None
+        import torch
+
+        from spotlight.learner import build_policy
+
+        threads = torch.get_num_threads()
+        with torch.random.fork_rng(devices=[]):  # this process's RNG is left as it was
+            torch.manual_seed(cfg.seed)  # as Learner.build seeds before it builds the policy
+            policy = build_policy(cfg)
+            if cfg.runtime.kind == "ray":
+                # One thread, as in the learner actor it stands in for (OMP_NUM_THREADS=1 there; and
+                # measured here, 2 cores shared with other work: 60 tiny-DiT steps took 51 s with two
+                # OpenMP threads, 2.9 s with one — bit-identical weights either way).
+                torch.set_num_threads(1)
+            try:
+                return apply_warm_start(policy, cfg, self.prompts, progress=self.progress)
+            finally:
+                torch.set_num_threads(threads)
+
+    def _more_than_asked(self, done: int) -> str:
+        """The error of a run folder that already holds more iterations than train.steps asks for."""
+        steps = self.cfg.train.steps
+        return (f"{self.out}: already holds {plural(done, 'iteration')}, more than the {steps} asked for "
+                f"(--steps or train.steps), so nothing was trained: ask for {done} or more to train on from "
+                "there, or use a new --out folder")
 
     def _explorer(self) -> Explorer:
         """The explorer, with the planner state saved for the resumed iteration when there is a usable one."""
@@ -170,13 +219,17 @@ class Trainer:
         return explorer
 
     def _check_out_dir(self) -> None:
-        """Refuse an --out that is not a folder, or that holds checkpoints another config wrote (a
-        changed step count is fine). Creates nothing."""
+        """Refuse an --out that is not a folder, that holds checkpoints another config wrote (a
+        changed step count is fine), or that holds more iterations than train.steps asks for (the
+        run cannot shrink: nothing would be trained). Creates nothing."""
         if self.out.exists() and not self.out.is_dir():
             raise ConfigError(f"--out {self.out}: exists and is not a folder")
-        if checkpoint.latest(self.out / "checkpoints") is not None and self._another_run(self.out / "config.yaml"):
+        newest = checkpoint.latest(self.out / "checkpoints")
+        if newest is not None and self._another_run(self.out / "config.yaml"):
             raise ConfigError(f"{self.out}: holds checkpoints of a run with a different config; "
                               "use a new --out folder or delete its checkpoints/")
+        if newest is not None and newest.step > self.cfg.train.steps:
+            raise ConfigError(self._more_than_asked(newest.step))
 
     def _another_run(self, saved: Path) -> bool:
         """Whether config file `saved` (a run folder's, or a stored checkpoint's) is another run's."""

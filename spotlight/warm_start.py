@@ -3,6 +3,11 @@
 The cache key covers everything that determines the result (policy and prompt config, warm-start
 settings, run seed, and WARM_START_VERSION — bump it when the synthetic data or the procedure
 changes). Files are written atomically, so concurrent or killed runs never leave half a file.
+
+With `progress`, training draws a tqdm bar ("warm start") on stderr, as the trainer's own bar does.
+The controller trains a missing warm start into the cache itself, before the roles start
+(`Trainer._warm_start`), and the learner then loads it: on the Ray runtime the learner is an
+actor whose output never reaches the terminal.
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any, Sequence
@@ -37,8 +43,10 @@ def cache_path(cfg: RunConfig) -> Path:
     return cache_dir(cfg) / f"warm-start-{cfg.policy.kind}-{digest}.safetensors"
 
 
-def apply_warm_start(policy: Policy, cfg: RunConfig, prompts: Sequence[Prompt]) -> dict[str, Any]:
-    """Bring `policy.model` to its warm-started weights, from the cache when present."""
+def apply_warm_start(policy: Policy, cfg: RunConfig, prompts: Sequence[Prompt],
+                     progress: bool = False) -> dict[str, Any]:
+    """Bring `policy.model` to its warm-started weights, from the cache when present; when it trains,
+    with a bar on stderr if `progress`."""
     ws = cfg.warm_start
     if ws.steps == 0:
         return {"steps": 0, "cached": False}
@@ -46,8 +54,11 @@ def apply_warm_start(policy: Policy, cfg: RunConfig, prompts: Sequence[Prompt]) 
     if path.is_file():
         policy.model.load_state_dict(load_file(str(path)))
         return {"steps": ws.steps, "cached": True, "path": str(path)}
+    from tqdm import tqdm
+
     start = time.perf_counter()
-    stats = policy.warm_start(prompts, ws.steps, ws.batch_size, ws.lr, cfg.seed)
+    with tqdm(total=ws.steps, desc="warm start", unit="step", disable=not progress, file=sys.stderr) as bar:
+        stats = policy.warm_start(prompts, ws.steps, ws.batch_size, ws.lr, cfg.seed, on_step=bar.update)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".tmp{os.getpid()}")
     save_file({k: v.detach().contiguous().cpu() for k, v in policy.model.state_dict().items()}, str(tmp))
