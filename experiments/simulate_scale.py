@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from spotlight.progress_model import ProgressModel
-from spotlight.simulator import POLICIES, SimConfig, Simulation, gpu_prices
+from spotlight.simulator import POLICIES, SimConfig, gpu_prices, make_simulation
 from spotlight.traces import load_trace
 
 TRACE = Path(__file__).resolve().parent / "traces" / "bamboo-p3.csv"
@@ -25,7 +25,8 @@ def run_scale(gpus: int = 4096, iterations: int = 1000, policy: str = "spotlight
                     prompts=max(16, gpus // 4), samples_per_request=16, stop_at_target=False)
     trace = load_trace(TRACE)
     od, spot, _ = gpu_prices(cfg)
-    sim = Simulation(cfg, POLICIES[policy], trace, ProgressModel.calibrated(iterations_scale=cfg.iterations_scale), (od, spot))
+    sim = make_simulation(cfg, POLICIES[policy], trace, ProgressModel.calibrated(iterations_scale=cfg.iterations_scale),
+                          (od, spot))
     start = time.perf_counter()
     r = sim.run()
     seconds = time.perf_counter() - start

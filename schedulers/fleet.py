@@ -99,6 +99,12 @@ class Node:
     """How many times the node has joined: worker names carry it."""
 
 
+def fleet_nodes(ondemand: int, spot: int, devices: int = 1) -> list[Node]:
+    """`ondemand` on-demand nodes `ondemand0..` and `spot` spot nodes `spot0..`, `devices` each."""
+    return ([Node(f"ondemand{i}", spot=False, devices=devices) for i in range(ondemand)]
+            + [Node(f"spot{i}", spot=True, devices=devices) for i in range(spot)])
+
+
 @dataclass(frozen=True)
 class FleetAction:
     """Something that happens to a node at replay-clock time `at_s`: "notice", "kill" or "add"."""
@@ -163,9 +169,21 @@ class Executor(Protocol):
         executor may instead re-plan its groups and report new workers as `Ready` later."""
         ...
 
-    def serve(self, worker: Worker, kinds: Collection[Kind], version: int) -> None:
+    def serve(self, worker: Worker, kinds: Collection[Kind], version: int) -> bool:
         """Make idle `worker` pull and compute requests of `kinds` at weight `version` until the
-        queue has nothing for it (then `Served`) or it is told of a notice."""
+        queue has nothing for it (then `Served`) or it is told of a notice. False when it found
+        nothing to pull at once (it stays idle; no `Served` follows): the engine then stops
+        dispatching, as every idle worker would find the same nothing."""
+        ...
+
+    def changed(self, nodes: Collection[Node]) -> None:
+        """The engine has applied a notice, death or join to every worker of `nodes`: an SP
+        executor re-plans its groups there (nothing to do for one worker per node)."""
+        ...
+
+    def cancelled(self, kind: Kind) -> None:
+        """Every open request of `kind` was just cancelled: a worker computing one drops it at its
+        next step boundary (live workers learn it from their heartbeat)."""
         ...
 
     def notify(self, worker: Worker, notice: PreemptionNotice) -> None:
@@ -188,7 +206,9 @@ class Queue(Protocol):
 
     def put(self, requests: Iterable[Request]) -> None: ...
 
-    def is_done(self, ids: Iterable[str]) -> bool: ...
+    def open(self, kind: Kind) -> int: ...
+
+    def queued(self, kinds: Collection[Kind] | None = None) -> int: ...
 
     def worker_lost(self, worker: str) -> list[str]: ...
 
@@ -280,16 +300,14 @@ class ReplayClock:
 class FleetEngine:
     """See the module docstring. Cheap to construct; `start()` brings the first fleet up."""
 
-    def __init__(self, clock: Clock, queue: Queue, executor: Executor, ondemand_nodes: int, spot_nodes: int,
+    def __init__(self, clock: Clock, queue: Queue, executor: Executor, nodes: Sequence[Node],
                  actions: Sequence[FleetAction] = (), speedup: float = 1.0,
-                 replay_phases: Collection[str] = ("rollout",), devices_per_node: int = 1,
+                 replay_phases: Collection[str] = ("rollout",), spot_devices: int = 1,
                  poll_s: float | None = None) -> None:
         self.clock, self.queue, self.executor = clock, queue, executor
-        self.nodes: dict[str, Node] = {}
-        for i in range(ondemand_nodes):
-            self.nodes[f"ondemand{i}"] = Node(f"ondemand{i}", spot=False, devices=devices_per_node)
-        for i in range(spot_nodes):
-            self.nodes[f"spot{i}"] = Node(f"spot{i}", spot=True, devices=devices_per_node)
+        self.nodes: dict[str, Node] = {n.name: n for n in nodes}
+        self.spot_devices_per_node = spot_devices
+        """Devices of a spot node that first appears in `actions` (a trace node)."""
         self.actions = sorted(actions, key=lambda a: a.at_s)
         self._next_action = 0
         self.replay = ReplayClock(clock, speedup)
@@ -303,16 +321,29 @@ class FleetEngine:
         self.rate = ExplorationRate()
         self.on_fleet: Callable[[], None] | None = None
         """Called after the live fleet changed (the cost meter follows it)."""
+        self.on_kill: Callable[[str], None] | None = None
+        """Called when a node died, after its workers were lost, before the executor re-plans
+        (a restart-from-checkpoint baseline restarts the whole job here)."""
 
     # ---- the fleet ------------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Start workers on every node and wait until each is ready or gone (a spot node may
-        vanish while starting: that is a worker lost, not a failed run)."""
-        for node in self.nodes.values():
+        """Start workers on every node — and the nodes a replayed trace has at its start — and
+        wait until each is ready or gone (a spot node may vanish while starting: that is a worker
+        lost, not a failed run), so the first phase starts with the whole first fleet."""
+        for node in list(self.nodes.values()):
             self._join(node)
-        while any(w.phase is WorkerPhase.STARTING for w in self.workers.values()):
-            self._handle(self.executor.wait(None))
+        self._apply_due()
+        while True:
+            starting = any(w.phase is WorkerPhase.STARTING for w in self.workers.values())
+            events = self.executor.wait(None if starting else self.clock.now())
+            if not events and not starting:
+                return
+            self._handle(events)
+
+    def settle(self) -> None:
+        """Take in what the executor reports now (workers it just started), without waiting."""
+        self._handle(self.executor.wait(self.clock.now()))
 
     def live(self, spot: bool | None = None) -> list[Worker]:
         """Workers alive and not noticed (spot or on-demand only, if given)."""
@@ -330,13 +361,17 @@ class FleetEngine:
             self.on_fleet()
 
     def _apply_due(self) -> None:
-        now = self.replay.now()
-        while self._next_action < len(self.actions) and self.actions[self._next_action].at_s <= now:
+        """Apply every action whose replay time has come (by the replay clock, or by the engine
+        time `_next_due` promised: the two agree up to rounding, and a wait bounded by the latter
+        must find its action applied)."""
+        while self._next_action < len(self.actions) and (
+                self.actions[self._next_action].at_s <= self.replay.now()
+                or (due := self._next_due()) is not None and self.clock.now() >= due):
             a = self.actions[self._next_action]
             self._next_action += 1
             node = self.nodes.get(a.node)
             if node is None:
-                node = self.nodes[a.node] = Node(a.node, spot=True, alive=False)
+                node = self.nodes[a.node] = Node(a.node, spot=True, devices=self.spot_devices_per_node, alive=False)
             if a.action == "notice" and node.alive and not node.noticed:
                 self.notice(node.name, PreemptionNotice(Cause.TRACE, None, node.name))
             elif a.action == "kill" and node.alive:
@@ -349,14 +384,16 @@ class FleetEngine:
         n = self.nodes[node]
         n.noticed = True
         self.counters["notices"] += 1
-        for w in self._on(node):
-            if w.noticed:
-                continue
-            w.noticed = True
-            self.executor.notify(w, notice)
+        hit = self._on(node)
+        for w in hit:  # all told first: a regroup must not see a half-noticed group as intact
+            if not w.noticed:
+                w.noticed = True
+                self.executor.notify(w, notice)
+        for w in hit:
             if w.phase is not WorkerPhase.SERVING:  # holds nothing: retire it now
                 self._remove(w)
                 self.executor.stop(w, lost=False)
+        self._changed(self._affected(node, hit))
 
     def kill(self, node: str) -> None:
         """`node` is gone: its workers' requests go back to the queue at their last commit."""
@@ -365,12 +402,36 @@ class FleetEngine:
         if not n.noticed:
             self.counters["workers_lost"] += 1
         n.alive = False
-        for w in self._on(node):
+        if self.on_fleet is not None:
+            self.on_fleet()
+        hit = self._on(node)
+        for w in hit:
             self._remove(w)
             self.executor.stop(w, lost=True)
             self.queue.worker_lost(w.name)
-        if self.on_fleet is not None:
-            self.on_fleet()
+        if self.on_kill is not None:
+            self.on_kill(node)
+        self._changed(self._affected(node, hit))
+
+    def reset(self) -> list[Worker]:
+        """End every worker at once, as a job torn down for a restart: they are stopped as lost and
+        returned; what they leased is the caller's to account for (`PullQueue.worker_lost`)."""
+        gone = list(self.workers.values())
+        for w in gone:
+            self._remove(w)
+            self.executor.stop(w, lost=True)
+        return gone
+
+    def _changed(self, names: Iterable[str]) -> None:
+        self.executor.changed([self.nodes[n] for n in names if n in self.nodes])
+
+    @staticmethod
+    def _affected(node: str, hit: list[Worker]) -> list[str]:
+        """`node` and every node a worker of it spans (its other members may regroup), in order."""
+        seen = dict.fromkeys([node])
+        for w in hit:
+            seen.update(dict.fromkeys(w.nodes))
+        return list(seen)
 
     def _on(self, node: str) -> list[Worker]:
         return [w for w in self.workers.values() if node in w.nodes]
@@ -395,6 +456,7 @@ class FleetEngine:
                 if w.noticed:
                     self._remove(w)
                     self.executor.stop(w, lost=False)
+                    self._changed(w.nodes)
                 else:
                     w.phase = WorkerPhase.IDLE
                     self._idle[w.spot][w.name] = None
@@ -407,6 +469,7 @@ class FleetEngine:
                     self.nodes[name].alive = False
                 if ev.nodes and self.on_fleet is not None:
                     self.on_fleet()
+                self._changed(w.nodes)
             elif isinstance(ev, Dissolved):
                 self._remove(w)
 
@@ -435,28 +498,48 @@ class FleetEngine:
         return any(a.action == "add" for a in self.actions[self._next_action:])
 
     def _dispatch(self, kinds: Collection[Kind], version: int, spot_only: bool) -> None:
+        """Every idle worker allowed (on-demand ones first) serves, while there is work to pull."""
+        if not (self._idle[True] or (self._idle[False] and not spot_only)) or not self.queue.queued(kinds):
+            return
         for spot in ((True,) if spot_only else (False, True)):
             idle = self._idle[spot]
             while idle:
                 name = next(iter(idle))
-                del idle[name]
                 w = self.workers[name]
+                if not self.executor.serve(w, kinds, version):
+                    return
+                del idle[name]
                 w.phase = WorkerPhase.SERVING
-                self.executor.serve(w, kinds, version)
 
-    def _step(self, kinds: Collection[Kind], version: int, spot_only: bool, pending: Sequence[Pending] = (),
-              until: float | None = None) -> None:
-        """One turn: apply due actions, dispatch, wait for the next thing to happen."""
-        self._apply_due()
-        self._dispatch(kinds, version, spot_only)
-        if not self.workers and not self._more_capacity_coming():
-            raise NoCapacity("no rollout capacity left: every spot worker is gone, none is coming back, "
-                             "and there are no on-demand workers")
-        bound = [t for t in (until, self._next_due(), *(p.deadline for p in pending)) if t is not None]
-        limit = min(bound) if bound else None
-        if self.poll_s is not None:
-            limit = self.clock.now() + self.poll_s if limit is None else min(limit, self.clock.now() + self.poll_s)
+    def _step(self, done: Callable[[], bool], kinds: Collection[Kind] = (), version: int = 0,
+              spot_only: bool = False, pending: Sequence[Pending] = ()) -> bool:
+        """One turn of every phase: apply the actions due; return True if `done()` then holds;
+        else let idle workers serve `kinds` (none: only wait) and wait for the next thing to
+        happen — a worker's report, a `pending` done, an action due — and return False."""
+        # The simulator turns this loop about once per request (4,096 GPUs x 1,000 iterations: ~2M
+        # times), so the next action's time is computed once per turn.
+        clock = self.clock
+        due = self._next_due()
+        if due is not None and clock.now() >= due:
+            self._apply_due()
+            due = self._next_due()
+        if done():
+            return True
+        if kinds:
+            self._dispatch(kinds, version, spot_only)
+            if not self.workers and not self._more_capacity_coming():
+                raise NoCapacity("no rollout capacity left: every spot worker is gone, none is coming back, "
+                                 "and there are no on-demand workers")
+        limit = due
+        for p in pending:
+            if p.deadline is not None and (limit is None or p.deadline < limit):
+                limit = p.deadline
+        if self.poll_s is not None and (limit is None or limit > clock.now() + self.poll_s):
+            limit = clock.now() + self.poll_s
         self._handle(self.executor.wait(limit, pending))
+        if due is not None and clock.now() >= due:
+            self._apply_due()  # what is due now comes before anything else at this time
+        return False
 
     def _next_due(self) -> float | None:
         if self._next_action >= len(self.actions):
@@ -478,12 +561,15 @@ class FleetEngine:
         self.queue.put(requests)
         self._phase("rollout")
         reported = self.clock.now()
+        # Rollout requests of earlier phases are all done: every open one is one of `requests`.
+        done = lambda: not self.queue.open(Kind.ROLLOUT)
         try:
-            while not self.queue.is_done(ids):
+            while True:
                 if progress is not None and self.clock.now() - reported >= every_s:
                     progress(*self.queue.committed(ids))
                     reported = self.clock.now()
-                self._step((Kind.ROLLOUT,), version, spot_only=False)
+                if self._step(done, (Kind.ROLLOUT,), version):
+                    break
         finally:
             self._phase("idle")
 
@@ -508,8 +594,7 @@ class FleetEngine:
         self._phase("train")
         try:
             while requests:
-                ids = [r.id for r in requests]
-                if self.queue.is_done(ids):
+                if not self.queue.open(Kind.EXPLORATION):  # the round is done (or cancelled)
                     session.record(requests, score(requests))
                     if until is not None and self.clock.now() >= until:
                         break
@@ -521,7 +606,8 @@ class FleetEngine:
                     self.rate.update_s = updated - start
                     if session.time_bounded:
                         session.cancelled += self.queue.cancel(Kind.EXPLORATION)
-                        done = set(self.queue.completed(ids))
+                        self.executor.cancelled(Kind.EXPLORATION)
+                        done = set(self.queue.completed([r.id for r in requests]))
                         finished = [r for r in requests if r.id in done]
                         if finished:
                             session.record(finished, score(finished))
@@ -529,7 +615,8 @@ class FleetEngine:
                     continue
                 if not self.workers and not self._more_capacity_coming():
                     raise NoCapacity("no worker left to finish exploration (exploration.budget_source: samples)")
-                self._step((Kind.EXPLORATION,), version, spot_only=updating and spot_fleet,
+                self._step(lambda: not self.queue.open(Kind.EXPLORATION) or (updating and update.done()),
+                           (Kind.EXPLORATION,), version, spot_only=updating and spot_fleet,
                            pending=[update] if updating else ())
         finally:
             self._phase("idle")
@@ -550,12 +637,7 @@ class FleetEngine:
         and joins are handled, workers only idle."""
         self._phase("train")
         try:
-            while not pending.done():
-                self._apply_due()
-                bound = [t for t in (self._next_due(), pending.deadline) if t is not None]
-                limit = min(bound) if bound else None
-                if self.poll_s is not None:
-                    limit = self.clock.now() + self.poll_s if limit is None else min(limit, self.clock.now() + self.poll_s)
-                self._handle(self.executor.wait(limit, [pending]))
+            while not self._step(pending.done, pending=[pending]):
+                pass
         finally:
             self._phase("idle")

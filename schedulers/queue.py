@@ -25,12 +25,15 @@ import heapq
 import threading
 from collections import Counter, OrderedDict
 from collections.abc import Collection, Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from enum import Enum
-from typing import Any
+from typing import Any, NamedTuple
 
 from schedulers.clock import Clock
 from schedulers.request import Kind, Request
+
+
+_ALL_KINDS = tuple(sorted(Kind))
 
 
 class Status(Enum):
@@ -56,10 +59,10 @@ class Status(Enum):
     CANCELLED = "cancelled"
 
 
-@dataclass(frozen=True)
-class Lease:
+class Lease(NamedTuple):
     """`request` (with its last committed state and step) is `worker`'s to compute until `deadline`
-    (clock seconds), unless a heartbeat renews it first."""
+    (clock seconds), unless a heartbeat renews it first. (A named tuple, not a frozen dataclass:
+    one is made per pull, and the simulator pulls millions of times.)"""
 
     request: Request
     worker: str
@@ -83,6 +86,8 @@ class PullQueue:
         self._open: dict[Kind, dict[str, None]] = {kind: {} for kind in Kind}
         """Per kind, the ids QUEUED or LEASED (an insertion-ordered set): what `cancel` visits, so
         it costs the open requests, not every request a long run has put."""
+        self._queued: Counter[Kind] = Counter()
+        """Per kind, how many requests are QUEUED (what `queued` answers without a scan)."""
         self._heaps: dict[Kind, list[tuple[int, int, str]]] = {kind: [] for kind in Kind}
         """Per kind, (order, put seq, id). Entries of requests no longer QUEUED are dropped when
         they surface (a former holder may complete a queued request)."""
@@ -101,6 +106,10 @@ class PullQueue:
         self._done: dict[str, int] = {}
         """Request id -> its position in the commit log."""
         self._counts: Counter[str] = Counter()
+        self._expired_at: float | None = None
+        """The clock time of the last full expiry check: until the clock moves nothing more can
+        expire (every lease granted or renewed since ends after it). The simulator makes millions
+        of queue calls at a few hundred thousand distinct times."""
 
     def put(self, requests: Request | Iterable[Request]) -> None:
         """Queue new requests; nothing is queued if any id was put before (or twice here)."""
@@ -131,7 +140,7 @@ class PullQueue:
                 return []
             deadline = self._clock.now() + self._lease_s
             leases: list[Lease] = []
-            for kind in sorted(set(Kind if kinds is None else kinds)):
+            for kind in _ALL_KINDS if kinds is None else kinds if len(kinds) == 1 else sorted(set(kinds)):
                 heap = self._heaps[kind]
                 skipped: list[tuple[int, int, str]] = []
                 while heap and len(leases) < max_requests:
@@ -147,6 +156,7 @@ class PullQueue:
                     self._held.setdefault(worker, {})[request_id] = None
                     self._holders[request_id].add(worker)
                     self._status[request_id] = Status.LEASED
+                    self._queued[kind] -= 1
                     self._counts["requests_resumed"] += int(lease.request.step > 0)
                     self._counts["steps_resumed"] += lease.request.step
                     leases.append(lease)
@@ -164,7 +174,7 @@ class PullQueue:
             self._expire()
             deadline = self._clock.now() + self._lease_s
             for request_id in self._held.get(worker, {}):
-                self._leases[request_id] = replace(self._leases[request_id], deadline=deadline)
+                self._leases[request_id] = self._leases[request_id]._replace(deadline=deadline)
                 self._leases.move_to_end(request_id)
                 if progress is not None and request_id in progress:
                     self._progress[request_id] = progress[request_id]
@@ -213,6 +223,8 @@ class PullQueue:
                 return False
             if status is Status.LEASED:
                 self._release(request_id)  # the holder's lease, possibly another worker's
+            else:
+                self._queued[self._requests[request_id].kind] -= 1
             self._done[request_id] = len(self._log)
             self._log.append((request_id, result))
             self._status[request_id] = Status.COMPLETED
@@ -252,6 +264,7 @@ class PullQueue:
                 self._status[request_id] = Status.CANCELLED
             self._open[kind].clear()
             self._heaps[kind].clear()  # every request of this kind that was queued is now cancelled
+            self._queued[kind] = 0
             self._counts["requests_cancelled"] += cancelled
             return cancelled
 
@@ -283,6 +296,22 @@ class PullQueue:
                     r = self._requests[request_id]
                     partial[request_id] = (r.step, r.state)
             return results, partial
+
+    def open(self, kind: Kind) -> int:
+        """How many requests of `kind` are queued or leased (neither completed nor cancelled)."""
+        with self._lock:
+            self._expire()
+            return len(self._open[kind])
+
+    def queued(self, kinds: Collection[Kind] | None = None) -> int:
+        """How many requests of `kinds` (default all) wait to be pulled (leases that ran out
+        included); counted, not scanned."""
+        with self._lock:
+            self._expire()
+            if kinds is not None and len(kinds) == 1:
+                for k in kinds:
+                    return self._queued[k]
+            return sum(self._queued[k] for k in (Kind if kinds is None else kinds))
 
     def completed(self, ids: Iterable[str]) -> list[str]:
         """Those of `ids` that are completed, in the order given."""
@@ -346,6 +375,7 @@ class PullQueue:
         r = self._requests[request_id]
         heapq.heappush(self._heaps[r.kind], (r.order, self._seq[request_id], request_id))
         self._status[request_id] = Status.QUEUED
+        self._queued[r.kind] += 1
         self._open[r.kind][request_id] = None
 
     def _release(self, request_id: str) -> None:
@@ -377,6 +407,9 @@ class PullQueue:
 
     def _expire(self) -> None:
         now = self._clock.now()
+        if now == self._expired_at:
+            return
+        self._expired_at = now
         while self._leases:
             request_id, lease = next(iter(self._leases.items()))
             if lease.deadline >= now:

@@ -69,6 +69,12 @@ class _QueueActor:
     def completed(self, ids: Iterable[str]) -> list[str]:
         return self._queue.completed(ids)
 
+    def open(self, kind: Kind) -> int:
+        return self._queue.open(kind)
+
+    def queued(self, kinds: Collection[Kind] | None = None) -> int:
+        return self._queue.queued(kinds)
+
     def pending(self, ids: Iterable[str] | None = None) -> int:
         return self._queue.pending(ids)
 
@@ -130,6 +136,12 @@ class QueueClient:
 
     def completed(self, ids: Iterable[str]) -> list[str]:
         return ray.get(self.handle.completed.remote(ids))
+
+    def open(self, kind: Kind) -> int:
+        return ray.get(self.handle.open.remote(kind))
+
+    def queued(self, kinds: Collection[Kind] | None = None) -> int:
+        return ray.get(self.handle.queued.remote(kinds))
 
     def results(self, ids: Iterable[str]) -> list[Any]:
         return ray.get(self.handle.results.remote(ids))

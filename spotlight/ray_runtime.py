@@ -34,7 +34,7 @@ import ray
 import torch
 
 from schedulers.clock import WallClock
-from schedulers.fleet import Died, FleetAction, FleetEngine, Node, Ready, Served, Worker
+from schedulers.fleet import Died, FleetAction, FleetEngine, Node, Ready, Served, Worker, fleet_nodes
 from schedulers.preemption import PreemptionNotice
 from schedulers.queue_actor import QueueActor, QueueClient
 from schedulers.request import Request
@@ -108,8 +108,15 @@ class RayExecutor:
         self._starting[actor.set_weights.remote(self.version, self.weights)] = worker
         return [worker]
 
-    def serve(self, worker: Worker, kinds: Any, version: int) -> None:
+    def serve(self, worker: Worker, kinds: Any, version: int) -> bool:
         self._serving[worker.handle.serve.remote(list(kinds))] = worker
+        return True  # the actor pulls by itself; whether it finds work shows when serve() returns
+
+    def changed(self, nodes: Any) -> None:
+        pass  # one worker per node: nothing to regroup
+
+    def cancelled(self, kind: Any) -> None:
+        pass  # the actors learn it from their next heartbeat
 
     def notify(self, worker: Worker, notice: PreemptionNotice) -> None:
         ray.get(self.queue.notify.remote(worker.name, notice))
@@ -192,7 +199,7 @@ class RayRuntime:
         info = ray.get(self.learner.build.remote(checkpoints))
         self.version = info["step"]
         self.executor = RayExecutor(self.cfg, self.queue_actor, self.version, self.learner.weights.remote(), self.clock)
-        self.engine = FleetEngine(self.clock, self.queue, self.executor, rt.ondemand_workers, rt.spot_workers,
+        self.engine = FleetEngine(self.clock, self.queue, self.executor, fleet_nodes(rt.ondemand_workers, rt.spot_workers),
                                   actions=[FleetAction(a.at_s, f"spot{a.slot}", a.action) for a in self.actions],
                                   poll_s=_POLL_S)
         # The first fleet is up before the replay clock starts, so it starts with workers ready to pull.

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 
 from schedulers.clock import WallClock
-from schedulers.fleet import FleetEngine, Node, Ready, Served, Worker
+from schedulers.fleet import FleetEngine, Node, Ready, Served, Worker, fleet_nodes
 from schedulers.preemption import PreemptionNotice
 from schedulers.queue import PullQueue
 from schedulers.request import Request
@@ -117,9 +117,16 @@ class InProcessExecutor:
         self._events.append(Ready(w))
         return [w]
 
-    def serve(self, worker: Worker, kinds: Any, version: int) -> None:
+    def serve(self, worker: Worker, kinds: Any, version: int) -> bool:
         done = worker.handle.serve(kinds)
         self._events.append(Served(worker.name, noticed=done["noticed"]))
+        return True
+
+    def changed(self, nodes: Any) -> None:
+        pass
+
+    def cancelled(self, kind: Any) -> None:
+        pass
 
     def notify(self, worker: Worker, notice: PreemptionNotice) -> None:
         worker.handle.notify(notice)
@@ -145,7 +152,7 @@ class LocalRuntime:
                                     commit_every=self.cfg.runtime.commit_every)
         self.worker.set_weights(self.learner.version)
         self.reward = RewardWorker(self.cfg.reward)
-        self.engine = FleetEngine(self.clock, self.queue, InProcessExecutor(self.worker), ondemand_nodes=1, spot_nodes=0)
+        self.engine = FleetEngine(self.clock, self.queue, InProcessExecutor(self.worker), fleet_nodes(1, 0))
         self.engine.start()
         return info
 
