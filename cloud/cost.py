@@ -105,8 +105,11 @@ class Forecast:
     plus `STOP_SLACK_S`."""
 
     def __init__(self, prior_iteration_s: float, prior_checkpoint_s: float, margin: float = MARGIN,
-                 window: int = WINDOW) -> None:
+                 window: int = WINDOW, reserve_s: float = 0.0) -> None:
         self.prior_iteration_s, self.prior_checkpoint_s = prior_iteration_s, prior_checkpoint_s
+        self.reserve_s = reserve_s
+        """Seconds added to every clean stop besides the writes: what one more setback between two
+        checks may cost (a restart-from-checkpoint run: a cold start and a restore)."""
         self.margin = margin
         self.iterations: deque[float] = deque(maxlen=window)
         self.checkpoints: deque[float] = deque(maxlen=window)
@@ -129,7 +132,7 @@ class Forecast:
     def stop_s(self) -> float:
         writes = (2 * self.prior_checkpoint_s * PRIOR_FACTOR if not self.checkpoints
                   else 2 * max(self.checkpoints) * (1.0 + self.margin))
-        return writes + STOP_SLACK_S
+        return writes + STOP_SLACK_S + self.reserve_s
 
 
 class BudgetPolicy:
@@ -231,7 +234,7 @@ class CostControl:
 
     def __init__(self, clock: Clock, meter: CostMeter, fleet_after_switch: Fleet, forecast: Forecast,
                  budget: BudgetPolicy | None = None, deadline: DeadlinePolicy | None = None,
-                 price: Any = None) -> None:
+                 price: Any = None, peak_fleet: Fleet | None = None) -> None:
         self.clock = clock
         self.meter = meter
         self.fleet_after_switch = fleet_after_switch
@@ -240,6 +243,9 @@ class CostControl:
         self.deadline = deadline
         self.price = price
         """The `cloud.prices.NodePrice` the nodes are priced at (for the summary), if known."""
+        self.peak_fleet = peak_fleet
+        """The largest fleet the run may pay for before the next check (a simulated fleet grows
+        as spot nodes join mid-iteration); None: the meter's fleet, which a live run keeps."""
         self.origin_s = clock.now()
         self._iteration_start: float | None = None
         self.switched_at: int | None = None
@@ -304,7 +310,8 @@ class CostControl:
             if reason is not None:
                 switch, message = True, f"switching spot workers to on-demand at iteration {step}: {reason}"
         if self.budget is not None:
-            rate = self.meter.rate_usd_h_of(self.fleet_after_switch) if switch else self.meter.rate_usd_h
+            fleet = self.fleet_after_switch if switch else self.peak_fleet or self.meter.fleet
+            rate = self.meter.rate_usd_h_of(fleet)
             spent, ahead = self.spent_usd(), self.budget.forecast_usd(rate)
             if self.budget.should_stop(spent, ahead):
                 return Decision("budget", False, (

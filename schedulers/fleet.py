@@ -370,14 +370,22 @@ class FleetEngine:
             a = self.actions[self._next_action]
             self._next_action += 1
             node = self.nodes.get(a.node)
-            if node is None:
-                node = self.nodes[a.node] = Node(a.node, spot=True, devices=self.spot_devices_per_node, alive=False)
-            if a.action == "notice" and node.alive and not node.noticed:
+            if a.action == "notice" and node is not None and node.alive and not node.noticed:
                 self.notice(node.name, PreemptionNotice(Cause.TRACE, None, node.name))
-            elif a.action == "kill" and node.alive:
+            elif a.action == "kill" and node is not None and node.alive:
                 self.kill(node.name)
-            elif a.action == "add" and not node.alive:
-                self._join(node)
+            elif a.action == "add":
+                self.add(a.node)
+
+    def add(self, node: str, spot: bool = True, devices: int | None = None) -> None:
+        """`node` joins (a replayed trace's add, the cluster reporting a new node); a node seen
+        before joins again with its own kind and size. Nothing happens to a node that is alive."""
+        n = self.nodes.get(node)
+        if n is None:
+            n = self.nodes[node] = Node(node, spot=spot, alive=False,
+                                        devices=self.spot_devices_per_node if devices is None else devices)
+        if not n.alive:
+            self._join(n)
 
     def notice(self, node: str, notice: PreemptionNotice) -> None:
         """`node` will go away: its workers give back at the next step boundary and pull no more."""
@@ -491,6 +499,16 @@ class FleetEngine:
             self._join(node)
         while any(w.phase is WorkerPhase.STARTING for w in self.workers.values()):
             self._handle(self.executor.wait(None))
+
+    def before_iteration(self, cost: Any, step: int, total: int) -> Any:
+        """The cost control's question before iteration `step` of `total` (`cloud.cost.CostControl`:
+        a budget or a deadline may stop the run first); when it asks for a switch, every spot node
+        is replaced by an on-demand one (`use_ondemand`) and the meter is told. Returns its Decision."""
+        decision = cost.before_iteration(step, total)
+        if decision.stop is None and decision.switch:
+            self.use_ondemand()
+            cost.switched(step)
+        return decision
 
     # ---- the loop -------------------------------------------------------------------------------
 

@@ -214,9 +214,15 @@ class RayRuntime:
 
     # ---- the roles --------------------------------------------------------------------------------
 
-    def rollout(self, requests: list[Request], progress: Progress | None = None, every_s: float = 30.0) -> list[Rollout]:
+    def rollout(self, requests: list[Request], progress: Progress | None = None, every_s: float = 30.0) -> Any:
+        """The results stay in the object store: the ObjectRef returned goes to the reward actor and
+        the learner as it is, and Ray hands them the results from the queue actor's reply directly
+        (measured before: every trajectory crossed the controller three times)."""
         self.engine.rollout(requests, self.version, progress, every_s)
-        return self.queue.results([r.id for r in requests])
+        return self.queue_actor.results.remote([r.id for r in requests])
+
+    def fetch(self, parts: Any) -> list[Rollout]:
+        return ray.get(parts) if isinstance(parts, ray.ObjectRef) else parts
 
     def rewards(self, parts: list[Rollout]) -> torch.Tensor:
         return ray.get(self.reward.score.remote(parts))

@@ -50,10 +50,17 @@ class Runtime(Protocol):
         """Weight version = iterations the learner has applied."""
         ...
 
-    def rollout(self, requests: list[Request], progress: "Progress | None" = None, every_s: float = 30.0) -> list[Rollout]:
-        """Compute every request at the current weights; results in request order. While it runs,
+    def rollout(self, requests: list[Request], progress: "Progress | None" = None, every_s: float = 30.0) -> Any:
+        """Compute every request at the current weights; returns the results in request order, as
+        the runtime holds them: a list, or a handle (Ray: an ObjectRef in the object store) that
+        `rewards` and `update` take as it is — the trajectories go from the workers to the reward
+        worker and the learner without passing through the controller. While it runs,
         `progress(results, partial)` gets what is committed (`PullQueue.committed`) every `every_s`
         seconds (a runtime that computes the whole rollout in one call never calls it)."""
+        ...
+
+    def fetch(self, parts: Any) -> list[Rollout]:
+        """The results `rollout` returned, as a list here (to merge with results kept elsewhere)."""
         ...
 
     def rewards(self, parts: list[Rollout]) -> torch.Tensor: ...
@@ -105,17 +112,29 @@ def scheduler_stats(queue_stats: dict[str, int], preemptions: int, workers_lost:
 
 
 class InProcessExecutor:
-    """One `RolloutWorker` in this process, sharing the learner's policy (no weight copies), as the
-    fleet engine's executor: serving computes everything the queue has for it, then returns."""
+    """Rollout workers in this process, one per node, all sharing one policy (no weight copies), as
+    the fleet engine's executor: serving computes everything the queue has for the worker, then
+    returns. `workers` holds every worker it started (a test looks at what each computed)."""
 
-    def __init__(self, worker: RolloutWorker) -> None:
-        self.worker = worker
+    def __init__(self, cfg: RunConfig, queue: Any, policy: Any, version: int = 0) -> None:
+        self.cfg, self.queue, self.policy, self.version = cfg, queue, policy, version
+        self.workers: list[RolloutWorker] = []
         self._events: list[Any] = []
 
     def start(self, node: Node, spot: bool) -> list[Worker]:
-        w = Worker(self.worker.name, (node.name,), spot, handle=self.worker)
+        worker = RolloutWorker(f"{node.name}.{node.generation}", self.cfg, self.queue, policy=self.policy,
+                               commit_every=self.cfg.runtime.commit_every)
+        worker.set_weights(self.version)
+        self.workers.append(worker)
+        w = Worker(worker.name, (node.name,), spot, handle=worker)
         self._events.append(Ready(w))
         return [w]
+
+    def publish(self, version: int, workers: list[Worker]) -> None:
+        """The shared policy holds weight version `version` now."""
+        self.version = version
+        for w in workers:
+            w.handle.set_weights(version)
 
     def serve(self, worker: Worker, kinds: Any, version: int) -> bool:
         done = worker.handle.serve(kinds)
@@ -148,11 +167,9 @@ class LocalRuntime:
 
     def build(self, checkpoints: Path) -> dict[str, Any]:
         info = self.learner.build(checkpoints)
-        self.worker = RolloutWorker("local", self.cfg, self.queue, policy=self.learner.policy,
-                                    commit_every=self.cfg.runtime.commit_every)
-        self.worker.set_weights(self.learner.version)
+        self.executor = InProcessExecutor(self.cfg, self.queue, self.learner.policy, self.learner.version)
         self.reward = RewardWorker(self.cfg.reward)
-        self.engine = FleetEngine(self.clock, self.queue, InProcessExecutor(self.worker), fleet_nodes(1, 0))
+        self.engine = FleetEngine(self.clock, self.queue, self.executor, fleet_nodes(1, 0))
         self.engine.start()
         return info
 
@@ -164,6 +181,9 @@ class LocalRuntime:
         # One worker serves the whole rollout in one call: there is no mid-way state to report.
         self.engine.rollout(requests, self.version)
         return self.queue.results([r.id for r in requests])
+
+    def fetch(self, parts: list[Rollout]) -> list[Rollout]:
+        return parts
 
     def rewards(self, parts: list[Rollout]) -> torch.Tensor:
         return self.reward.score(parts)
@@ -179,7 +199,7 @@ class LocalRuntime:
         start = self.clock.now()
         stats = self.learner.update(parts, advantages)
         self.engine.rate.update_s = self.clock.now() - start
-        self.worker.set_weights(self.learner.version)
+        self.executor.publish(self.learner.version, list(self.engine.workers.values()))
         return {**stats, **explored}
 
     def explore(self, session: "ExplorationSession") -> dict[str, float]:

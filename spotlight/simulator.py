@@ -34,7 +34,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from cloud.cost import BudgetPolicy, CostMeter, Fleet, Forecast
+from cloud.cost import BudgetPolicy, CostControl, CostMeter, Fleet, Forecast
 from planners.allocation import make_planner
 from planners.seed_pool import SeedPool
 from schedulers.clock import ManualClock
@@ -333,24 +333,15 @@ class Simulation:
         self.engine.start()
         gain, progress, reached_at, cost_at, explored = 0.0, [(0.0, self.progress.score(0.0))], None, None, {}
         train_s = st.train_s(cfg.resolution, cfg.prompts * cfg.group_size, cfg.gpus)
-        # The live trainer's budget rule; its prior, before an iteration is measured, is the part of an
-        # iteration no fleet shortens (train + weight sync), x Forecast's prior factor.
-        forecast = Forecast(train_s + st.weight_sync_s, 0.0)
-        budget = BudgetPolicy(cfg.budget_usd, forecast) if cfg.budget_usd is not None else None
-        # Priced at the fleet's peak (spot nodes may join mid-iteration), and a restart-from-checkpoint
-        # policy also keeps one cold start + restore in reserve: a preemption between two checks
-        # costs that much before the next check can stop the run.
-        peak_usd_h = self.meter.rate_usd_h_of(Fleet(cfg.gpus, cfg.peak_spot_gpus if self.policy.spot else 0))
-        reserve_s = 0.0 if self.policy.elastic else st.cold_start_s + st.restore_s
+        cost = self._cost_control(train_s)
         stop_reason = "iterations"
         it = 0
         while it < cfg.iterations:
             self._before_iteration()
-            if budget is not None and budget.should_stop(
-                    self.meter.spent_usd(), budget.forecast_usd(peak_usd_h) + peak_usd_h * reserve_s / 3600.0):
-                stop_reason = "budget"
+            decision = self.engine.before_iteration(cost, it, cfg.iterations)  # the live trainer's question
+            if decision.stop is not None:
+                stop_reason = decision.stop
                 break
-            started = self.clock.now()
             self._new_queue()
             nxt = self._iteration(it, explored, train_s)
             if nxt is None:
@@ -359,7 +350,7 @@ class Simulation:
             gain += self.progress.gain(self._signal(it, explored))
             explored = nxt
             progress.append((self.clock.now(), self.progress.score(gain)))
-            forecast.observe(self.clock.now() - started)
+            cost.after_iteration()
             it += 1
             if self.on_iteration is not None:
                 self.on_iteration(it)
@@ -379,6 +370,19 @@ class Simulation:
         for k, v in self.queue.stats().items():
             self._stats[k] = self._stats.get(k, 0) + v
         self.queue = self.engine.queue = self.executor.queue = PullQueue(self.clock, lease_s=1e15)
+
+    def _cost_control(self, train_s: float) -> CostControl:
+        """The live trainer's cost control on the simulated meter, with `budget_usd` when set. Its
+        prior, before an iteration is measured, is the part of an iteration no fleet shortens (train +
+        weight sync); forecasts are priced at the fleet's peak (spot nodes may join mid-iteration),
+        and a restart-from-checkpoint policy keeps one cold start + restore in reserve: a preemption
+        between two checks costs that much before the next check can stop the run."""
+        cfg, st = self.cfg, self.st
+        reserve_s = 0.0 if self.policy.elastic else st.cold_start_s + st.restore_s
+        forecast = Forecast(train_s + st.weight_sync_s, 0.0, reserve_s=reserve_s)
+        budget = BudgetPolicy(cfg.budget_usd, forecast) if cfg.budget_usd is not None else None
+        peak = Fleet(cfg.gpus, cfg.peak_spot_gpus if self.policy.spot else 0)
+        return CostControl(self.clock, self.meter, peak, forecast, budget, peak_fleet=peak)
 
     def _before_iteration(self) -> None:
         """Hook: the restart baseline waits out a restart here."""

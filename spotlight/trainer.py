@@ -333,7 +333,9 @@ class Trainer:
                 self.log(f"in-flight state of iteration {step} not stored: {err}")
 
         got = self.runtime.rollout(todo, snapshot, self.cfg.cloud.inflight_every_s) if todo else []
-        by_id = {**done, **dict(zip([r.id for r in todo], got))}
+        if not done:
+            return got  # as the runtime holds them (by reference on Ray)
+        by_id = {**done, **dict(zip([r.id for r in todo], self.runtime.fetch(got)))}
         return [by_id[r.id] for r in requests]
 
     def train(self) -> dict[str, Any]:
@@ -438,7 +440,7 @@ class Trainer:
     def _go_on(self, step: int, saved: int) -> bool:
         """Ask the cost control whether iteration `step` runs; switch the workers to on-demand when
         the deadline asks for it; on a stop, checkpoint the iterations done unless `saved` holds them."""
-        decision = self.cost.before_iteration(step, self.cfg.train.steps)
+        decision = self.runtime.engine.before_iteration(self.cost, step, self.cfg.train.steps)
         if decision.stop is not None:
             self.stop_reason = decision.stop
             self.log(decision.message)
@@ -447,8 +449,6 @@ class Trainer:
             return False
         if decision.switch:
             self.log(decision.message)
-            self.runtime.use_ondemand()
-            self.cost.switched(step)
         return True
 
 
