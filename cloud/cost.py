@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from schedulers.clock import Clock
-from spotlight.config import ConfigError, RunConfig
+from schedulers.input_file import ConfigError
 
 MARGIN = 0.5
 """Forecasts are the slowest recent duration x 1.5. Tiny CPU iterations on a shared 2-core machine
@@ -38,7 +38,7 @@ a fleet change (a switch to on-demand, lost spot workers)."""
 PRIOR_FACTOR = 4.0
 """Before any iteration is measured, the forecast is the a-priori lower bound x 4. The bound is
 2.8-3.8x under the tiny iterations measured here (6.9x for the tests' smallest LLM run;
-`cloud.iteration_time`), so x 4 is about one real iteration: a budget that can barely pay for the
+`spotlight.iteration_time`), so x 4 is about one real iteration: a budget that can barely pay for the
 first iteration may still be overrun by it. From the second iteration on, forecasts are measured."""
 
 
@@ -49,15 +49,6 @@ class Fleet:
     ondemand: int
     spot: int
 
-    @classmethod
-    def of(cls, cfg: RunConfig, ondemand_workers: bool = False) -> "Fleet":
-        """The run's fleet: one on-demand head (controller and learner), `runtime.ondemand_workers`
-        on-demand and `runtime.spot_workers` spot rollout nodes — or, after the fall-back, every
-        worker on-demand."""
-        rt = cfg.runtime
-        if ondemand_workers:
-            return cls(1 + rt.ondemand_workers + rt.spot_workers, 0)
-        return cls(1 + rt.ondemand_workers, rt.spot_workers)
 
 
 class CostMeter:
@@ -250,41 +241,6 @@ class CostControl:
         self._iteration_start: float | None = None
         self.switched_at: int | None = None
 
-    @classmethod
-    def from_config(cls, cfg: RunConfig, clock: Clock, spent: Spent | None = None, table: Any = None) -> "CostControl":
-        """The meter for `cfg`'s fleet (`Fleet.of`), priced from `table` (None: the table at
-        `cloud.prices`, else the shipped one) x `cloud.price_scale`, with a budget and a deadline when
-        `cfg.cloud` sets them. The meter starts now, with what earlier sessions spent on it. A budget
-        whose remainder cannot pay for their last start-up plus one iteration at the a-priori lower
-        bound (`cloud.iteration_time`) is a ConfigError."""
-        from cloud.iteration_time import checkpoint_seconds_estimate, iteration_seconds_lower_bound
-        from cloud.prices import PriceTable
-
-        c, spent = cfg.cloud, spent if spent is not None else Spent()
-        table = table if table is not None else PriceTable.load(c.prices)
-        try:
-            price = table.node_price(c.gpu, c.gpus_per_node, c.instance_type)
-        except ConfigError as err:
-            field = "cloud.gpu" if str(err).startswith("unknown GPU") else "cloud.instance_type"
-            raise type(err)(f"{field}: {err}") from None
-        fleet = Fleet.of(cfg)
-        meter = CostMeter(clock, price.ondemand_usd_h * c.price_scale, price.spot_usd_h * c.price_scale,
-                          fleet, spent.cost_usd)
-        lower_s = iteration_seconds_lower_bound(cfg)
-        forecast = Forecast(lower_s, checkpoint_seconds_estimate(cfg))
-        budget = BudgetPolicy(c.budget_usd, forecast) if c.budget_usd is not None else None
-        if budget is not None and not budget.affordable(spent.cost_usd, meter.rate_usd_h, spent.startup_s + lower_s):
-            rate = meter.rate_usd_h / 3600.0
-            before = (f"after the ${spent.cost_usd:.4g} this run already spent and a start-up like its last "
-                      f"({spent.startup_s:.3g} s, ${spent.startup_s * rate:.4g}), " if spent.cost_usd > 0 else "")
-            raise ConfigError(
-                f"cloud.budget_usd (--budget-usd): ${c.budget_usd:.4g} is too small: {before}one iteration costs at "
-                f"least ${lower_s * rate:.4g} ({lower_s:.3g} s at ${meter.rate_usd_h:.4g}/h for "
-                f"{fleet.ondemand} on-demand + {fleet.spot} spot nodes of {c.gpus_per_node} x {price.row.gpu} priced "
-                f"from {price.row.instance_type}{_scaled(c.price_scale)})")
-        deadline = DeadlinePolicy(c.deadline_h * 3600.0) if c.deadline_h is not None else None
-        return cls(clock, meter, Fleet.of(cfg, ondemand_workers=True), forecast, budget, deadline, price)
-
     def now_s(self) -> float:
         """Seconds since the meter started."""
         return self.clock.now() - self.origin_s
@@ -357,7 +313,7 @@ class CostControl:
         return out
 
 
-def _scaled(scale: float) -> str:
+def scaled(scale: float) -> str:
     return f", x {scale:g} (cloud.price_scale)" if scale != 1.0 else ""
 
 

@@ -19,7 +19,8 @@ import os
 import urllib.request
 from typing import Any
 
-from cloud.store import Store, open_store
+from cloud.store import Store
+from cloud.open_store import open_store
 from schedulers.clock import Clock
 from schedulers.preemption import Cause, NoticeSource, PreemptionNotice
 

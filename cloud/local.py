@@ -4,7 +4,7 @@ It is what simulation and tests run in place of a cloud, and it passes the same 
 as `cloud.aws.AwsProvider` and `cloud.gcp.GcpProvider` (tests/test_cloud_contract.py).
 
 `TraceNoticeSource` is a `schedulers.preemption.NoticeSource` for one slot of
-`spotlight.traces.replay_schedule(trace, slots, speedup, notice_s)`: replay time 0 is `start` on
+`schedulers.traces.replay_schedule(trace, slots, speedup, notice_s)`: replay time 0 is `start` on
 the injected clock. It reports the first kill of its slot that is not already past when the
 source is made (a node that joins mid-replay is not warned about kills before it existed): from
 that kill's "notice" action on (from the kill itself when the schedule gives no notice), `poll()`
@@ -20,7 +20,7 @@ from pathlib import Path
 from cloud.store import LocalStore, Store, StoreURIError, parse_store_uri
 from schedulers.clock import Clock
 from schedulers.preemption import Cause, NoticeSource, PreemptionNotice
-from spotlight.traces import ReplayAction, Trace, load_trace, replay_schedule
+from schedulers.traces import ReplayAction, Trace, load_trace, replay_schedule
 
 
 class TraceNoticeSource:

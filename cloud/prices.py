@@ -28,7 +28,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from spotlight.config import ConfigError
+from schedulers.input_file import ConfigError
 
 SHIPPED = Path(__file__).with_name("prices.csv")
 COLUMNS = ("provider", "instance_type", "gpu", "gpus", "ondemand_usd_h", "spot_usd_h", "source", "date")

@@ -39,7 +39,8 @@ from typing import Any
 
 import yaml
 
-from spotlight.config import ConfigError, RunConfig, to_yaml
+from cloud.config import CloudConfig
+from schedulers.input_file import ConfigError
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 """The project: the tasks' `workdir`, installed on every node by their `setup`."""
@@ -134,10 +135,9 @@ def known_gpus(prices: Path | None = None) -> dict[str, str]:
     return names
 
 
-def accelerators(cfg: RunConfig) -> list[str]:
+def accelerators(cloud: CloudConfig) -> list[str]:
     """`cloud.gpu` then `cloud.fallback_gpus`, spelled as SkyPilot spells them, without repeats.
     An unknown name is a `ConfigError` naming its field."""
-    cloud = cfg.cloud
     known = known_gpus(Path(cloud.prices) if cloud.prices else None)
     out: list[str] = []
     for field_name, gpu in [("cloud.gpu", cloud.gpu)] + [(f"cloud.fallback_gpus[{i}]", g)
@@ -151,9 +151,9 @@ def accelerators(cfg: RunConfig) -> list[str]:
     return out
 
 
-def pool_sizes(cfg: RunConfig) -> list[int]:
+def pool_sizes(cloud: CloudConfig, spot_workers: int) -> list[int]:
     """`runtime.spot_workers` nodes split over `cloud.worker_pools` pools, the first ones one larger."""
-    total, pools = cfg.runtime.spot_workers, cfg.cloud.worker_pools
+    total, pools = spot_workers, cloud.worker_pools
     if total == 0:
         return []  # an on-demand-only run: the head alone
     if pools > total:
@@ -165,8 +165,8 @@ def pool_sizes(cfg: RunConfig) -> list[int]:
 # ---- the tasks --------------------------------------------------------------------------------------
 
 
-def _infra(cfg: RunConfig) -> str | None:
-    provider, region = cfg.cloud.provider, cfg.cloud.region
+def _infra(cloud: CloudConfig) -> str | None:
+    provider, region = cloud.provider, cloud.region
     if region:
         return f"{provider or '*'}/{region}"
     return provider
@@ -181,12 +181,12 @@ _SETUP = "pip install -e '.[gpu]'\n"
 """On a GPU node a plain install pulls the CUDA build of torch, which is what it needs there."""
 
 
-def head_task(cfg: RunConfig, name: str, run_yaml: Path) -> dict[str, Any]:
-    gpu = accelerators(cfg)[0]
-    resources: dict[str, Any] = {"accelerators": f"{gpu}:{cfg.cloud.gpus_per_node}", "use_spot": False,
+def head_task(cloud: CloudConfig, name: str, run_yaml: Path) -> dict[str, Any]:
+    gpu = accelerators(cloud)[0]
+    resources: dict[str, Any] = {"accelerators": f"{gpu}:{cloud.gpus_per_node}", "use_spot": False,
                                  "ports": RAY_OPEN_PORTS}
-    if _infra(cfg):
-        resources = {"infra": _infra(cfg), **resources}
+    if _infra(cloud):
+        resources = {"infra": _infra(cloud), **resources}
     remote_config = f"{REMOTE_DIR}/run.yaml"
     run = (
         "set -eo pipefail\n"
@@ -210,12 +210,11 @@ def head_task(cfg: RunConfig, name: str, run_yaml: Path) -> dict[str, Any]:
     }
 
 
-def worker_task(cfg: RunConfig, name: str, index: int, nodes: int) -> dict[str, Any]:
-    cloud = cfg.cloud
-    choices = [f"{g}:{cloud.gpus_per_node}" for g in accelerators(cfg)]
+def worker_task(cloud: CloudConfig, name: str, index: int, nodes: int) -> dict[str, Any]:
+    choices = [f"{g}:{cloud.gpus_per_node}" for g in accelerators(cloud)]
     resources: dict[str, Any] = {"use_spot": True, "ports": RAY_OPEN_PORTS}
-    if _infra(cfg):
-        resources = {"infra": _infra(cfg), **resources}
+    if _infra(cloud):
+        resources = {"infra": _infra(cloud), **resources}
     if len(choices) == 1:
         resources["accelerators"] = choices[0]
     else:
@@ -259,18 +258,19 @@ _TaskDumper.add_representer(str, lambda dumper, s: dumper.represent_scalar(
     "tag:yaml.org,2002:str", s, style="|" if "\n" in s else None))
 
 
-def write_tasks(cfg: RunConfig, out: str | Path, name: str) -> list[Path]:
-    """Write run.yaml, head.yaml and workers-<i>.yaml into `out`; returns the task files (head
-    first). Nothing is written when the config cannot become tasks (a `ConfigError`)."""
+def write_tasks(cloud: CloudConfig, spot_workers: int, run_config: str, out: str | Path, name: str) -> list[Path]:
+    """Write run.yaml (the run config's text, `run_config`), head.yaml and workers-<i>.yaml into
+    `out` for a run with that `cloud` section and `spot_workers` spot nodes; returns the task files
+    (head first). Nothing is written when the config cannot become tasks (a `ConfigError`)."""
     name = check_name(name)
-    sizes = pool_sizes(cfg)
-    accelerators(cfg)  # an unknown GPU is reported before any file is touched
+    sizes = pool_sizes(cloud, spot_workers)
+    accelerators(cloud)  # an unknown GPU is reported before any file is touched
     out = Path(out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     run_yaml = out / "run.yaml"
-    run_yaml.write_text(to_yaml(cfg))
-    tasks = [("head.yaml", head_task(cfg, name, run_yaml))]
-    tasks += [(f"workers-{i}.yaml", worker_task(cfg, name, i, n)) for i, n in enumerate(sizes)]
+    run_yaml.write_text(run_config)
+    tasks = [("head.yaml", head_task(cloud, name, run_yaml))]
+    tasks += [(f"workers-{i}.yaml", worker_task(cloud, name, i, n)) for i, n in enumerate(sizes)]
     for stale in out.glob("workers-*.yaml"):  # pools of an earlier, larger split
         stale.unlink()
     paths = []

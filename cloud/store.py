@@ -15,8 +15,9 @@ written last — see `spotlight.checkpoint_sync`.
 Keys are relative '/'-separated paths ("step-000004/MANIFEST.json"): no leading or trailing '/',
 no empty, '.' or '..' parts.
 
-`open_store(uri)` opens `s3://BUCKET/PREFIX`, `file:///ABS/PATH` or a plain path. A URI that
-names no store is a `StoreURIError` whose message is one line naming the URI and what was expected.
+`parse_store_uri(uri)` reads `s3://BUCKET/PREFIX`, `file:///ABS/PATH` or a plain path
+(`cloud.open_store.open_store` opens it). A URI that names no store is a `StoreURIError` whose
+message is one line naming the URI and what was expected.
 
 A folder store is accepted only inside an allowed root: a folder listed in `$SPOTLIGHT_STORE_ROOTS`
 (`os.pathsep`-separated), or, when that is unset or empty, the working directory. A run writes and
@@ -34,6 +35,8 @@ from pathlib import Path
 from typing import Protocol, runtime_checkable
 from urllib.parse import urlsplit
 
+from schedulers.input_file import InputError
+
 EXPECTED_URI = "s3://BUCKET/PREFIX, file:///ABSOLUTE/PATH or a local path"
 STORE_ROOTS_ENV = "SPOTLIGHT_STORE_ROOTS"
 """Folders that folder stores may be in, `os.pathsep`-separated; unset or empty: the working directory."""
@@ -49,7 +52,7 @@ class MissingKey(StoreError):
     """The key does not exist in the store."""
 
 
-class StoreURIError(ValueError):
+class StoreURIError(InputError):
     """A URI that names no store; the message is one line: the URI, what is wrong, what was expected."""
 
 
@@ -148,18 +151,6 @@ def _valid_bucket(name: str) -> bool:
     # S3's rules for new buckets (what S3-compatible servers accept too), minus the IP-address rule.
     return (3 <= len(name) <= 63 and name[0].isalnum() and name[-1].isalnum() and ".." not in name
             and all(c.islower() or c.isdigit() or c in ".-" for c in name))
-
-
-def open_store(uri: str, **options: object) -> Store:
-    """The store a URI names. `options` go to an S3Store's constructor (endpoint_url, clock,
-    backoff, ...) and are ignored for a folder; boto3 is imported only for s3:// URIs."""
-    where = parse_store_uri(uri)
-    if where.scheme == "s3":
-        from cloud.aws import S3Store
-
-        return S3Store(where.bucket, where.prefix, **options)  # type: ignore[arg-type]
-    assert where.path is not None
-    return LocalStore(where.path)
 
 
 def check_key(key: str) -> str:

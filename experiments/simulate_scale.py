@@ -14,7 +14,7 @@ from pathlib import Path
 
 from spotlight.progress_model import ProgressModel
 from spotlight.simulator import POLICIES, SimConfig, gpu_prices, make_simulation
-from spotlight.traces import load_trace
+from schedulers.traces import load_trace
 
 TRACE = Path(__file__).resolve().parent / "traces" / "bamboo-p3.csv"
 

@@ -28,7 +28,7 @@ def replay_run(trace: Path, notice_s: float, iterations: int, speedup: float,
                spot: int, progress: bool = False) -> tuple[dict[str, Any], dict[str, int]]:
     """One tiny-DiT Ray run with `trace` replayed; returns its summary and the queue's own counters."""
     from spotlight.ray_runtime import RayRuntime
-    from spotlight.traces import load_trace, replay_schedule
+    from schedulers.traces import load_trace, replay_schedule
     from spotlight.trainer import Trainer
 
     cfg = default_config({

@@ -37,10 +37,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from cloud.store import StoreError
-from spotlight.config import ConfigError, RunConfig, default_config, load_config
-from spotlight.input_file import short
+from spotlight.config import ConfigError, RunConfig, default_config, load_config, to_yaml
+from schedulers.input_file import InputError, short
 from spotlight.sim_report import plural
-from spotlight.traces import TraceError
 
 BENCH_LIMITS = {"repeats": (1, 1000), "iterations": (1, 1000), "world": (2, 16), "heads": (1, 64)}
 """[low, high] of the bench flags: `--world` member processes run on one machine (each holds a
@@ -234,7 +233,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     check_train_inputs(cfg, args, out)
     trace = None
     if args.preemption_trace:
-        from spotlight.traces import load_trace
+        from schedulers.traces import load_trace
 
         trace = load_trace(args.preemption_trace)
     from spotlight.learner import NonFiniteUpdate
@@ -242,7 +241,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     runtime = make_runtime(cfg)
     if trace is not None:
-        from spotlight.traces import replay_schedule
+        from schedulers.traces import replay_schedule
 
         runtime.actions = replay_schedule(trace, cfg.runtime.spot_workers, cfg.runtime.trace_speedup,
                                           cfg.runtime.notice_s)
@@ -363,7 +362,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
     if python is None and args.strict:
         raise ConfigError(f"SkyPilot validation skipped (--strict): {why}")
     try:
-        paths = sky.write_tasks(cfg, out, name)
+        paths = sky.write_tasks(cfg.cloud, cfg.runtime.spot_workers, to_yaml(cfg), out, name)
     except ConfigError as err:  # a cloud field that cannot become a task: name the config file
         raise ConfigError(f"{args.config}: {err}") from None
     print(f"wrote {out}/: run.yaml, " + ", ".join(p.name for p in paths))
@@ -395,11 +394,11 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
     plot = _output_file(args.plot, "--plot") if args.plot else None
-    from cloud.iteration_time import PEAK_BF16_FLOPS
+    from spotlight.iteration_time import PEAK_BF16_FLOPS
     from spotlight.simulator import POLICIES, SimConfig, gpu_prices, simulate
     from spotlight.sim_report import plot_simulation, table
     from spotlight.step_time import StepTimes
-    from spotlight.trace_synth import open_trace
+    from schedulers.trace_synth import open_trace
 
     names = list(POLICIES) if args.policy == "all" else args.policy.split(",")
     for n in names:
@@ -447,8 +446,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 def cmd_traces(args: argparse.Namespace) -> int:
     from spotlight.sim_report import plot_trace, trace_table
-    from spotlight.trace_synth import open_trace, write_bamboo
-    from spotlight.traces import summarize
+    from schedulers.trace_synth import open_trace, write_bamboo
+    from schedulers.traces import summarize
 
     if args.action == "synth" and not args.out:
         raise ConfigError("traces synth: --out FILE is required (the Bamboo CSV to write)")
@@ -637,7 +636,7 @@ def _run(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (ConfigError, FileNotFoundError, TraceError, StoreError) as err:
+    except (InputError, FileNotFoundError, StoreError) as err:  # every package's bad-input errors
         print(f"spotlight: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # `train` says what its run keeps itself (cmd_train)

@@ -8,7 +8,7 @@ dotted field (`experiments/x.yaml: train.lr: expected a number > 0, got -1`). Th
 Every numeric field has a documented range, checked in its section's `__post_init__`; every float
 is finite (`.inf` and `.nan` are refused for every float field by `_coerce`). Maxima bound what one
 setting can make a run allocate or loop over; they are generous (far beyond any real run) and each
-error names the field and the range. The file itself is read by `spotlight.input_file`: at most
+error names the field and the range. The file itself is read by `schedulers.input_file`: at most
 `MAX_CONFIG_BYTES`, UTF-8, no YAML anchors or aliases, no duplicate keys, at most 64 levels deep,
 and not empty. Values quoted in errors are cut to ~200 characters.
 """
@@ -28,36 +28,16 @@ from typing import Any, Literal
 
 import yaml
 
-from spotlight.input_file import InputFileError, load_yaml, short
+from cloud.config import CloudConfig
+from schedulers.input_file import SEED_MAX, ConfigError, InputError, InputFileError, at_most, check, load_yaml, short
 
 MAX_CONFIG_BYTES = 1 << 20
 """Largest config file read (1 MiB; the shipped ones are under 1 KB)."""
-SEED_MAX = 2**32 - 1
-"""Largest run seed: numpy's legacy seeding takes < 2**32, `seeding.derive_seed` packs keys as
-signed 64-bit integers and torch's `manual_seed` takes < 2**64, so [0, 2**32) suits every RNG."""
 BUILTIN_REWARDS = ("colour", "jpeg_compressibility", "jpeg_incompressibility", "arithmetic", "clip_score")
 """The rewards `spotlight.rewards.BUILTIN` builds (tests/test_config.py checks the two agree);
 others come from the `spotlight.rewards` entry-point group. Named here so that a config is checked
 at load without importing torch."""
 _DEVICE = re.compile(r"cpu|cuda(:\d{1,3})?|mps")
-
-
-class ConfigError(ValueError):
-    """A bad config value; `str(err)` is the one line a user sees."""
-
-
-def _check(ok: bool, name: str, expected: str, got: Any) -> None:
-    if not ok:
-        raise ConfigError(f"{name}: expected {expected}, got {short(got)}")
-
-
-def _at_most(obj: Any, names: tuple[str, ...], most: int | float, unit: str = "") -> None:
-    """Upper bounds: each field in `names` of `obj` is at most `most` (its lower bound is checked
-    on its own, with the message the field always had)."""
-    limit = f"{int(most):,}" if float(most).is_integer() else f"{most:g}"
-    for name in names:
-        value = getattr(obj, name)
-        _check(value is None or value <= most, name, f"at most {limit}{unit}", value)
 
 
 def reward_names() -> list[str]:
@@ -84,12 +64,12 @@ class DiTConfig:
     """Prompt length in tokens for the deterministic stand-in text encoder, 1..4096."""
 
     def __post_init__(self) -> None:
-        _check(self.resolution > 0, "resolution", "a positive integer", self.resolution)
-        _at_most(self, ("resolution",), 4096, " pixels")
-        _check(self.latent_side % 2 == 0, "resolution",
+        check(self.resolution > 0, "resolution", "a positive integer", self.resolution)
+        at_most(self, ("resolution",), 4096, " pixels")
+        check(self.latent_side % 2 == 0, "resolution",
                f"a size whose latent side ({self.latent_side}) divides by the patch size 2", self.resolution)
-        _check(self.text_tokens > 0, "text_tokens", "a positive integer", self.text_tokens)
-        _at_most(self, ("text_tokens",), 4096)
+        check(self.text_tokens > 0, "text_tokens", "a positive integer", self.text_tokens)
+        at_most(self, ("text_tokens",), 4096)
 
     @property
     def vae_scale(self) -> int:
@@ -120,17 +100,17 @@ class LLMConfig:
 
     def __post_init__(self) -> None:
         for name in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size", "max_new_tokens"):
-            _check(getattr(self, name) > 0, name, "a positive integer", getattr(self, name))
-        _at_most(self, ("hidden_size",), 65536)
-        _at_most(self, ("num_layers", "num_heads", "num_kv_heads"), 1024)
-        _at_most(self, ("intermediate_size",), 262144)
-        _at_most(self, ("max_new_tokens",), 32768, " tokens")
-        _at_most(self, ("temperature",), 100)
-        _check(self.hidden_size % self.num_heads == 0, "hidden_size",
+            check(getattr(self, name) > 0, name, "a positive integer", getattr(self, name))
+        at_most(self, ("hidden_size",), 65536)
+        at_most(self, ("num_layers", "num_heads", "num_kv_heads"), 1024)
+        at_most(self, ("intermediate_size",), 262144)
+        at_most(self, ("max_new_tokens",), 32768, " tokens")
+        at_most(self, ("temperature",), 100)
+        check(self.hidden_size % self.num_heads == 0, "hidden_size",
                f"a multiple of num_heads ({self.num_heads})", self.hidden_size)
-        _check(self.num_heads % self.num_kv_heads == 0, "num_kv_heads",
+        check(self.num_heads % self.num_kv_heads == 0, "num_kv_heads",
                f"a divisor of num_heads ({self.num_heads})", self.num_kv_heads)
-        _check(self.temperature > 0, "temperature", "a number > 0", self.temperature)
+        check(self.temperature > 0, "temperature", "a number > 0", self.temperature)
 
 
 @dataclass
@@ -154,13 +134,13 @@ class SamplerConfig:
     """[first, last) steps that are stochastic (and trained on); the rest are ODE steps. None: all."""
 
     def __post_init__(self) -> None:
-        _check(self.num_steps > 0, "num_steps", "a positive integer", self.num_steps)
-        _at_most(self, ("num_steps",), 1000, " steps")
-        _check(self.noise_level > 0, "noise_level", "a number > 0", self.noise_level)
-        _at_most(self, ("noise_level",), 10)
+        check(self.num_steps > 0, "num_steps", "a positive integer", self.num_steps)
+        at_most(self, ("num_steps",), 1000, " steps")
+        check(self.noise_level > 0, "noise_level", "a number > 0", self.noise_level)
+        at_most(self, ("noise_level",), 10)
         if self.sde_window is not None:
             lo, hi = self.sde_window
-            _check(0 <= lo < hi <= self.num_steps, "sde_window",
+            check(0 <= lo < hi <= self.num_steps, "sde_window",
                    f"[first, last) with 0 <= first < last <= num_steps ({self.num_steps})", list(self.sde_window))
 
     @property
@@ -185,9 +165,9 @@ class RewardConfig:
     def __post_init__(self) -> None:
         if self.name not in BUILTIN_REWARDS:
             names = reward_names()
-            _check(self.name in names, "name", f"one of {', '.join(names)}", self.name)
-        _check(self.colour_width > 0, "colour_width", "a number > 0", self.colour_width)
-        _at_most(self, ("colour_width",), 1e6)
+            check(self.name in names, "name", f"one of {', '.join(names)}", self.name)
+        check(self.colour_width > 0, "colour_width", "a number > 0", self.colour_width)
+        at_most(self, ("colour_width",), 1e6)
 
 
 @dataclass
@@ -206,12 +186,12 @@ class GRPOConfig:
 
     def __post_init__(self) -> None:
         for name in ("clip_low", "clip_high", "adv_clip", "adv_eps"):
-            _check(getattr(self, name) > 0, name, "a number > 0", getattr(self, name))
-        _check(self.clip_low < 1, "clip_low", "a number in (0, 1)", self.clip_low)
-        _check(self.kl_beta >= 0, "kl_beta", "a number >= 0", self.kl_beta)
-        _at_most(self, ("clip_high",), 100)
-        _at_most(self, ("adv_clip", "kl_beta"), 1e6)
-        _at_most(self, ("adv_eps",), 1)
+            check(getattr(self, name) > 0, name, "a number > 0", getattr(self, name))
+        check(self.clip_low < 1, "clip_low", "a number in (0, 1)", self.clip_low)
+        check(self.kl_beta >= 0, "kl_beta", "a number >= 0", self.kl_beta)
+        at_most(self, ("clip_high",), 100)
+        at_most(self, ("adv_clip", "kl_beta"), 1e6)
+        at_most(self, ("adv_eps",), 1)
 
 
 @dataclass
@@ -244,19 +224,19 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         for name in ("steps", "prompts_per_step", "updates_per_step", "checkpoint_every", "micro_batch"):
-            _check(getattr(self, name) > 0, name, "a positive integer", getattr(self, name))
-        _check(self.group_size >= 2, "group_size", "an integer >= 2 (GRPO needs a group)", self.group_size)
-        _check(self.lr > 0, "lr", "a number > 0", self.lr)
-        _check(self.eval_prompts >= 0, "eval_prompts", "an integer >= 0", self.eval_prompts)
-        _check(self.eval_seeds > 0, "eval_seeds", "a positive integer", self.eval_seeds)
-        _check(self.grad_clip > 0, "grad_clip", "a number > 0", self.grad_clip)
-        _at_most(self, ("steps", "checkpoint_every"), 1_000_000)
-        _at_most(self, ("prompts_per_step", "micro_batch", "eval_prompts"), 65536)
-        _at_most(self, ("group_size", "eval_seeds"), 4096)
-        _at_most(self, ("updates_per_step",), 1000)
-        _at_most(self, ("lr",), 1)
-        _at_most(self, ("grad_clip",), 1e6)
-        _check(self.prompts_per_step * self.group_size <= 1 << 20, "group_size",
+            check(getattr(self, name) > 0, name, "a positive integer", getattr(self, name))
+        check(self.group_size >= 2, "group_size", "an integer >= 2 (GRPO needs a group)", self.group_size)
+        check(self.lr > 0, "lr", "a number > 0", self.lr)
+        check(self.eval_prompts >= 0, "eval_prompts", "an integer >= 0", self.eval_prompts)
+        check(self.eval_seeds > 0, "eval_seeds", "a positive integer", self.eval_seeds)
+        check(self.grad_clip > 0, "grad_clip", "a number > 0", self.grad_clip)
+        at_most(self, ("steps", "checkpoint_every"), 1_000_000)
+        at_most(self, ("prompts_per_step", "micro_batch", "eval_prompts"), 65536)
+        at_most(self, ("group_size", "eval_seeds"), 4096)
+        at_most(self, ("updates_per_step",), 1000)
+        at_most(self, ("lr",), 1)
+        at_most(self, ("grad_clip",), 1e6)
+        check(self.prompts_per_step * self.group_size <= 1 << 20, "group_size",
                f"at most {(1 << 20) // self.prompts_per_step:,} with prompts_per_step {self.prompts_per_step} "
                "(at most 1,048,576 samples per iteration)", self.group_size)
 
@@ -270,8 +250,8 @@ class PromptsConfig:
     """Size of the prompt set, 1..1,000,000 (colours: at most the number of named colours)."""
 
     def __post_init__(self) -> None:
-        _check(self.count > 0, "count", "a positive integer", self.count)
-        _at_most(self, ("count",), 1_000_000)
+        check(self.count > 0, "count", "a positive integer", self.count)
+        at_most(self, ("count",), 1_000_000)
 
 
 @dataclass
@@ -292,12 +272,12 @@ class WarmStartConfig:
     """Where warm-started weights are cached; None means $SPOTLIGHT_CACHE or ~/.cache/spotlight."""
 
     def __post_init__(self) -> None:
-        _check(self.steps >= 0, "steps", "an integer >= 0", self.steps)
-        _check(self.batch_size > 0, "batch_size", "a positive integer", self.batch_size)
-        _check(self.lr > 0, "lr", "a number > 0", self.lr)
-        _at_most(self, ("steps",), 10_000_000)
-        _at_most(self, ("batch_size",), 65536)
-        _at_most(self, ("lr",), 1)
+        check(self.steps >= 0, "steps", "an integer >= 0", self.steps)
+        check(self.batch_size > 0, "batch_size", "a positive integer", self.batch_size)
+        check(self.lr > 0, "lr", "a number > 0", self.lr)
+        at_most(self, ("steps",), 10_000_000)
+        at_most(self, ("batch_size",), 65536)
+        at_most(self, ("lr",), 1)
 
 
 @dataclass
@@ -328,20 +308,20 @@ class RuntimeConfig:
     """Seconds between polls of the notice sources, in (0, 3,600]."""
 
     def __post_init__(self) -> None:
-        _check(self.spot_workers >= 0, "spot_workers", "an integer >= 0", self.spot_workers)
-        _check(self.ondemand_workers >= 0, "ondemand_workers", "an integer >= 0", self.ondemand_workers)
-        _check(self.spot_workers + self.ondemand_workers > 0, "ondemand_workers",
+        check(self.spot_workers >= 0, "spot_workers", "an integer >= 0", self.spot_workers)
+        check(self.ondemand_workers >= 0, "ondemand_workers", "an integer >= 0", self.ondemand_workers)
+        check(self.spot_workers + self.ondemand_workers > 0, "ondemand_workers",
                "at least one rollout worker in all (spot_workers + ondemand_workers > 0)", self.ondemand_workers)
-        _check(self.commit_every > 0, "commit_every", "a positive integer", self.commit_every)
-        _check(self.lease_s > 0, "lease_s", "a number > 0", self.lease_s)
-        _check(self.notice_s >= 0, "notice_s", "a number >= 0", self.notice_s)
-        _check(self.trace_speedup > 0, "trace_speedup", "a number > 0", self.trace_speedup)
-        _check(self.notice_poll_s > 0, "notice_poll_s", "a number > 0", self.notice_poll_s)
-        _at_most(self, ("spot_workers", "ondemand_workers"), 4096, " workers")
-        _at_most(self, ("commit_every",), 1000, " steps")
-        _at_most(self, ("lease_s",), 86400, " s")
-        _at_most(self, ("notice_s", "notice_poll_s"), 3600, " s")
-        _at_most(self, ("trace_speedup",), 1e9)
+        check(self.commit_every > 0, "commit_every", "a positive integer", self.commit_every)
+        check(self.lease_s > 0, "lease_s", "a number > 0", self.lease_s)
+        check(self.notice_s >= 0, "notice_s", "a number >= 0", self.notice_s)
+        check(self.trace_speedup > 0, "trace_speedup", "a number > 0", self.trace_speedup)
+        check(self.notice_poll_s > 0, "notice_poll_s", "a number > 0", self.notice_poll_s)
+        at_most(self, ("spot_workers", "ondemand_workers"), 4096, " workers")
+        at_most(self, ("commit_every",), 1000, " steps")
+        at_most(self, ("lease_s",), 86400, " s")
+        at_most(self, ("notice_s", "notice_poll_s"), 3600, " s")
+        at_most(self, ("trace_speedup",), 1e9)
 
 
 @dataclass
@@ -394,90 +374,18 @@ class ExplorationConfig:
     def __post_init__(self) -> None:
         for name in ("candidates_per_prompt", "samples_per_step", "request_size", "round_samples",
                      "prompt_candidates"):
-            _check(getattr(self, name) > 0, name, "a positive integer", getattr(self, name))
-        _check(self.monitor_seeds >= 0, "monitor_seeds", "an integer >= 0", self.monitor_seeds)
-        _check(self.num_steps is None or self.num_steps > 0, "num_steps", "a positive integer or null", self.num_steps)
-        _check(-1 <= self.stale_rank_threshold <= 1, "stale_rank_threshold", "a number in [-1, 1]",
+            check(getattr(self, name) > 0, name, "a positive integer", getattr(self, name))
+        check(self.monitor_seeds >= 0, "monitor_seeds", "an integer >= 0", self.monitor_seeds)
+        check(self.num_steps is None or self.num_steps > 0, "num_steps", "a positive integer or null", self.num_steps)
+        check(-1 <= self.stale_rank_threshold <= 1, "stale_rank_threshold", "a number in [-1, 1]",
                self.stale_rank_threshold)
-        _check(self.optimism >= 0, "optimism", "a number >= 0", self.optimism)
-        _at_most(self, ("candidates_per_prompt",), 65536, " seeds")
-        _at_most(self, ("samples_per_step", "round_samples"), 1 << 20, " samples")
-        _at_most(self, ("request_size",), 4096, " seeds")
-        _at_most(self, ("num_steps",), 1000, " steps")
-        _at_most(self, ("prompt_candidates",), 1024)
-        _at_most(self, ("optimism",), 1e6)
-
-
-@dataclass
-class CloudConfig:
-    """The fleet a run is launched onto and priced with: `spotlight launch` turns it into SkyPilot
-    tasks (an on-demand head, spot worker pools), and the cost meter prices its instance-seconds.
-    Nothing here changes what a run computes, so a resume may change any of it."""
-
-    gpu: str = "H100"
-    """Accelerator of the head (learner) and the workers' first choice, as SkyPilot and the price
-    table name it (e.g. H100, A100-80GB, L4)."""
-    gpus_per_node: int = 1
-    """Accelerators per node (head and workers), 1..64; a node is one instance of the price table."""
-    fallback_gpus: list[str] = field(default_factory=list)
-    """Further accelerators a spot worker pool may take when `gpu` has no spot capacity."""
-    accelerator_order: Literal["any_of", "ordered"] = "any_of"
-    """How SkyPilot picks among `gpu` + `fallback_gpus`: the cheapest available (`any_of`) or the
-    first available in this order (`ordered`)."""
-    instance_type: str | None = None
-    """Price-table row the meter uses for every node; None: the cheapest row with `gpu` x `gpus_per_node`."""
-    provider: Literal["aws", "gcp"] | None = None
-    """Cloud to launch on; None lets SkyPilot choose among those enabled."""
-    region: str | None = None
-    worker_pools: int = 1
-    """Spot worker pools (one SkyPilot managed job each), 1..1,024; runtime.spot_workers nodes are
-    split among them."""
-    job_recovery: Literal["FAILOVER", "EAGER_NEXT_REGION"] = "EAGER_NEXT_REGION"
-    """SkyPilot's recovery strategy for a preempted spot pool."""
-    max_restarts_on_errors: int = 3
-    """SkyPilot restarts of a pool whose job failed by itself (not preempted), 0..1,000."""
-    checkpoint_uri: str | None = None
-    """Where checkpoints and committed in-flight state live besides the run folder: s3://bucket/prefix
-    (honours $AWS_ENDPOINT_URL) or file:///path — a folder only inside $SPOTLIGHT_STORE_ROOTS (else
-    the working directory), see `cloud.store`; None: the run folder only."""
-    inflight_every_s: float = 30.0
-    """With a checkpoint_uri: seconds between snapshots of a running rollout's committed state (finished
-    results, partial states) in the store, which a restarted controller resumes the iteration from
-    (`spotlight.inflight`); 0..86,400, 0: none."""
-    budget_usd: float | None = None
-    """Stop cleanly (final checkpoint, summary says why) before the metered cost would exceed this;
-    in (0, 1e9] dollars."""
-    deadline_h: float | None = None
-    """Hours from the start the run must finish in, in (0, 87,600] (ten years): spot workers fall
-    back to on-demand when the run falls behind uniform progress toward it."""
-    prices: str | None = None
-    """Price table CSV; None: the shipped table (cloud/prices.csv)."""
-    price_scale: float = 1.0
-    """Multiplies every price (tests scale prices so a budget binds on a tiny CPU run); in (0, 1e6]."""
-
-    def __post_init__(self) -> None:
-        _check(self.gpus_per_node > 0, "gpus_per_node", "a positive integer", self.gpus_per_node)
-        _check(self.worker_pools > 0, "worker_pools", "a positive integer", self.worker_pools)
-        _check(self.max_restarts_on_errors >= 0, "max_restarts_on_errors", "an integer >= 0",
-               self.max_restarts_on_errors)
-        _check(self.budget_usd is None or self.budget_usd > 0, "budget_usd", "a number > 0 or null", self.budget_usd)
-        _check(self.deadline_h is None or self.deadline_h > 0, "deadline_h", "a number > 0 or null", self.deadline_h)
-        _check(self.price_scale > 0, "price_scale", "a number > 0", self.price_scale)
-        _check(self.inflight_every_s >= 0, "inflight_every_s", "a number >= 0", self.inflight_every_s)
-        _at_most(self, ("gpus_per_node",), 64, " GPUs")
-        _at_most(self, ("worker_pools",), 1024, " pools")
-        _at_most(self, ("max_restarts_on_errors",), 1000)
-        _at_most(self, ("inflight_every_s",), 86400, " s")
-        _at_most(self, ("budget_usd",), 1e9, " dollars")
-        _at_most(self, ("deadline_h",), 87600, " hours")
-        _at_most(self, ("price_scale",), 1e6)
-        if self.checkpoint_uri is not None:
-            from cloud.store import StoreURIError, parse_store_uri
-
-            try:
-                parse_store_uri(self.checkpoint_uri)
-            except StoreURIError as err:
-                raise ConfigError(f"checkpoint_uri: {err}") from None
+        check(self.optimism >= 0, "optimism", "a number >= 0", self.optimism)
+        at_most(self, ("candidates_per_prompt",), 65536, " seeds")
+        at_most(self, ("samples_per_step", "round_samples"), 1 << 20, " samples")
+        at_most(self, ("request_size",), 4096, " seeds")
+        at_most(self, ("num_steps",), 1000, " steps")
+        at_most(self, ("prompt_candidates",), 1024)
+        at_most(self, ("optimism",), 1e6)
 
 
 @dataclass
@@ -500,23 +408,23 @@ class RunConfig:
     cloud: CloudConfig = field(default_factory=CloudConfig)
 
     def __post_init__(self) -> None:
-        _check(0 <= self.seed <= SEED_MAX, "seed", f"an integer in [0, {SEED_MAX}]", self.seed)
-        _check(isinstance(self.device, str) and _DEVICE.fullmatch(self.device) is not None, "device",
+        check(0 <= self.seed <= SEED_MAX, "seed", f"an integer in [0, {SEED_MAX}]", self.seed)
+        check(isinstance(self.device, str) and _DEVICE.fullmatch(self.device) is not None, "device",
                "cpu, cuda, cuda:N or mps", self.device)
         ex = self.exploration
-        _check(ex.candidates_per_prompt >= self.train.group_size, "exploration.candidates_per_prompt",
+        check(ex.candidates_per_prompt >= self.train.group_size, "exploration.candidates_per_prompt",
                f"at least train.group_size ({self.train.group_size})", ex.candidates_per_prompt)
-        _check(ex.monitor_seeds <= ex.candidates_per_prompt, "exploration.monitor_seeds",
+        check(ex.monitor_seeds <= ex.candidates_per_prompt, "exploration.monitor_seeds",
                f"at most exploration.candidates_per_prompt ({ex.candidates_per_prompt})", ex.monitor_seeds)
         llm_rewards = {"arithmetic"}
         if self.policy.kind == "llm":
-            _check(self.reward.name in llm_rewards, "reward.name", f"one of {sorted(llm_rewards)} for an llm policy",
+            check(self.reward.name in llm_rewards, "reward.name", f"one of {sorted(llm_rewards)} for an llm policy",
                    self.reward.name)
-            _check(self.prompts.name == "arithmetic", "prompts.name", "'arithmetic' for an llm policy", self.prompts.name)
+            check(self.prompts.name == "arithmetic", "prompts.name", "'arithmetic' for an llm policy", self.prompts.name)
         else:
-            _check(self.reward.name not in llm_rewards, "reward.name", "an image reward for a dit policy",
+            check(self.reward.name not in llm_rewards, "reward.name", "an image reward for a dit policy",
                    self.reward.name)
-            _check(self.prompts.name == "colours", "prompts.name", "'colours' for a dit policy", self.prompts.name)
+            check(self.prompts.name == "colours", "prompts.name", "'colours' for a dit policy", self.prompts.name)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -546,7 +454,7 @@ def _type_name(tp: Any) -> str:
 def _coerce(value: Any, tp: Any, name: str) -> Any:
     # No field takes inf or nan (issue 13: `train.lr: .inf` trained 89% of the weights into NaN); said
     # here, before a union such as `float | None` would call it just "not a number or null".
-    _check(not isinstance(value, float) or math.isfinite(value), name, "a finite number", value)
+    check(not isinstance(value, float) or math.isfinite(value), name, "a finite number", value)
     origin = typing.get_origin(tp)
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
@@ -560,35 +468,35 @@ def _coerce(value: Any, tp: Any, name: str) -> Any:
                 continue
         raise ConfigError(f"{name}: expected {_type_name(tp)}, got {short(value)}")
     if origin is Literal:
-        _check(value in typing.get_args(tp), name, _type_name(tp), value)
+        check(value in typing.get_args(tp), name, _type_name(tp), value)
         return value
     if origin is list:
         (arg,) = typing.get_args(tp)
-        _check(isinstance(value, (list, tuple)), name, f"a list of {_type_name(arg)}", value)
+        check(isinstance(value, (list, tuple)), name, f"a list of {_type_name(arg)}", value)
         return [_coerce(v, arg, f"{name}[{i}]") for i, v in enumerate(value)]
     if origin is tuple:
         args = typing.get_args(tp)
-        _check(isinstance(value, (list, tuple)) and len(value) == len(args), name, _type_name(tp), value)
+        check(isinstance(value, (list, tuple)) and len(value) == len(args), name, _type_name(tp), value)
         return tuple(_coerce(v, a, f"{name}[{i}]") for i, (v, a) in enumerate(zip(value, args)))
     if tp is type(None):
-        _check(value is None, name, "null", value)
+        check(value is None, name, "null", value)
         return None
     if tp is bool:
-        _check(isinstance(value, bool), name, "true or false", value)
+        check(isinstance(value, bool), name, "true or false", value)
         return value
     if tp is int:
-        _check(isinstance(value, int) and not isinstance(value, bool), name, "an integer", value)
+        check(isinstance(value, int) and not isinstance(value, bool), name, "an integer", value)
         return value
     if tp is float:
-        _check(isinstance(value, (int, float)) and not isinstance(value, bool), name, "a number", value)
+        check(isinstance(value, (int, float)) and not isinstance(value, bool), name, "a number", value)
         try:
             number = float(value)
         except OverflowError:  # an integer beyond float's range
             number = math.inf
-        _check(math.isfinite(number), name, "a finite number", value)
+        check(math.isfinite(number), name, "a finite number", value)
         return number
     if tp is str:
-        _check(isinstance(value, str), name, "a string", value)
+        check(isinstance(value, str), name, "a string", value)
         return value
     raise TypeError(f"config field {name} has unsupported type {tp!r}")  # a bug in this module, not in the input
 
@@ -604,13 +512,13 @@ def from_dict(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
     kwargs = {k: _coerce(v, hints[k], prefix + k) for k, v in data.items()}
     try:
         return cls(**kwargs)
-    except ConfigError as err:
+    except InputError as err:
         # __post_init__ names the field relative to its own dataclass; make it dotted from the root.
         raise ConfigError(f"{prefix}{err}") from None
 
 
 def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> RunConfig:
-    """Read a YAML run config (`spotlight.input_file.load_yaml`: bounded, no aliases, no duplicate
+    """Read a YAML run config (`schedulers.input_file.load_yaml`: bounded, no aliases, no duplicate
     keys, not empty). Every error is one `ConfigError` line starting with the file name."""
     path = Path(path)
     try:

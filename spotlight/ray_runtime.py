@@ -45,7 +45,7 @@ from spotlight.policy import Rollout
 from spotlight.rewards import RewardWorker
 from spotlight.rollout_worker import RolloutWorker
 from spotlight.runtime import Progress, scheduler_stats
-from spotlight.traces import ReplayAction
+from schedulers.traces import ReplayAction
 
 SPOT_RESOURCE = "spot"
 """Ray custom resource that spot nodes advertise; each spot rollout worker needs a sliver of it."""

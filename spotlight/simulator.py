@@ -4,7 +4,7 @@ The simulator is the live fleet engine (`schedulers.fleet.FleetEngine`) with a m
 (`spotlight.modelled_executor`) on a `ManualClock`: who serves when, what a notice, a death or a
 join does, the train phase's exploration and its cancel-on-publish are the code the live runtimes
 run. Also live: the pull queue (leases, give-back, re-queue from the last commit, exactly-once,
-its `steps_recomputed` counter), the trace mapping (`spotlight.traces.replay_schedule`), the
+its `steps_recomputed` counter), the trace mapping (`schedulers.traces.replay_schedule`), the
 regroup policy (`elastic_sp.regroup_policy`), the exploration planner (`planners.allocation` over
 a `SeedPool`), and the cost meter and budget policy (`cloud.cost`) priced from `cloud.prices`.
 What is *modelled*: how long a request takes (`spotlight.step_time.StepTimes`), and what the
@@ -42,11 +42,11 @@ from schedulers.fleet import FleetAction, FleetEngine, Node
 from schedulers.queue import PullQueue
 from schedulers.request import Kind, Request
 from spotlight.config import ConfigError
-from spotlight.input_file import short
+from schedulers.input_file import short
 from spotlight.modelled_executor import ModelledExecutor, request_size, requests_of
 from spotlight.progress_model import ProgressModel, SeedRewards
 from spotlight.step_time import StepTimes, image_tokens
-from spotlight.traces import Trace, replay_schedule
+from schedulers.traces import Trace, replay_schedule
 
 
 @dataclass(frozen=True)

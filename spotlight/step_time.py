@@ -4,7 +4,7 @@ and GPU type. It is what the trace-replay simulator puts in place of executing r
 The denoising step's dependence on the sequence length and the SP degree is
 `elastic_sp.regroup_policy.UlyssesStepTime` (the regroup policy's own model, Qwen-Image on H100s:
 compute split over the group plus the Ulysses all-to-alls), scaled to other GPUs by their dense
-bf16 peak (`cloud.iteration_time.PEAK_BF16_FLOPS`). Everything else is a per-sample or fixed cost
+bf16 peak (`spotlight.iteration_time.PEAK_BF16_FLOPS`). Everything else is a per-sample or fixed cost
 documented field by field below, with its source. `StepTimes.load(yaml)` overrides any field.
 
 Profiles: `qwen-image` (the default: the real 20.4B model, figures from published numbers and the
@@ -12,7 +12,7 @@ FLOP model) and `tiny-cpu` (the tiny DiT on this project's 2-core CPU machine, e
 measured here: README "Measured" and "Elastic sequence parallelism").
 
 Every field is finite and in a documented range (`LIMITS`); the GPU must be one the FLOP table
-knows (`cloud.iteration_time.PEAK_BF16_FLOPS`), or any name when `denoise_step_s` gives a measured
+knows (`spotlight.iteration_time.PEAK_BF16_FLOPS`), or any name when `denoise_step_s` gives a measured
 figure (no FLOP scaling is used then) — an unknown GPU is refused, not silently modelled as an H100.
 """
 
@@ -22,10 +22,10 @@ import math
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
-from cloud.iteration_time import PEAK_BF16_FLOPS
+from spotlight.iteration_time import PEAK_BF16_FLOPS
 from elastic_sp.regroup_policy import MeasuredStepTime, UlyssesStepTime
 from spotlight.config import ConfigError
-from spotlight.input_file import InputFileError, load_yaml, short
+from schedulers.input_file import InputFileError, load_yaml, short
 
 MAX_STEP_TIMES_BYTES = 1 << 20
 """Largest step-time file read (1 MiB)."""
@@ -124,7 +124,7 @@ class StepTimes:
     @classmethod
     def load(cls, path: str | Path, base: StepTimes | None = None) -> StepTimes:
         """`base` (default: the qwen-image profile) with the fields a YAML mapping sets; `profile:
-        NAME` in it picks the base. The file is read by `spotlight.input_file.load_yaml` (bounded,
+        NAME` in it picks the base. The file is read by `schedulers.input_file.load_yaml` (bounded,
         no aliases or duplicate keys; an empty file is refused)."""
         path = Path(path)
         try:

@@ -39,7 +39,9 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from cloud.cost import CostControl, Spent, load_spent, save_spent
-from cloud.store import Store, StoreError, open_store
+from spotlight.cost_control import cost_control
+from cloud.store import Store, StoreError
+from cloud.open_store import open_store
 from schedulers.clock import WallClock
 from schedulers.request import Kind, Request
 from spotlight import checkpoint
@@ -124,7 +126,7 @@ class Trainer:
         store = open_store(cfg.cloud.checkpoint_uri) if cfg.cloud.checkpoint_uri else None
         # Prices, the fleet and a too-small budget are checked before anything starts; from here on
         # the fleet is paid for (instances are paid from launch), on top of what earlier sessions spent.
-        self.cost = CostControl.from_config(cfg, WallClock(), load_spent(self.out))
+        self.cost = cost_control(cfg, WallClock(), load_spent(self.out))
         self.out.mkdir(parents=True, exist_ok=True)
         # A damaged newest checkpoint (a crash mid-write on a disk that lied, a truncated copy) is
         # set aside now, so that the store's copy of that iteration can replace it.

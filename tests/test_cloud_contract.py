@@ -15,12 +15,13 @@ from cloud.aws import AwsProvider, ImdsSpotWatcher, S3Store
 from cloud.gcp import GcpPreemptionWatcher, GcpProvider
 from cloud.local import LocalProvider, TraceNoticeSource
 from cloud.provider import Provider, get_provider
-from cloud.store import LocalStore, MissingKey, Store, StoreURIError, open_store
+from cloud.store import LocalStore, MissingKey, Store, StoreURIError
+from cloud.open_store import open_store
 from metadata_server import metadata, utc  # noqa: F401 (fixtures)
 from s3_server import s3, s3_server  # noqa: F401 (fixtures)
 from schedulers.clock import ManualClock
 from schedulers.preemption import Cause, NoticeSource, PreemptionNotice, SigtermSource
-from spotlight.traces import Trace, TraceEvent, replay_schedule
+from schedulers.traces import Trace, TraceEvent, replay_schedule
 
 # ---- Store ----------------------------------------------------------------------------------------
 

@@ -10,10 +10,11 @@ import torch
 
 from cloud.cost import (BudgetPolicy, CostControl, CostMeter, DeadlinePolicy, Fleet, Forecast, PRIOR_FACTOR,
                         STOP_SLACK_S, Spent, load_spent, save_spent)
-from cloud.iteration_time import iteration_seconds_lower_bound
+from spotlight.iteration_time import iteration_seconds_lower_bound
 from cloud.prices import COLUMNS, PriceError, PriceTable, refresh_from_aws, refresh_from_sky
 from schedulers.clock import ManualClock
 from spotlight.cli import main
+from spotlight.cost_control import cost_control, fleet_of
 from spotlight.config import ConfigError, to_yaml
 from spotlight.trainer import Trainer
 
@@ -178,8 +179,8 @@ def test_meter_pays_each_node_kind_at_its_price_over_clock_time():
 
 def test_fleet_is_an_ondemand_head_plus_the_workers_of_the_runtime():
     cfg = small_dit_config(runtime={"spot_workers": 3, "ondemand_workers": 2})
-    assert Fleet.of(cfg) == Fleet(ondemand=3, spot=3)
-    assert Fleet.of(cfg, ondemand_workers=True) == Fleet(ondemand=6, spot=0)
+    assert fleet_of(cfg) == Fleet(ondemand=3, spot=3)
+    assert fleet_of(cfg, ondemand_workers=True) == Fleet(ondemand=6, spot=0)
 
 
 def test_forecast_is_the_prior_until_measured_then_the_slowest_recent_with_margin():
@@ -316,19 +317,19 @@ def test_a_budget_below_one_iteration_is_rejected_before_anything_starts():
     lower = iteration_seconds_lower_bound(cfg)
     with pytest.raises(ConfigError, match=r"cloud.budget_usd \(--budget-usd\): \$0.01 is too small: one iteration "
                                           r"costs at least \$0.01\d+ .* priced from p5.48xlarge, x 100"):
-        CostControl.from_config(cfg, ManualClock())
-    rate = CostControl.from_config(small_dit_config(), ManualClock()).meter.rate_usd_h * 100.0
-    CostControl.from_config(small_dit_config(cloud={"budget_usd": rate * lower / 3600 * 1.01, "price_scale": 100.0}),
+        cost_control(cfg, ManualClock())
+    rate = cost_control(small_dit_config(), ManualClock()).meter.rate_usd_h * 100.0
+    cost_control(small_dit_config(cloud={"budget_usd": rate * lower / 3600 * 1.01, "price_scale": 100.0}),
                             ManualClock())  # just enough: accepted
     with pytest.raises(ConfigError, match=r"after the \$2 this run already spent and a start-up like its last"):
-        CostControl.from_config(small_dit_config(cloud={"budget_usd": 2.01, "price_scale": 100.0}), ManualClock(),
+        cost_control(small_dit_config(cloud={"budget_usd": 2.01, "price_scale": 100.0}), ManualClock(),
                                 Spent(2.0, 1.0))
     with pytest.raises(ConfigError, match=r"^cloud.gpu: unknown GPU 'H800': the price table .* knows A100"):
-        CostControl.from_config(small_dit_config(cloud={"gpu": "H800"}), ManualClock())
+        cost_control(small_dit_config(cloud={"gpu": "H800"}), ManualClock())
 
 
 def test_lower_bound_is_below_the_tiny_runs_measured_here():
-    # measured on this project's 2-core machine (cloud/iteration_time.py): tiny DiT 1.1 s, small DiT
+    # measured on this project's 2-core machine (spotlight/iteration_time.py): tiny DiT 1.1 s, small DiT
     # 0.09 s, tiny LLM 0.25 s per iteration
     from spotlight.config import load_config
 
@@ -421,7 +422,7 @@ def test_ray_fall_back_to_ondemand_restarts_spot_slots_and_stops_the_trace(tmp_p
     from safetensors.torch import load_file
 
     from spotlight.ray_runtime import RayRuntime
-    from spotlight.traces import ReplayAction
+    from schedulers.traces import ReplayAction
 
     cfg = small_dit_config(train={"steps": 3}, runtime={"kind": "ray", "spot_workers": 2, "ondemand_workers": 1})
     # slot 0 dies without notice in the first rollout, slot 1 gets a notice; its kill comes too late

@@ -29,6 +29,11 @@ def _fleet(**cloud):
     return small_dit_config(runtime={"kind": "ray", "spot_workers": 3}, cloud={**base, **cloud})
 
 
+def write_tasks(cfg, out, name):
+    """The tasks of run config `cfg`, as `spotlight launch` writes them."""
+    return sky.write_tasks(cfg.cloud, cfg.runtime.spot_workers, to_yaml(cfg), out, name)
+
+
 def _config_file(tmp_path, cfg, name="fleet_run.yaml"):
     path = tmp_path / name
     path.write_text(to_yaml(cfg))
@@ -59,7 +64,7 @@ def no_sky(monkeypatch, tmp_path):
 
 def test_a_run_becomes_an_on_demand_head_and_spot_pools(tmp_path):
     cfg = _fleet()
-    paths = sky.write_tasks(cfg, tmp_path / "tasks", "fleet")
+    paths = write_tasks(cfg, tmp_path / "tasks", "fleet")
     assert [p.name for p in paths] == ["head.yaml", "workers-0.yaml", "workers-1.yaml"]
     assert sorted(p.name for p in (tmp_path / "tasks").iterdir()) == [
         "head.yaml", "run.yaml", "workers-0.yaml", "workers-1.yaml"]
@@ -96,33 +101,33 @@ def test_a_run_becomes_an_on_demand_head_and_spot_pools(tmp_path):
 
 
 def test_ordered_fallbacks_a_single_gpu_and_the_infra(tmp_path):
-    ordered = sky.write_tasks(_fleet(accelerator_order="ordered", gpus_per_node=8), tmp_path / "a", "a")
+    ordered = write_tasks(_fleet(accelerator_order="ordered", gpus_per_node=8), tmp_path / "a", "a")
     assert _load(ordered[1])["resources"]["ordered"][0] == {"accelerators": "H100:8"}
     assert "any_of" not in _load(ordered[1])["resources"]
 
-    single = sky.write_tasks(_fleet(fallback_gpus=[], provider="gcp", region="us-central1", worker_pools=1),
+    single = write_tasks(_fleet(fallback_gpus=[], provider="gcp", region="us-central1", worker_pools=1),
                              tmp_path / "b", "b")
     (worker,) = [_load(p)["resources"] for p in single[1:]]
     assert worker["accelerators"] == "H100:1" and "any_of" not in worker
     assert worker["infra"] == _load(single[0])["resources"]["infra"] == "gcp/us-central1"
-    region_only = sky.write_tasks(_fleet(region="eu-west-1"), tmp_path / "c", "c")
+    region_only = write_tasks(_fleet(region="eu-west-1"), tmp_path / "c", "c")
     assert _load(region_only[0])["resources"]["infra"] == "*/eu-west-1"
 
 
 def test_pools_split_the_spot_nodes_and_a_rewrite_drops_stale_pools(tmp_path):
     out = tmp_path / "tasks"
-    sky.write_tasks(_fleet(worker_pools=3), out, "r")
+    write_tasks(_fleet(worker_pools=3), out, "r")
     assert sorted(p.name for p in out.glob("workers-*.yaml")) == ["workers-0.yaml", "workers-1.yaml", "workers-2.yaml"]
-    sky.write_tasks(_fleet(worker_pools=1), out, "r")
+    write_tasks(_fleet(worker_pools=1), out, "r")
     assert [_load(p)["num_nodes"] for p in out.glob("workers-*.yaml")] == [3]
     head_only = small_dit_config(runtime={"kind": "ray", "spot_workers": 0, "ondemand_workers": 1})
-    assert [p.name for p in sky.write_tasks(head_only, out, "r")] == ["head.yaml"]
+    assert [p.name for p in write_tasks(head_only, out, "r")] == ["head.yaml"]
     with pytest.raises(ConfigError, match=r"cloud.worker_pools: expected at most runtime.spot_workers \(3\)"):
-        sky.write_tasks(_fleet(worker_pools=4), tmp_path / "x", "r")
+        write_tasks(_fleet(worker_pools=4), tmp_path / "x", "r")
 
 
 def test_a_worker_node_refuses_to_start_without_the_heads_address(tmp_path):
-    (_, pool, *_) = sky.write_tasks(_fleet(), tmp_path, "r")
+    (_, pool, *_) = write_tasks(_fleet(), tmp_path, "r")
     proc = subprocess.run(["bash", "-c", _load(pool)["run"]], capture_output=True, text=True, timeout=10,
                           env={**os.environ, sky.HEAD_IP_ENV: ""})
     assert proc.returncode != 0 and "set by spotlight launch" in proc.stderr
@@ -133,7 +138,7 @@ def test_the_price_tables_gpus_are_known_too(tmp_path):
     prices.write_text("instance_type,gpu,gpus,ondemand_usd_h,spot_usd_h,source,date\n"
                       "x9.large,MI300X,1,6.0,2.0,test,2025-01-01\n")
     assert sky.known_gpus(prices)["mi300x"] == "MI300X"
-    assert sky.accelerators(_fleet(gpu="mi300x", fallback_gpus=["H100"], prices=str(prices))) == ["MI300X", "H100"]
+    assert sky.accelerators(_fleet(gpu="mi300x", fallback_gpus=["H100"], prices=str(prices)).cloud) == ["MI300X", "H100"]
     assert "mi300x" not in sky.known_gpus(tmp_path / "missing.csv")
 
 
@@ -187,7 +192,7 @@ def test_skypilot_accepts_the_generated_tasks(tmp_path, capsys, monkeypatch, sky
 
 
 def test_a_task_skypilot_rejects_is_named_with_skypilots_reason(tmp_path, sky_python):
-    head, pool, _ = sky.write_tasks(_fleet(), tmp_path, "r")
+    head, pool, _ = write_tasks(_fleet(), tmp_path, "r")
     broken = tmp_path / "broken.yaml"
     task = _load(pool)
     task["resources"]["use_spot"] = "yes"
@@ -224,7 +229,7 @@ def _fake_sky(tmp_path, ip="203.0.113.7", fail_on=None):
 
 
 def test_launch_starts_the_head_then_each_pool_as_a_managed_job_with_its_address(tmp_path):
-    paths = sky.write_tasks(_fleet(), tmp_path / "tasks", "fleet")
+    paths = write_tasks(_fleet(), tmp_path / "tasks", "fleet")
     exe, log = _fake_sky(tmp_path)
     assert sky.launch_tasks(paths, "fleet", exe) == "203.0.113.7"
     calls = [json.loads(line) for line in log.read_text().splitlines()]
@@ -238,7 +243,7 @@ def test_launch_starts_the_head_then_each_pool_as_a_managed_job_with_its_address
 
 
 def test_a_failed_launch_step_is_one_line_naming_the_command(tmp_path):
-    paths = sky.write_tasks(_fleet(), tmp_path / "tasks", "fleet")
+    paths = write_tasks(_fleet(), tmp_path / "tasks", "fleet")
     exe, log = _fake_sky(tmp_path, fail_on=["jobs", "launch"])
     with pytest.raises(sky.SkyError, match=r"^`sky jobs launch -n fleet-workers-0 .*` exited with 3"):
         sky.launch_tasks(paths, "fleet", exe)

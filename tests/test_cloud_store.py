@@ -16,7 +16,8 @@ from safetensors.torch import load_file
 
 from cloud.aws import S3Store, spot_price_history
 from cloud.retry import Backoff
-from cloud.store import MissingKey, StoreError, StoreURIError, open_store, parse_store_uri
+from cloud.store import MissingKey, StoreError, StoreURIError, parse_store_uri
+from cloud.open_store import open_store
 from conftest import small_dit_config
 from s3_server import fault_proxy, s3, s3_server  # noqa: F401 (fixtures)
 from schedulers.clock import ManualClock, WallClock

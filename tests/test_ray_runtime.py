@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 from spotlight.ray_runtime import RayRuntime
-from spotlight.traces import ReplayAction, load_trace, replay_schedule
+from schedulers.traces import ReplayAction, load_trace, replay_schedule
 from spotlight.trainer import Trainer
 
 from conftest import small_dit_config

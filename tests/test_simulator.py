@@ -7,7 +7,7 @@ from spotlight import cli
 from spotlight.progress_model import ProgressModel
 from spotlight.simulator import POLICIES, SimConfig, simulate
 from spotlight.step_time import StepTimes
-from spotlight.traces import Trace, TraceEvent
+from schedulers.traces import Trace, TraceEvent
 
 FIELDS = ("time_to_target_h", "cost_usd", "gpu_utilization", "preemptions", "steps_recomputed")
 
@@ -59,7 +59,7 @@ def test_every_spot_node_dying_at_once_still_finishes_on_ondemand(notice_s):
 
 
 def test_same_seed_same_result_and_fields():
-    from spotlight.trace_synth import open_trace
+    from schedulers.trace_synth import open_trace
 
     trace = open_trace("synth:poisson?nodes=4&rate_h=30&burst_rate_h=4&burst_size=2&return_s=120&hours=2&seed=3")
     cfg = small(iterations=8, spot_gpus=8, seed=5)
@@ -121,7 +121,7 @@ def test_scale_smoke():
 
 
 def test_a_budget_stops_every_policy_but_the_oracle_before_it_is_exceeded():
-    from spotlight.trace_synth import open_trace
+    from schedulers.trace_synth import open_trace
 
     trace = open_trace("synth:poisson?nodes=4&rate_h=30&burst_rate_h=4&burst_size=2&return_s=120&hours=2&seed=3")
     free = simulate(small(iterations=40, spot_gpus=8), trace)["policies"]

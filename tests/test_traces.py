@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from spotlight.trace_synth import SynthSpec, open_trace, synthesize, write_bamboo
-from spotlight.traces import ReplayAction, Trace, TraceError, TraceEvent, load_trace, replay_schedule, summarize
+from schedulers.trace_synth import SynthSpec, open_trace, synthesize, write_bamboo
+from schedulers.traces import ReplayAction, Trace, TraceError, TraceEvent, load_trace, replay_schedule, summarize
 
 TRACES = Path(__file__).resolve().parents[1] / "experiments" / "traces"  # copies of shared/data/traces
 

@@ -56,7 +56,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Literal
 
-from spotlight.input_file import InputFileError, parse_json, read_text, short
+from schedulers.input_file import InputError, InputFileError, parse_json, read_text, short
 
 MAX_TRACE_BYTES = 8 << 20
 """Largest trace file read: 8 MiB (the shipped traces are under 20 KB; a SkyPilot spot trace of 16
@@ -86,7 +86,7 @@ COUNTS_EXPECTED = 'a header "t_s,nodes" then lines like "3600,12" (seconds, live
 SKY_EXPECTED = '{"metadata": {"gap_seconds": N}, "data": [0 or 1 per tick, 1 = preempted]}'
 
 
-class TraceError(ValueError):
+class TraceError(InputError):
     """A trace that cannot be used. The message is one line: `FILE:LINE: what is wrong (expected ...)`
     (just `FILE: ...` when no single line is at fault)."""
 

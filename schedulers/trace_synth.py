@@ -28,9 +28,8 @@ from urllib.parse import parse_qsl
 
 import numpy as np
 
-from spotlight.config import SEED_MAX
-from spotlight.input_file import short
-from spotlight.traces import MAX_DURATION_S, MAX_EVENTS, MAX_NODES, Trace, TraceError, TraceEvent, load_trace
+from schedulers.input_file import SEED_MAX, short
+from schedulers.traces import MAX_DURATION_S, MAX_EVENTS, MAX_NODES, Trace, TraceError, TraceEvent, load_trace
 
 PREFIX = "synth:"
 _LIMITS = {"nodes": (1, MAX_NODES), "burst_size": (1, MAX_NODES), "rate_h": (0, 1e5), "burst_rate_h": (0, 1e4),

@@ -40,7 +40,23 @@ _REPR.maxlong = 60
 _REPR.maxlevel = 3
 
 
-class InputFileError(ValueError):
+SEED_MAX = 2**32 - 1
+"""Largest run seed: numpy's legacy seeding takes < 2**32, `seeding.derive_seed` packs keys as
+signed 64-bit integers and torch's `manual_seed` takes < 2**64, so [0, 2**32) suits every RNG."""
+
+
+class InputError(ValueError):
+    """Bad input from a user — a config, a trace, a price table, a flag, a URI: `str(err)` is the one
+    line they see. Every package's input errors derive from it (the run config's `ConfigError`,
+    `TraceError`, `PriceError`, ...), so the command line reports all of them alike."""
+
+
+class ConfigError(InputError):
+    """A bad config value (a field of a run config, a simulator or step-time setting, a flag); the
+    run config's `spotlight.config.ConfigError` is this class."""
+
+
+class InputFileError(InputError):
     """A file that cannot be read as the input it should be; `str(err)` is one line naming it."""
 
 
@@ -80,6 +96,21 @@ def read_text(path: str | Path, what: str, max_bytes: int) -> str:
 
 def _size(n: int) -> str:
     return f"{n // (1 << 20)} MiB" if n % (1 << 20) == 0 else f"{n} bytes"
+
+
+def check(ok: bool, name: str, expected: str, got: Any) -> None:
+    """`name: expected EXPECTED, got VALUE` (quoted short) unless `ok`: a config value's one-line error."""
+    if not ok:
+        raise ConfigError(f"{name}: expected {expected}, got {short(got)}")
+
+
+def at_most(obj: Any, names: tuple[str, ...], most: int | float, unit: str = "") -> None:
+    """Upper bounds: each field in `names` of `obj` is at most `most` (its lower bound is checked
+    on its own, with the message the field always had)."""
+    limit = f"{int(most):,}" if float(most).is_integer() else f"{most:g}"
+    for name in names:
+        value = getattr(obj, name)
+        check(value is None or value <= most, name, f"at most {limit}{unit}", value)
 
 
 # ---- YAML ---------------------------------------------------------------------------------------

@@ -1,0 +1,83 @@
+"""The cloud section of a run config: the fleet a run is launched onto and priced with, its
+checkpoint store, budget and deadline. `cloud/` owns it (the cost meter, the launcher and the
+stores read it); `spotlight.config.RunConfig` composes it as `cloud:`. Values are checked here, each
+error one line naming the field (the run config's loader prefixes the file and `cloud.`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from cloud.store import StoreURIError, parse_store_uri
+from schedulers.input_file import ConfigError, at_most, check
+
+
+@dataclass
+class CloudConfig:
+    """The fleet a run is launched onto and priced with: `spotlight launch` turns it into SkyPilot
+    tasks (an on-demand head, spot worker pools), and the cost meter prices its instance-seconds.
+    Nothing here changes what a run computes, so a resume may change any of it."""
+
+    gpu: str = "H100"
+    """Accelerator of the head (learner) and the workers' first choice, as SkyPilot and the price
+    table name it (e.g. H100, A100-80GB, L4)."""
+    gpus_per_node: int = 1
+    """Accelerators per node (head and workers), 1..64; a node is one instance of the price table."""
+    fallback_gpus: list[str] = field(default_factory=list)
+    """Further accelerators a spot worker pool may take when `gpu` has no spot capacity."""
+    accelerator_order: Literal["any_of", "ordered"] = "any_of"
+    """How SkyPilot picks among `gpu` + `fallback_gpus`: the cheapest available (`any_of`) or the
+    first available in this order (`ordered`)."""
+    instance_type: str | None = None
+    """Price-table row the meter uses for every node; None: the cheapest row with `gpu` x `gpus_per_node`."""
+    provider: Literal["aws", "gcp"] | None = None
+    """Cloud to launch on; None lets SkyPilot choose among those enabled."""
+    region: str | None = None
+    worker_pools: int = 1
+    """Spot worker pools (one SkyPilot managed job each), 1..1,024; runtime.spot_workers nodes are
+    split among them."""
+    job_recovery: Literal["FAILOVER", "EAGER_NEXT_REGION"] = "EAGER_NEXT_REGION"
+    """SkyPilot's recovery strategy for a preempted spot pool."""
+    max_restarts_on_errors: int = 3
+    """SkyPilot restarts of a pool whose job failed by itself (not preempted), 0..1,000."""
+    checkpoint_uri: str | None = None
+    """Where checkpoints and committed in-flight state live besides the run folder: s3://bucket/prefix
+    (honours $AWS_ENDPOINT_URL) or file:///path — a folder only inside $SPOTLIGHT_STORE_ROOTS (else
+    the working directory), see `cloud.store`; None: the run folder only."""
+    inflight_every_s: float = 30.0
+    """With a checkpoint_uri: seconds between snapshots of a running rollout's committed state (finished
+    results, partial states) in the store, which a restarted controller resumes the iteration from
+    (`spotlight.inflight`); 0..86,400, 0: none."""
+    budget_usd: float | None = None
+    """Stop cleanly (final checkpoint, summary says why) before the metered cost would exceed this;
+    in (0, 1e9] dollars."""
+    deadline_h: float | None = None
+    """Hours from the start the run must finish in, in (0, 87,600] (ten years): spot workers fall
+    back to on-demand when the run falls behind uniform progress toward it."""
+    prices: str | None = None
+    """Price table CSV; None: the shipped table (cloud/prices.csv)."""
+    price_scale: float = 1.0
+    """Multiplies every price (tests scale prices so a budget binds on a tiny CPU run); in (0, 1e6]."""
+
+    def __post_init__(self) -> None:
+        check(self.gpus_per_node > 0, "gpus_per_node", "a positive integer", self.gpus_per_node)
+        check(self.worker_pools > 0, "worker_pools", "a positive integer", self.worker_pools)
+        check(self.max_restarts_on_errors >= 0, "max_restarts_on_errors", "an integer >= 0",
+               self.max_restarts_on_errors)
+        check(self.budget_usd is None or self.budget_usd > 0, "budget_usd", "a number > 0 or null", self.budget_usd)
+        check(self.deadline_h is None or self.deadline_h > 0, "deadline_h", "a number > 0 or null", self.deadline_h)
+        check(self.price_scale > 0, "price_scale", "a number > 0", self.price_scale)
+        check(self.inflight_every_s >= 0, "inflight_every_s", "a number >= 0", self.inflight_every_s)
+        at_most(self, ("gpus_per_node",), 64, " GPUs")
+        at_most(self, ("worker_pools",), 1024, " pools")
+        at_most(self, ("max_restarts_on_errors",), 1000)
+        at_most(self, ("inflight_every_s",), 86400, " s")
+        at_most(self, ("budget_usd",), 1e9, " dollars")
+        at_most(self, ("deadline_h",), 87600, " hours")
+        at_most(self, ("price_scale",), 1e6)
+        if self.checkpoint_uri is not None:
+            try:
+                parse_store_uri(self.checkpoint_uri)
+            except StoreURIError as err:
+                raise ConfigError(f"checkpoint_uri: {err}") from None
