@@ -19,12 +19,12 @@ figure (no FLOP scaling is used then) — an unknown GPU is refused, not silentl
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields, replace
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from spotlight.iteration_time import PEAK_BF16_FLOPS
 from elastic_sp.regroup_policy import MeasuredStepTime, UlyssesStepTime
-from spotlight.config import ConfigError
+from spotlight.config import ConfigError, from_dict
 from schedulers.input_file import InputFileError, load_yaml, short
 
 MAX_STEP_TIMES_BYTES = 1 << 20
@@ -133,14 +133,10 @@ class StepTimes:
             raise ConfigError(str(err)) from None
         if not isinstance(data, dict):
             raise ConfigError(f"{path}: expected a mapping of step-time fields, got {type(data).__name__}")
-        known = {f.name for f in fields(cls)}
-        for key in data:
-            if key not in known and key != "profile":
-                name = key if isinstance(key, str) and len(key) <= 100 else short(key)
-                raise ConfigError(f"{path}: {name}: unknown step-time field (expected profile or one of {', '.join(sorted(known))})")
         try:
             base = cls.profile(data.pop("profile")) if "profile" in data else (base or cls())
-            return replace(base, **data)
+            # The run config's loader: unknown keys and mistyped values are refused the same way.
+            return from_dict(cls, {**asdict(base), **data})
         except ConfigError as err:
             raise ConfigError(f"{path}: {err}") from None
 
