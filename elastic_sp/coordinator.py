@@ -25,6 +25,13 @@ bit-identically from the committed step (the sampler's noise is a function of th
 
 Group lifecycle (`GroupPhase`): FORMING -> READY once every member reported Formed; READY -> BUSY on
 a lease; BUSY -> READY on completion; any -> dissolved (broken, re-planned, or retired).
+
+Who decides that a group serves: standalone (`bench sp-regroup`, the elastic_sp tests), every idle
+group leases whatever is queued, fastest group first. Driven by the fleet engine (`engine_driven`,
+`fleet_executor.SPExecutor`), a group leases only after `serve(group, kinds, version)` told it to;
+it then pulls on after each completion, like a live `RolloutWorker.serve` loop, and reports
+`served` when the queue has nothing more for it (or, `noticed`, when a retiring member made it give
+its request back). Either way the group leases one request at a time and commits every step.
 """
 
 from __future__ import annotations
@@ -52,6 +59,7 @@ from elastic_sp.regroup_policy import (
 from elastic_sp.spec import ServeSpec
 from schedulers.clock import Clock, WallClock
 from schedulers.queue import Lease, PullQueue
+from schedulers.request import Kind
 from spotlight.dit_sampler import SampleState
 
 BROKEN_GRACE_S = 0.02
@@ -86,6 +94,9 @@ class GroupState:
     outputs: dict[int, torch.Tensor] = field(default_factory=dict)
     draining: bool = False
     """A member got a preemption notice: give the request back at the next committed step."""
+    serving: tuple[tuple[Kind, ...], int] | None = None
+    """Engine-driven: the request kinds and weight version `serve` told the group to pull, until
+    the queue has nothing more for it (None: idle, it leases nothing by itself)."""
 
     @property
     def degree(self) -> int:
@@ -98,7 +109,9 @@ class Event:
     """Clock seconds."""
     kind: str
     """spawned, ready, killed, lost, stopped, forming, formed, dissolved, leased, committed,
-    completed, given_back, exported."""
+    completed, given_back, served, exported. A `dissolved` event says `lost` when a member's death
+    broke the group (else it was re-planned, retired, cancelled or its lease ran out); `served`
+    (engine-driven only) says `noticed` when a retiring member ended the serving."""
     data: dict[str, Any]
 
 
@@ -106,7 +119,7 @@ class Coordinator:
     def __init__(self, spec: ServeSpec, agents: Sequence[Agent], queue: PullQueue,
                  step_time: StepTimeModel | None = None, clock: Clock | None = None,
                  max_tokens_per_device: int | None = None, auto_regroup: bool = True,
-                 weight_version: int | None = None) -> None:
+                 weight_version: int | None = None, engine_driven: bool = False) -> None:
         self.spec = spec
         self.agents = {a.node: a for a in agents}
         self.queue = queue
@@ -116,7 +129,9 @@ class Coordinator:
         self.auto_regroup = auto_regroup
         """Re-plan by the policy on every membership change (off: groups only by `form`)."""
         self.weight_version = weight_version
-        """Lease only requests for these weights (None: any)."""
+        """Standalone: lease only requests for these weights (None: any)."""
+        self.engine_driven = engine_driven
+        """A group leases only when `serve` tells it to (see the module docstring)."""
         self.members: dict[str, MemberHandle] = {}
         self.has_weights: dict[str, bool] = {}
         self.retiring: set[str] = set()
@@ -129,6 +144,16 @@ class Coordinator:
         """When a deferred re-plan is due (after a group reported itself broken)."""
 
     # ---- membership -----------------------------------------------------------------------------
+
+    def attach(self, agent: Agent) -> None:
+        """Add `agent`'s node (a node that joins); an agent the node had before — its members all
+        dead or stopped, as after a preemption — is closed and replaced."""
+        old = self.agents.get(agent.node)
+        if old is not None and old is not agent:
+            if any(self.members[m].alive for m in old.members if m in self.members):
+                raise ValueError(f"node {agent.node} still has live members; it cannot join again")
+            old.close()
+        self.agents[agent.node] = agent
 
     def add(self, node: str, name: str, source: Source | None = None, start_method: str | None = None) -> MemberHandle:
         """Start member `name` on `node`. Its weights (unless `source` says): the node's live copy,
@@ -155,18 +180,25 @@ class Coordinator:
         self._event("killed", member=name)
         return t
 
-    def retire(self, name: str) -> None:
-        """Member `name` got a preemption notice: its group finishes the step in flight, gives the
-        request back at that step, and re-forms without it; then the member is stopped."""
-        self.retiring.add(name)
-        g = self.groups.get(self.group_of.get(name, ""))
-        if g is not None and g.lease is not None:
-            g.draining = True
-            return
-        if g is not None:
-            self._dissolve(g, "retired")
-        self._stop(name)
-        if self.auto_regroup:
+    def retire(self, *names: str) -> None:
+        """Members `names` got a preemption notice: a group of theirs that computes finishes the
+        step in flight, gives the request back at that step, and re-forms without them; then they
+        are stopped. (All are marked first, so no re-plan in between puts one in a new group.)"""
+        self.retiring.update(names)
+        stopped = False
+        for name in names:
+            if not self.members[name].alive:
+                self.retiring.discard(name)
+                continue
+            g = self.groups.get(self.group_of.get(name, ""))
+            if g is not None and g.lease is not None:
+                g.draining = True  # stopped when the group gives its request back (`_on_committed`)
+                continue
+            if g is not None:
+                self._dissolve(g, "retired")
+            self._stop(name)
+            stopped = True
+        if stopped and self.auto_regroup:
             self._replan()
 
     def ready_members(self) -> list[str]:
@@ -223,6 +255,34 @@ class Coordinator:
 
         self.run_until(done, timeout_s, "groups to form")
 
+    def serve(self, group: str, kinds: Sequence[Kind], version: int) -> bool:
+        """Engine-driven: idle READY group `group` leases a request of `kinds` at weight `version`
+        now and pulls on after each completion until the queue has nothing more for it (then a
+        `served` event). False, and the group stays idle, when nothing can be leased now."""
+        if not self.engine_driven:
+            raise RuntimeError("serve() is for a coordinator driven by the fleet engine (engine_driven=True); "
+                               "a standalone coordinator leases to idle groups by itself")
+        g = self.groups[group]
+        if g.phase is not GroupPhase.READY or g.lease is not None or g.draining:
+            raise ValueError(f"group {group} is {g.phase.value}, not idle: it cannot be told to serve")
+        leases = self.queue.pull(g.name, 1, kinds, weight_version=version)
+        if not leases:
+            return False
+        g.serving = (tuple(kinds), version)
+        self._lease(g, leases[0])
+        return True
+
+    def cancelled(self, kind: Kind) -> None:
+        """Every open request of `kind` was just cancelled: a group computing one is dissolved (the
+        Halt stops its members at the next step boundary; re-forming costs one rendezvous, far less
+        than finishing the request) and its members re-planned."""
+        hit = [g for g in self.groups.values() if g.lease is not None and g.lease.request.kind is kind]
+        for g in hit:
+            g.lease = None
+            self._dissolve(g, f"its {kind.name.lower()} request was cancelled")
+        if hit and self.auto_regroup:
+            self._replan()
+
     def forward(self, group: str, x: torch.Tensor, sigma: torch.Tensor, emb: torch.Tensor,
                 mask: torch.Tensor | None, side: int, timeout_s: float = 60.0) -> list[torch.Tensor]:
         """One velocity evaluation on `group`; every rank's output, by rank."""
@@ -249,7 +309,11 @@ class Coordinator:
             timeout_s = max(0.0, min(timeout_s, self._replan_at - self.clock.now()))
         if any(getattr(a, "buffered", False) for a in self.agents.values()):
             timeout_s = 0.0  # reports already read off a connection wait for nothing
-        ready = wait_any(list(waitables), timeout_s) if waitables else []
+        if waitables:
+            ready = wait_any(list(waitables), timeout_s)
+        else:  # no member alive anywhere: nothing can report, only time passes
+            ready = []
+            self.clock.sleep(timeout_s)
         reports = [r for a in self.agents.values() if getattr(a, "buffered", False) for r in a.receive(None)]
         for obj in ready:
             reports += waitables[obj].receive(obj)
@@ -333,7 +397,7 @@ class Coordinator:
         elif isinstance(msg, P.Broken):
             g = self.groups.get(self.group_of.get(h.name, ""))
             if g is not None and g.generation == msg.generation:  # not one we dissolved ourselves
-                self._dissolve(g, f"broken: {msg.reason}")
+                self._dissolve(g, f"broken: {msg.reason}", lost=True)
                 # Usually a peer died and gloo saw its sockets reset a moment before its process
                 # sentinel fires: re-plan once that has had BROKEN_GRACE_S to arrive, or the new
                 # group would include the dead member and break again.
@@ -364,7 +428,7 @@ class Coordinator:
         self._event("committed", group=g.name, generation=g.generation, degree=g.degree, request=req.id,
                     step=msg.step)
         if final:
-            self.queue.complete(g.name, req.id, state)
+            self.queue.complete(g.name, req.id, state)  # refused if cancelled meanwhile: nothing lost
             g.lease, g.committed, g.phase = None, None, GroupPhase.READY
             self._event("completed", group=g.name, request=req.id)
         elif g.draining:
@@ -380,21 +444,27 @@ class Coordinator:
                 self._replan()
             return
         if g.draining:
+            if g.serving is not None:
+                g.serving = None
+                self._event("served", group=g.name, noticed=True)
             self._dissolve(g, "a member retired")
             for m in [m for m in self.retiring if self.members[m].alive]:
                 self._stop(m)
             if self.auto_regroup:
                 self._replan()
+        elif final and self.engine_driven:
+            self._pull_on(g)
         elif final:
             self._dispatch()
 
     def _lost(self, h: MemberHandle) -> None:
         """Member `h` died (its agent has collected it)."""
         h.alive = False
+        self.retiring.discard(h.name)
         self._event("lost", member=h.name, exitcode=h.exitcode)
         g = self.groups.get(self.group_of.get(h.name, ""))
         if g is not None:
-            self._dissolve(g, f"member {h.name} lost")
+            self._dissolve(g, f"member {h.name} lost", lost=True)
         if self.auto_regroup:
             self._replan()
 
@@ -404,9 +474,10 @@ class Coordinator:
         self.retiring.discard(name)
         self._event("stopped", member=name)
 
-    def _dissolve(self, g: GroupState, reason: str) -> None:
+    def _dissolve(self, g: GroupState, reason: str, lost: bool = False) -> None:
         """Take `g` out of service: its request back to the queue at the committed step, its
-        surviving members told to leave it (interrupting whatever collective they are in)."""
+        surviving members told to leave it (interrupting whatever collective they are in).
+        `lost`: a member's death broke it."""
         if self.groups.pop(g.name, None) is None:
             return
         requeued = self.queue.worker_lost(g.name) if g.lease is not None else []
@@ -416,7 +487,8 @@ class Coordinator:
             if self.members[m].alive:
                 self._send(m, P.Halt(g.generation))
         g.store = None
-        self._event("dissolved", group=g.name, generation=g.generation, reason=reason, requeued=requeued)
+        self._event("dissolved", group=g.name, generation=g.generation, reason=reason, requeued=requeued,
+                    lost=lost)
 
     def _replan(self) -> None:
         self._replan_at = None
@@ -475,8 +547,11 @@ class Coordinator:
         return self.step_time(self.spec.seq_len, g.degree)
 
     def _dispatch(self) -> None:
-        """Lease queued requests to idle groups, fastest first (by the step-time model); a group
-        waits while a faster one is still forming (it would serve the request sooner)."""
+        """Standalone: lease queued requests to idle groups, fastest first (by the step-time model);
+        a group waits while a faster one is still forming (it would serve the request sooner).
+        Engine-driven: nothing (groups lease by `serve` and pull on by `_pull_on`)."""
+        if self.engine_driven:
+            return
         forming = [self._step_s(g) for g in self.groups.values() if g.phase is GroupPhase.FORMING]
         idle = [g for g in self.groups.values() if g.phase is GroupPhase.READY and not g.draining]
         for g in sorted(idle, key=lambda g: (self._step_s(g), g.generation)):
@@ -485,9 +560,24 @@ class Coordinator:
             leases = self.queue.pull(g.name, 1, weight_version=self.weight_version)
             if not leases:
                 return
-            lease = leases[0]
-            g.lease, g.committed, g.phase = lease, lease.request.state, GroupPhase.BUSY
-            for m in g.members:
-                self._send(m, P.Run(g.generation, lease.request))
-            self._event("leased", group=g.name, generation=g.generation, degree=g.degree,
-                        request=lease.request.id, step=lease.request.step)
+            self._lease(g, leases[0])
+
+    def _pull_on(self, g: GroupState) -> None:
+        """Engine-driven: a serving group that completed a request leases the next one of its
+        kinds and version, or reports `served` when the queue has nothing more for it."""
+        if g.serving is None:
+            return
+        kinds, version = g.serving
+        leases = self.queue.pull(g.name, 1, kinds, weight_version=version)
+        if leases:
+            self._lease(g, leases[0])
+        else:
+            g.serving = None
+            self._event("served", group=g.name, noticed=False)
+
+    def _lease(self, g: GroupState, lease: Lease) -> None:
+        g.lease, g.committed, g.phase = lease, lease.request.state, GroupPhase.BUSY
+        for m in g.members:
+            self._send(m, P.Run(g.generation, lease.request))
+        self._event("leased", group=g.name, generation=g.generation, degree=g.degree,
+                    request=lease.request.id, step=lease.request.step)

@@ -28,7 +28,7 @@ Time: actions are due on the *replay clock*, which runs `speedup` times faster t
 clock, and only during the phases named in `replay_phases` (a live replay runs the trace only while
 rolling out, when a preemption costs something; the simulator runs it always).
 
-Invariants (tests/test_fleet.py runs one scenario through every executor):
+Invariants (tests/test_fleet_contract.py runs one scenario through every executor):
 - a request is computed by at most one live worker at a time, and committed exactly once (the
   queue's invariants; the engine never completes anything itself);
 - every worker the engine registered is in exactly one phase (`WorkerPhase`);
@@ -546,8 +546,13 @@ class FleetEngine:
         if kinds:
             self._dispatch(kinds, version, spot_only)
             if not self.workers and not self._more_capacity_coming():
-                raise NoCapacity("no rollout capacity left: every spot worker is gone, none is coming back, "
-                                 "and there are no on-demand workers")
+                # An executor may report workers late (an SP re-plan's groups form after a death
+                # ended the old ones): take in what it has before giving up, then dispatch them.
+                self.settle()
+                if not self.workers:
+                    raise NoCapacity("no rollout capacity left: every spot worker is gone, none is coming back, "
+                                     "and there are no on-demand workers")
+                return False
         limit = due
         for p in pending:
             if p.deadline is not None and (limit is None or p.deadline < limit):
@@ -632,7 +637,9 @@ class FleetEngine:
                         break
                     continue
                 if not self.workers and not self._more_capacity_coming():
-                    raise NoCapacity("no worker left to finish exploration (exploration.budget_source: samples)")
+                    self.settle()  # workers reported late (see `_step`)
+                    if not self.workers:
+                        raise NoCapacity("no worker left to finish exploration (exploration.budget_source: samples)")
                 self._step(lambda: not self.queue.open(Kind.EXPLORATION) or (updating and update.done()),
                            (Kind.EXPLORATION,), version, spot_only=updating and spot_fleet,
                            pending=[update] if updating else ())
