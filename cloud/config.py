@@ -48,7 +48,7 @@ class CloudConfig:
     inflight_every_s: float = 30.0
     """With a checkpoint_uri: seconds between snapshots of a running rollout's committed state (finished
     results, partial states) in the store, which a restarted controller resumes the iteration from
-    (`spotlight.inflight`); 0..86,400, 0: none."""
+    (`spotlight.train.inflight`); 0..86,400, 0: none."""
     budget_usd: float | None = None
     """Stop cleanly (final checkpoint, summary says why) before the metered cost would exceed this;
     in (0, 1e9] dollars."""

@@ -10,7 +10,7 @@ The `Store` Protocol is small on purpose, so that S3 (`cloud.aws.S3Store`) and a
   never listed;
 - `delete` of a missing key is not an error.
 Atomicity is per object: a set of objects that belongs together (a checkpoint) needs a marker
-written last — see `spotlight.checkpoint_sync`.
+written last — see `spotlight.train.checkpoint_sync`.
 
 Keys are relative '/'-separated paths ("step-000004/MANIFEST.json"): no leading or trailing '/',
 no empty, '.' or '..' parts.

@@ -43,7 +43,7 @@ Source = Literal["node", "peer", "checkpoint"]
 """Where a new member takes its weights: the node's live copy, a peer over its first group, or
 the checkpoint store (only when no live copy exists anywhere)."""
 
-_PRELOAD = ["elastic_sp.member", "diffusers.models.transformers.transformer_qwenimage", "spotlight.dit_policy"]
+_PRELOAD = ["elastic_sp.member", "diffusers.models.transformers.transformer_qwenimage", "spotlight.rl.dit_policy"]
 """What the fork server imports once, so that a member starts without importing torch or diffusers."""
 
 _CHILD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}

@@ -63,7 +63,7 @@ from elastic_sp.signed_connection import (
 from elastic_sp.spec import ServeSpec
 from elastic_sp.weights import NodeWeights
 from schedulers.request import Kind, Request
-from spotlight.dit_sampler import SampleState
+from spotlight.rl.dit_sampler import SampleState
 
 AUTHKEY_ENV = "SPOTLIGHT_SP_AUTHKEY"
 READY_LINE = "agent listening on "

@@ -60,7 +60,7 @@ from elastic_sp.spec import ServeSpec
 from schedulers.clock import Clock, WallClock
 from schedulers.queue import Lease, PullQueue
 from schedulers.request import Kind
-from spotlight.dit_sampler import SampleState
+from spotlight.rl.dit_sampler import SampleState
 
 BROKEN_GRACE_S = 0.02
 """How long a group that broke by itself waits for the death behind it to be reported (20 ms: a

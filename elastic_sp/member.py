@@ -37,8 +37,8 @@ from elastic_sp.weights import (
     digest,
     load_checkpoint,
 )
-from spotlight.dit_model import velocity
-from spotlight.prompts import Prompt
+from spotlight.rl.dit_model import velocity
+from spotlight.rl.prompts import Prompt
 
 _INTERRUPTING = (P.Form, P.Halt, P.Stop)
 

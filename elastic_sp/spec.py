@@ -11,8 +11,8 @@ from typing import Any
 import torch
 
 from spotlight.config import RunConfig, default_config
-from spotlight.dit_model import _MODEL_INIT, TINY_TRANSFORMER
-from spotlight.seeding import derive_seed
+from spotlight.rl.dit_model import _MODEL_INIT, TINY_TRANSFORMER
+from spotlight.rl.seeding import derive_seed
 
 
 def tiny_arch(heads: int = 2) -> dict[str, Any]:
@@ -69,9 +69,9 @@ class ServeSpec:
 
     def build_policy(self, model: torch.nn.Module) -> Any:
         """A `DiTPolicy` sampling with `model` (SP applied or not) and the stand-in text encoder."""
-        from spotlight.dit_model import PixelDecoder
-        from spotlight.dit_policy import DiTPolicy
-        from spotlight.prompt_encoder import HashedWordEncoder
+        from spotlight.rl.dit_model import PixelDecoder
+        from spotlight.rl.dit_policy import DiTPolicy
+        from spotlight.rl.prompt_encoder import HashedWordEncoder
 
         cfg = self.run
         encoder = HashedWordEncoder(model.config.joint_attention_dim, cfg.policy.dit.text_tokens)

@@ -84,7 +84,7 @@ def saved_config(out: Path) -> dict[str, Any] | None:
 
 def run(cfg: RunConfig, out: Path, fresh: bool, progress: bool = False) -> tuple[list[dict[str, Any]], float]:
     """Train one run (or reuse a finished one); its metrics rows and its training wall time (s)."""
-    from spotlight.trainer import Trainer  # imports torch: only when something is trained
+    from spotlight.train.trainer import Trainer  # imports torch: only when something is trained
 
     same = saved_config(out) == cfg.to_dict()
     if out.exists() and (fresh or not same):

@@ -12,8 +12,8 @@ import json
 import time
 from pathlib import Path
 
-from spotlight.progress_model import ProgressModel
-from spotlight.simulator import POLICIES, SimConfig, gpu_prices, make_simulation
+from spotlight.sim.progress_model import ProgressModel
+from spotlight.sim.simulator import POLICIES, SimConfig, gpu_prices, make_simulation
 from schedulers.traces import load_trace
 
 TRACE = Path(__file__).resolve().parent / "traces" / "bamboo-p3.csv"

@@ -220,7 +220,7 @@ class Queue(Protocol):
 
 
 class Session(Protocol):
-    """One phase's exploration rounds (`spotlight.exploration.ExplorationSession`)."""
+    """One phase's exploration rounds (`spotlight.train.exploration.ExplorationSession`)."""
 
     critical_path: bool
     samples: int

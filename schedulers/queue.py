@@ -285,7 +285,7 @@ class PullQueue:
     def committed(self, ids: Iterable[str]) -> tuple[dict[str, Any], dict[str, tuple[int, Any]]]:
         """What is committed of requests `ids`: (results of the completed ones, {id: (step, state)}
         of the others that have committed a step). A controller that restarts seeds the same
-        requests with these and loses nothing committed (`spotlight.inflight`)."""
+        requests with these and loses nothing committed (`spotlight.train.inflight`)."""
         with self._lock:
             results, partial = {}, {}
             for request_id in ids:

@@ -39,7 +39,7 @@ from pathlib import Path
 from cloud.store import StoreError
 from spotlight.config import ConfigError, RunConfig, default_config, load_config, to_yaml
 from schedulers.input_file import InputError, short
-from spotlight.sim_report import plural
+from spotlight.sim.report import plural
 
 BENCH_LIMITS = {"repeats": (1, 1000), "iterations": (1, 1000), "world": (2, 16), "heads": (1, 64)}
 """[low, high] of the bench flags: `--world` member processes run on one machine (each holds a
@@ -236,8 +236,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         from schedulers.traces import load_trace
 
         trace = load_trace(args.preemption_trace)
-    from spotlight.learner import NonFiniteUpdate
-    from spotlight.trainer import Trainer, make_runtime
+    from spotlight.runtime.learner import NonFiniteUpdate
+    from spotlight.train.trainer import Trainer, make_runtime
 
     runtime = make_runtime(cfg)
     if trace is not None:
@@ -266,7 +266,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def _kept(out: Path, cfg: RunConfig) -> str:
     """What an interrupted `train` leaves for a re-run with the same --out: its newest checkpoint."""
-    from spotlight import checkpoint
+    from spotlight.train import checkpoint
 
     newest = checkpoint.latest(out / "checkpoints")
     if newest is None:
@@ -328,11 +328,11 @@ def cmd_prices(args: argparse.Namespace) -> int:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     if args.name == "throughput":
-        from spotlight.bench_throughput import run_throughput
+        from spotlight.bench.throughput import run_throughput
 
         result = run_throughput(repeats=5 if args.repeats is None else args.repeats, progress=_progress(args))
     elif args.name == "sp-regroup":
-        from spotlight.bench_sp_regroup import run_sp_regroup_bench
+        from spotlight.bench.sp_regroup import run_sp_regroup_bench
 
         try:
             result = run_sp_regroup_bench(world=args.world, repeats=3 if args.repeats is None else args.repeats,
@@ -340,7 +340,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         except ValueError as err:  # a flag combination the bench cannot run, named by the error
             raise ConfigError(str(err)) from None
     else:
-        from spotlight.bench_scheduler import run_scheduler_bench
+        from spotlight.bench.scheduler import run_scheduler_bench
 
         result = run_scheduler_bench(iterations=args.iterations, progress=_progress(args))
     if args.json:
@@ -394,10 +394,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
     plot = _output_file(args.plot, "--plot") if args.plot else None
-    from spotlight.iteration_time import PEAK_BF16_FLOPS
-    from spotlight.simulator import POLICIES, SimConfig, gpu_prices, simulate
-    from spotlight.sim_report import plot_simulation, table
-    from spotlight.step_time import StepTimes
+    from spotlight.train.iteration_time import PEAK_BF16_FLOPS
+    from spotlight.sim.simulator import POLICIES, SimConfig, gpu_prices, simulate
+    from spotlight.sim.report import plot_simulation, table
+    from spotlight.sim.step_time import StepTimes
     from schedulers.trace_synth import open_trace
 
     names = list(POLICIES) if args.policy == "all" else args.policy.split(",")
@@ -445,7 +445,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def cmd_traces(args: argparse.Namespace) -> int:
-    from spotlight.sim_report import plot_trace, trace_table
+    from spotlight.sim.report import plot_trace, trace_table
     from schedulers.trace_synth import open_trace, write_bamboo
     from schedulers.traces import summarize
 
@@ -601,7 +601,7 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--profile", default="qwen-image", choices=["qwen-image", "tiny-cpu"],
                      help="step-time profile (default qwen-image)")
     sim.add_argument("--gpu", help="GPU type for step times and prices (default H100)")
-    sim.add_argument("--step-times", metavar="YAML", help="override step-time fields (spotlight/step_time.py)")
+    sim.add_argument("--step-times", metavar="YAML", help="override step-time fields (spotlight/sim/step_time.py)")
     sim.add_argument("--no-stop", action="store_true", help="run every --iterations even after the target")
     sim.add_argument("--json", action="store_true", help="print one JSON object (and no progress on stderr)")
     sim.add_argument("--no-progress", action="store_true", help="no progress bars on stderr (one per policy)")

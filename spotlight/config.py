@@ -34,7 +34,7 @@ from schedulers.input_file import SEED_MAX, ConfigError, InputError, InputFileEr
 MAX_CONFIG_BYTES = 1 << 20
 """Largest config file read (1 MiB; the shipped ones are under 1 KB)."""
 BUILTIN_REWARDS = ("colour", "jpeg_compressibility", "jpeg_incompressibility", "arithmetic", "clip_score")
-"""The rewards `spotlight.rewards.BUILTIN` builds (tests/test_config.py checks the two agree);
+"""The rewards `spotlight.rl.rewards.BUILTIN` builds (tests/test_config.py checks the two agree);
 others come from the `spotlight.rewards` entry-point group. Named here so that a config is checked
 at load without importing torch."""
 _DEVICE = re.compile(r"cpu|cuda(:\d{1,3})?|mps")
@@ -151,7 +151,7 @@ class SamplerConfig:
 
 @dataclass
 class RewardConfig:
-    """The reward; see `spotlight.rewards` for the names."""
+    """The reward; see `spotlight.rl.rewards` for the names."""
 
     name: str = "colour"
     """colour | jpeg_compressibility | jpeg_incompressibility | arithmetic | clip_score, or a name

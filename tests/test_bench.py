@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-from spotlight.bench_throughput import run_throughput
+from spotlight.bench.throughput import run_throughput
 
 
 def test_throughput_benchmark_reports_figures_and_ratios():
@@ -26,7 +26,7 @@ def test_bench_cli_prints_one_json_object():
 
 @pytest.mark.slow
 def test_scheduler_benchmark_reports_queue_rates_and_recomputation_against_restart():
-    from spotlight.bench_scheduler import run_scheduler_bench
+    from spotlight.bench.scheduler import run_scheduler_bench
 
     r = run_scheduler_bench(ops=50, iterations=2, speedup=20000.0, spot=2)
     assert r["queue"]["local_ops_per_s"] > r["queue"]["ray_sequential_ops_per_s"] > 0

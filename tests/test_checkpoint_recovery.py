@@ -25,9 +25,9 @@ import torch
 from conftest import small_llm_config
 from planted_pickle import Payload, pickled, torch_saved
 from s3_server import s3, s3_server  # noqa: F401 (fixtures)
-from spotlight import checkpoint
-from spotlight.learner import NonFiniteUpdate
-from spotlight.trainer import Trainer
+from spotlight.train import checkpoint
+from spotlight.runtime.learner import NonFiniteUpdate
+from spotlight.train.trainer import Trainer
 from test_cloud_store import final_weights
 
 REPO = Path(__file__).resolve().parents[1]
@@ -135,7 +135,7 @@ def test_a_kill_between_a_row_and_its_checkpoint_loses_no_row(tmp_path, referenc
 def test_a_nan_loss_stops_the_run_with_one_line_and_keeps_the_checkpoint_before_it(tmp_path, monkeypatch, capsys):
     """A reward model that starts answering NaN at iteration 2 (a real failure mode)."""
     from spotlight import cli
-    from spotlight.rewards import RewardWorker
+    from spotlight.rl.rewards import RewardWorker
 
     score = RewardWorker.score
     calls = []
@@ -162,7 +162,7 @@ def test_a_nan_loss_stops_the_run_with_one_line_and_keeps_the_checkpoint_before_
 
 
 def test_the_learner_takes_no_step_on_a_non_finite_loss():
-    from spotlight.learner import Learner
+    from spotlight.runtime.learner import Learner
 
     learner = Learner(_cfg())
     learner.build()
@@ -175,7 +175,7 @@ def test_the_learner_takes_no_step_on_a_non_finite_loss():
 
 
 def learner_prompts(learner):
-    from spotlight.prompts import prompt_set
+    from spotlight.rl.prompts import prompt_set
 
     return prompt_set(learner.cfg.prompts, learner.cfg.seed)[:1] * 4
 

@@ -21,9 +21,9 @@ import torch
 
 from spotlight import cli
 from spotlight.config import to_yaml
-from spotlight.learner import Learner
-from spotlight.runtime import LocalRuntime
-from spotlight.trainer import Trainer
+from spotlight.runtime.learner import Learner
+from spotlight.runtime.local import LocalRuntime
+from spotlight.train.trainer import Trainer
 
 from conftest import small_dit_config, small_llm_config
 
@@ -146,9 +146,9 @@ def test_simulate_draws_a_bar_per_policy_unless_told_not_to(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("bench, module, function", [
-    ("throughput", "spotlight.bench_throughput", "run_throughput"),
-    ("scheduler", "spotlight.bench_scheduler", "run_scheduler_bench"),
-    ("sp-regroup", "spotlight.bench_sp_regroup", "run_sp_regroup_bench"),
+    ("throughput", "spotlight.bench.throughput", "run_throughput"),
+    ("scheduler", "spotlight.bench.scheduler", "run_scheduler_bench"),
+    ("sp-regroup", "spotlight.bench.sp_regroup", "run_sp_regroup_bench"),
 ])
 def test_bench_progress_follows_the_flags(monkeypatch, capsys, bench, module, function):
     """The flag reaches the bench (a recording double: a real bench takes minutes here; the bars
@@ -162,7 +162,7 @@ def test_bench_progress_follows_the_flags(monkeypatch, capsys, bench, module, fu
 
 
 def test_bench_throughput_draws_its_bar_on_stderr(capsys):
-    from spotlight.bench_throughput import run_throughput
+    from spotlight.bench.throughput import run_throughput
 
     for progress in (True, False):
         run_throughput(repeats=1, prompts=1, group_size=2, micro_batch=2, progress=progress)
@@ -172,7 +172,7 @@ def test_bench_throughput_draws_its_bar_on_stderr(capsys):
 
 @pytest.mark.slow
 def test_bench_sp_regroup_draws_its_bar_on_stderr(capsys):
-    from spotlight.bench_sp_regroup import run_sp_regroup_bench
+    from spotlight.bench.sp_regroup import run_sp_regroup_bench
 
     run_sp_regroup_bench(world=2, repeats=1, heads=2, rendezvous_repeats=1, cold=False, agent="local", progress=True)
     assert re.search(r"bench sp-regroup: +100%\|", capsys.readouterr().err)
@@ -301,7 +301,7 @@ def test_fewer_steps_than_the_folder_holds_is_one_error_line_and_changes_nothing
 # ---- 6. the simulator's table and plot -------------------------------------------------------------
 
 def test_the_simulator_table_says_which_way_is_cheaper(tmp_path, capsys):
-    from spotlight.sim_report import table
+    from spotlight.sim.report import table
 
     trace = tmp_path / "t.csv"
     trace.write_text("0,add,a\n0,add,b\n600000,remove,a\n900000,add,c\n")

@@ -10,13 +10,13 @@ import torch
 
 from cloud.cost import (BudgetPolicy, CostControl, CostMeter, DeadlinePolicy, Fleet, Forecast, PRIOR_FACTOR,
                         STOP_SLACK_S, Spent, load_spent, save_spent)
-from spotlight.iteration_time import iteration_seconds_lower_bound
+from spotlight.train.iteration_time import iteration_seconds_lower_bound
 from cloud.prices import COLUMNS, PriceError, PriceTable, refresh_from_aws, refresh_from_sky
 from schedulers.clock import ManualClock
 from spotlight.cli import main
-from spotlight.cost_control import cost_control, fleet_of
+from spotlight.train.cost_control import cost_control, fleet_of
 from spotlight.config import ConfigError, to_yaml
-from spotlight.trainer import Trainer
+from spotlight.train.trainer import Trainer
 
 from conftest import small_dit_config
 from s3_server import s3, s3_server  # noqa: F401 (fixtures)
@@ -329,7 +329,7 @@ def test_a_budget_below_one_iteration_is_rejected_before_anything_starts():
 
 
 def test_lower_bound_is_below_the_tiny_runs_measured_here():
-    # measured on this project's 2-core machine (spotlight/iteration_time.py): tiny DiT 1.1 s, small DiT
+    # measured on this project's 2-core machine (spotlight/train/iteration_time.py): tiny DiT 1.1 s, small DiT
     # 0.09 s, tiny LLM 0.25 s per iteration
     from spotlight.config import load_config
 
@@ -421,7 +421,7 @@ def test_cli_train_budget_flags(tmp_path, capsys):
 def test_ray_fall_back_to_ondemand_restarts_spot_slots_and_stops_the_trace(tmp_path):
     from safetensors.torch import load_file
 
-    from spotlight.ray_runtime import RayRuntime
+    from spotlight.runtime.ray_runtime import RayRuntime
     from schedulers.traces import ReplayAction
 
     cfg = small_dit_config(train={"steps": 3}, runtime={"kind": "ray", "spot_workers": 2, "ondemand_workers": 1})

@@ -21,11 +21,11 @@ from cloud.open_store import open_store
 from conftest import small_dit_config
 from s3_server import fault_proxy, s3, s3_server  # noqa: F401 (fixtures)
 from schedulers.clock import ManualClock, WallClock
-from spotlight import checkpoint
-from spotlight.checkpoint_sync import MANIFEST, CheckpointSync
+from spotlight.train import checkpoint
+from spotlight.train.checkpoint_sync import MANIFEST, CheckpointSync
 from spotlight.cli import main
 from spotlight.config import ConfigError, to_yaml
-from spotlight.trainer import Trainer
+from spotlight.train.trainer import Trainer
 
 # For tests that wait in real time: 20 ms doubling to 200 ms.
 QUICK = Backoff(first_s=0.02, max_wait_s=0.2, give_up_after_s=30.0)

@@ -90,7 +90,7 @@ def test_binary_and_oversized_files_are_one_line(tmp_path):
 
 
 def test_the_reward_names_checked_at_load_are_the_ones_rewards_builds():
-    from spotlight import rewards
+    from spotlight.rl import rewards
     from spotlight.config import BUILTIN_REWARDS
 
     assert set(BUILTIN_REWARDS) == set(rewards.BUILTIN)

@@ -1,8 +1,8 @@
 import torch
 
 from spotlight.config import DiTConfig
-from spotlight.dit_model import QWEN_IMAGE_TRANSFORMER, build_transformer, pack, unpack, velocity
-from spotlight.dit_policy import DiTPolicy
+from spotlight.rl.dit_model import QWEN_IMAGE_TRANSFORMER, build_transformer, pack, unpack, velocity
+from spotlight.rl.dit_policy import DiTPolicy
 
 from conftest import small_dit_config
 
@@ -54,7 +54,7 @@ def test_vae_decoder_unnormalises_and_decodes_with_the_qwen_image_vae(tmp_path):
     """The real decode path, on a tiny random AutoencoderKLQwenImage saved as a checkpoint's vae/."""
     from diffusers import AutoencoderKLQwenImage
 
-    from spotlight.dit_model import QwenVAEDecoder
+    from spotlight.rl.dit_model import QwenVAEDecoder
 
     torch.manual_seed(0)
     vae = AutoencoderKLQwenImage(base_dim=8, z_dim=4, dim_mult=[1, 2, 2, 2], num_res_blocks=1, attn_scales=[],

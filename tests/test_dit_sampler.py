@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from spotlight.dit_policy import DiTPolicy
-from spotlight.prompts import prompt_set
+from spotlight.rl.dit_policy import DiTPolicy
+from spotlight.rl.prompts import prompt_set
 
 from conftest import small_dit_config
 

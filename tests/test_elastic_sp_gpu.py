@@ -12,7 +12,7 @@ import torch
 import elastic_sp
 from elastic_sp.group import Rendezvous, SPGroup
 from elastic_sp.spec import ServeSpec, tiny_arch
-from spotlight.dit_model import velocity
+from spotlight.rl.dit_model import velocity
 
 pytestmark = [
     pytest.mark.gpu,

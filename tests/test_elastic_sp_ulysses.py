@@ -19,7 +19,7 @@ import torch.distributed as dist
 import elastic_sp
 from elastic_sp.group import GroupBroken, Rendezvous, SPGroup
 from elastic_sp.spec import ServeSpec, tiny_arch
-from spotlight.dit_model import velocity
+from spotlight.rl.dit_model import velocity
 
 
 def run_group(degree: int, fn, timeout_s: float = 60.0) -> list:

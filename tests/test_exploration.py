@@ -11,11 +11,11 @@ from planners.selection import group_variance, max_variance_subset
 from schedulers.clock import ManualClock
 from schedulers.queue import PullQueue, Status
 from schedulers.request import Kind, Request
-from spotlight.dit_policy import DiTPolicy
-from spotlight.exploration import Explorer
-from spotlight.prompts import Prompt, prompt_set
-from spotlight.rollout_worker import RolloutWorker
-from spotlight.trainer import Trainer
+from spotlight.rl.dit_policy import DiTPolicy
+from spotlight.train.exploration import Explorer
+from spotlight.rl.prompts import Prompt, prompt_set
+from spotlight.runtime.rollout_worker import RolloutWorker
+from spotlight.train.trainer import Trainer
 from tests.conftest import small_dit_config, small_llm_config
 
 EXPLORE = {"enabled": True, "planner": "bandit", "samples_per_step": 16, "candidates_per_prompt": 12,

@@ -52,9 +52,9 @@ from schedulers.preemption import Cause, PreemptionNotice
 from schedulers.queue import PullQueue
 from schedulers.request import Kind, Request
 from spotlight.config import RunConfig
-from spotlight.learner import build_policy
-from spotlight.policy import Rollout
-from spotlight.rollout_worker import RolloutWorker
+from spotlight.runtime.learner import build_policy
+from spotlight.rl.policy import Rollout
+from spotlight.runtime.rollout_worker import RolloutWorker
 
 CFG = small_dit_config()
 LEASE_S = 600.0  # on the wall clock: no lease may run out mid-test
@@ -198,7 +198,7 @@ def reference(weights) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
 def ray_cluster() -> Iterator[None]:
     import ray
 
-    from spotlight.ray_runtime import SPOT_RESOURCE
+    from spotlight.runtime.ray_runtime import SPOT_RESOURCE
 
     # One torch thread per actor process (ray_runtime.py: oversubscribed OpenMP on 2 cores, 0.9 s -> 21 s).
     ray.init(num_cpus=2, resources={SPOT_RESOURCE: 1000.0}, include_dashboard=False, log_to_driver=False,
@@ -208,7 +208,7 @@ def ray_cluster() -> Iterator[None]:
 
 
 def in_process_fleet(cfg: RunConfig, fleet_nodes: list[Node], weights: dict[str, torch.Tensor]) -> Fleet:
-    from spotlight.runtime import InProcessExecutor
+    from spotlight.runtime.local import InProcessExecutor
 
     clock = WallClock()
     queue = PullQueue(clock, LEASE_S)
@@ -221,7 +221,7 @@ def ray_fleet(cfg: RunConfig, fleet_nodes: list[Node], weights: dict[str, torch.
     import ray
 
     from schedulers.queue_actor import QueueActor, QueueClient
-    from spotlight.ray_runtime import RayExecutor
+    from spotlight.runtime.ray_runtime import RayExecutor
 
     clock = WallClock()
     actor = QueueActor.remote(lease_s=LEASE_S)
@@ -255,8 +255,8 @@ def sp_fleet(cfg: RunConfig, fleet_nodes: list[Node], weights: dict[str, torch.T
 
 
 def modelled_fleet(fleet_nodes: list[Node]) -> Fleet:
-    from spotlight.modelled_executor import ModelledExecutor
-    from spotlight.step_time import StepTimes, image_tokens
+    from spotlight.sim.modelled_executor import ModelledExecutor
+    from spotlight.sim.step_time import StepTimes, image_tokens
 
     clock = ManualClock()
     queue = PullQueue(clock, lease_s=1e15)  # deaths are reported at once, never by expiry

@@ -3,8 +3,8 @@ import math
 import pytest
 import torch
 
-from spotlight.flow_sde import ode_step, qwen_image_sigmas, sde_mean_std
-from spotlight.grpo import gaussian_logprob
+from spotlight.rl.flow_sde import ode_step, qwen_image_sigmas, sde_mean_std
+from spotlight.rl.grpo import gaussian_logprob
 
 
 def test_sigmas_follow_qwen_image_schedule():

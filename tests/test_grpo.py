@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from spotlight.grpo import (gaussian_kl_same_std, gaussian_logprob, group_advantages, group_std, kl_k3,
+from spotlight.rl.grpo import (gaussian_kl_same_std, gaussian_logprob, group_advantages, group_std, kl_k3,
                             masked_mean, ppo_clip_loss)
 
 

@@ -1,5 +1,5 @@
 """A controller that dies mid-rollout resumes the iteration from the committed in-flight state it
-kept in the checkpoint store (`spotlight.inflight`), and ends with the weights of a run that never
+kept in the checkpoint store (`spotlight.train.inflight`), and ends with the weights of a run that never
 stopped. Real Ray actors for the interrupted run, the real queue, a real S3 server (moto) on loopback.
 """
 
@@ -16,11 +16,11 @@ from s3_server import s3, s3_server  # noqa: F401 (fixtures)
 from planted_pickle import Payload, pickled, torch_saved
 from cloud.codec import encode
 from cloud.store import LocalStore
-from spotlight.dit_sampler import SampleState
-from spotlight.inflight import ALLOWED, InflightStore
-from spotlight.policy import Rollout
-from spotlight.prompts import Prompt
-from spotlight.trainer import Trainer
+from spotlight.rl.dit_sampler import SampleState
+from spotlight.train.inflight import ALLOWED, InflightStore
+from spotlight.rl.policy import Rollout
+from spotlight.rl.prompts import Prompt
+from spotlight.train.trainer import Trainer
 from test_cloud_store import final_weights
 
 

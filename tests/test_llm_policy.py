@@ -8,12 +8,12 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from spotlight.char_tokenizer import VOCAB, build_char_tokenizer
+from spotlight.rl.char_tokenizer import VOCAB, build_char_tokenizer
 from spotlight.config import ConfigError, RunConfig, default_config
-from spotlight.grpo import masked_mean
-from spotlight.llm_policy import LLMPolicy, token_logprobs
-from spotlight.prompts import Prompt, prompt_set
-from spotlight.seeding import generator
+from spotlight.rl.grpo import masked_mean
+from spotlight.rl.llm_policy import LLMPolicy, token_logprobs
+from spotlight.rl.prompts import Prompt, prompt_set
+from spotlight.rl.seeding import generator
 
 
 def make_cfg(seed: int = 0, micro_batch: int = 64, kl_beta: float = 0.0, clip: float = 0.2,

@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from spotlight.trainer import Trainer
+from spotlight.train.trainer import Trainer
 
 from conftest import small_dit_config
 

@@ -9,9 +9,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from spotlight.ray_runtime import RayRuntime
+from spotlight.runtime.ray_runtime import RayRuntime
 from schedulers.traces import ReplayAction, load_trace, replay_schedule
-from spotlight.trainer import Trainer
+from spotlight.train.trainer import Trainer
 
 from conftest import small_dit_config
 

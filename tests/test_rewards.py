@@ -5,9 +5,9 @@ import pytest
 import torch
 
 from spotlight.config import default_config, ConfigError, RewardConfig
-from spotlight.policy import Rollout
-from spotlight.prompts import COLOURS, Prompt
-from spotlight.rewards import build_reward, jpeg_kilobytes
+from spotlight.rl.policy import Rollout
+from spotlight.rl.prompts import COLOURS, Prompt
+from spotlight.rl.rewards import build_reward, jpeg_kilobytes
 
 
 def _solid(rgb, side=16):

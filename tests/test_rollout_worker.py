@@ -7,9 +7,9 @@ from schedulers.clock import ManualClock
 from schedulers.preemption import Cause, PreemptionNotice
 from schedulers.queue import PullQueue
 from schedulers.request import Kind, Request
-from spotlight.dit_policy import DiTPolicy
-from spotlight.llm_policy import LLMPolicy
-from spotlight.rollout_worker import RolloutWorker
+from spotlight.rl.dit_policy import DiTPolicy
+from spotlight.rl.llm_policy import LLMPolicy
+from spotlight.runtime.rollout_worker import RolloutWorker
 
 from conftest import small_dit_config, small_llm_config
 
@@ -93,7 +93,7 @@ def test_a_death_without_notice_resumes_from_the_last_committed_step():
 
 
 def _prompt(request):
-    from spotlight.prompts import Prompt
+    from spotlight.rl.prompts import Prompt
 
     return Prompt(request.prompt_id, request.prompt_text)
 

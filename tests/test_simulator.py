@@ -4,9 +4,9 @@ import math
 import pytest
 
 from spotlight import cli
-from spotlight.progress_model import ProgressModel
-from spotlight.simulator import POLICIES, SimConfig, simulate
-from spotlight.step_time import StepTimes
+from spotlight.sim.progress_model import ProgressModel
+from spotlight.sim.simulator import POLICIES, SimConfig, simulate
+from spotlight.sim.step_time import StepTimes
 from schedulers.traces import Trace, TraceEvent
 
 FIELDS = ("time_to_target_h", "cost_usd", "gpu_utilization", "preemptions", "steps_recomputed")
@@ -36,7 +36,7 @@ def test_no_preemptions_takes_the_time_the_step_model_gives_by_hand():
     assert out["spotlight_noexplore"]["wall_h"] * 3600 == pytest.approx(3 * (request + train + st.weight_sync_s), rel=1e-9)
     assert out["spotlight_noexplore"]["preemptions"] == 0 and out["spotlight_noexplore"]["steps_recomputed"] == 0
     # cost: 4 on-demand GPUs for the whole run, plus 4 spot ones for the spot policy
-    from spotlight.simulator import gpu_prices
+    from spotlight.sim.simulator import gpu_prices
 
     od, spot, _ = gpu_prices(small())
     assert out["ondemand"]["total_cost_usd"] == pytest.approx(4 * od * out["ondemand"]["wall_h"])

@@ -6,9 +6,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from spotlight import checkpoint
+from spotlight.train import checkpoint
 from spotlight.config import ConfigError, to_yaml
-from spotlight.trainer import Trainer, summarize
+from spotlight.train.trainer import Trainer, summarize
 
 from conftest import small_dit_config, small_llm_config
 

@@ -1,0 +1,218 @@
+"""The DiT policy: Flow-GRPO on a Qwen-Image-class transformer.
+
+Rollout samples with the resumable SDE sampler and keeps each sample's trajectory and per-step
+log-probs; the update recomputes the log-prob of every stochastic transition under the current
+weights and applies the PPO-clip loss over (sample, SDE step) pairs.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from spotlight.config import RunConfig
+from spotlight.rl.dit_model import PixelDecoder, QwenVAEDecoder, build_transformer, pack, unpack, velocity
+from spotlight.rl.dit_sampler import FlowSDESampler, SampleState
+from spotlight.rl.flow_sde import qwen_image_sigmas, sde_mean_std
+from spotlight.rl.grpo import gaussian_kl_same_std, gaussian_logprob, ppo_clip_loss
+from spotlight.rl.policy import Rollout
+from spotlight.rl.prompt_encoder import HashedWordEncoder, PromptEncoder, QwenPromptEncoder
+from spotlight.rl.prompts import Prompt
+from spotlight.rl.seeding import generator
+from spotlight.rl.synthetic_images import images_to_latents, synthetic_images
+
+_WARM_START = 0x3A3  # stream tag of the warm start's data and noise
+
+
+def _local_scheduler_config(path: str | None) -> dict | None:
+    """A local checkpoint's scheduler/scheduler_config.json, when there is one."""
+    file = Path(path) / "scheduler" / "scheduler_config.json" if path else None
+    return json.loads(file.read_text()) if file is not None and file.is_file() else None
+
+
+class DiTPolicy:
+    resumable = True
+    """Rollout requests can stop after any step and resume from their SampleState."""
+
+    def __init__(self, cfg: RunConfig, model, encoder: PromptEncoder, decoder) -> None:
+        self.cfg = cfg
+        self.model = model
+        self.encoder = encoder
+        self.decoder = decoder
+        self.ref_model = None
+        dit = cfg.policy.dit
+        self.side = dit.latent_side
+        self.channels = model.config.out_channels
+        self.tokens = (self.side // 2) ** 2
+        sigmas = qwen_image_sigmas(cfg.sampler.num_steps, self.tokens, _local_scheduler_config(dit.pretrained_path))
+        self.sampler = FlowSDESampler(cfg.sampler, sigmas, cfg.seed)
+
+    @classmethod
+    def from_config(cls, cfg: RunConfig) -> "DiTPolicy":
+        dit = cfg.policy.dit
+        model = build_transformer(dit, cfg.seed, cfg.device)
+        path = Path(dit.pretrained_path) if dit.pretrained_path else None
+        if path is not None and (path / "text_encoder").is_dir():
+            encoder: PromptEncoder = QwenPromptEncoder(path, cfg.device)
+        else:
+            encoder = HashedWordEncoder(model.config.joint_attention_dim, dit.text_tokens)
+        if dit.preset == "tiny":
+            decoder = PixelDecoder()
+        elif path is not None and (path / "vae").is_dir():
+            decoder = QwenVAEDecoder(path, cfg.device)
+        else:
+            raise FileNotFoundError(
+                f"policy.dit.pretrained_path: the qwen-image preset needs a local checkpoint with vae/ to decode "
+                f"latents, got {dit.pretrained_path!r}")
+        return cls(cfg, model, encoder, decoder)
+
+    @property
+    def num_steps(self) -> int:
+        return self.sampler.cfg.num_steps
+
+    def for_exploration(self, num_steps: int | None, ode: bool) -> "DiTPolicy":
+        """This policy (same model, encoder and decoder: no copy) sampling as exploration does:
+        `num_steps` denoising steps (None: the rollout's), stochastic unless `ode`. A seed keeps its
+        identity: the initial noise and the k-th SDE step's noise are the rollout's own draws."""
+        steps = num_steps or self.num_steps
+        if steps == self.num_steps and not ode:
+            return self
+        view = copy.copy(self)
+        sampler_cfg = dataclasses.replace(self.cfg.sampler, num_steps=steps, sde_window=None)
+        view.cfg = dataclasses.replace(self.cfg, sampler=sampler_cfg)
+        sigmas = qwen_image_sigmas(steps, self.tokens, _local_scheduler_config(self.cfg.policy.dit.pretrained_path))
+        view.sampler = FlowSDESampler(sampler_cfg, sigmas, self.cfg.seed)
+        if ode:
+            view.sampler.sde_steps = range(0)
+        return view
+
+    # ---- sampling ---------------------------------------------------------------------------
+
+    def _conditioning(self, texts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        emb, mask = self.encoder(texts)
+        return emb.to(self.cfg.device), mask.to(self.cfg.device)
+
+    def velocity_fn(self, texts: Sequence[str], model=None):
+        """The sampler's velocity callable with the prompts' conditioning bound in."""
+        emb, mask = self._conditioning(texts)
+        net = model if model is not None else self.model
+        return lambda x, sigma: velocity(net, x, sigma, emb, mask, self.side)
+
+    def init_state(self, prompts: Sequence[Prompt], seeds: Sequence[int]) -> SampleState:
+        return self.sampler.init([p.id for p in prompts], seeds, (self.tokens, 4 * self.channels), self.cfg.device)
+
+    @torch.no_grad()
+    def advance(self, prompts: Sequence[Prompt], state: SampleState, until: int | None = None) -> SampleState:
+        """Continue `state` (samples of `prompts`) to step `until` (default: the end)."""
+        return self.sampler.advance(self.velocity_fn([p.text for p in prompts]), state, until)
+
+    @torch.no_grad()
+    def decode(self, state: SampleState) -> torch.Tensor:
+        return self.decoder(unpack(state.latest, self.side))
+
+    @torch.no_grad()
+    def finish(self, prompts: Sequence[Prompt], state: SampleState) -> Rollout:
+        """The rollout of samples whose state has reached the last step."""
+        if state.step != self.num_steps:
+            raise ValueError(f"samples are at step {state.step} of {self.num_steps}, not finished")
+        return Rollout(list(prompts), list(state.seeds), images=self.decode(state),
+                       data={"trajectory": state.trajectory, "log_probs": state.log_probs})
+
+    @torch.no_grad()
+    def rollout(self, prompts: Sequence[Prompt], seeds: Sequence[int]) -> Rollout:
+        mb = self.cfg.train.micro_batch
+        parts = []
+        for lo in range(0, len(prompts), mb):
+            ps, ss = list(prompts[lo:lo + mb]), list(seeds[lo:lo + mb])
+            parts.append(self.finish(ps, self.advance(ps, self.init_state(ps, ss))))
+        return self.merge(parts)
+
+    def merge(self, parts: Sequence[Rollout]) -> Rollout:
+        return Rollout.concat(parts)
+
+    # ---- the GRPO update --------------------------------------------------------------------
+
+    def backward(self, rollout: Rollout, advantages: torch.Tensor) -> dict[str, float]:
+        """Accumulate the gradient of the mean PPO-clip loss over all (sample, SDE step) pairs.
+
+        The pairs are flattened and processed `micro_batch` rows at a time; each row carries its own
+        sigma, so one forward covers several denoising steps."""
+        g = self.cfg.grpo
+        traj, old = rollout.data["trajectory"], rollout.data["log_probs"]
+        steps = list(self.sampler.sde_steps)
+        n, k = len(rollout), len(steps)
+        sample_idx = torch.arange(n).repeat_interleave(k)
+        step_pos = torch.arange(k).repeat(n)
+        step_idx = torch.tensor(steps)[step_pos]
+        sigmas = self.sampler.sigmas.to(traj.device)
+        emb, mask = self._conditioning([p.text for p in rollout.prompts])
+        adv = advantages.to(traj.device)
+        total = n * k
+        sums = {"loss": 0.0, "clip_frac": 0.0, "kl": 0.0, "ratio_dev": 0.0}
+        for lo in range(0, total, self.cfg.train.micro_batch):
+            si, sp, st = (t[lo:lo + self.cfg.train.micro_batch] for t in (sample_idx, step_pos, step_idx))
+            x, x_next = traj[si, st], traj[si, st + 1]
+            sigma, sigma_next = sigmas[st], sigmas[st + 1]
+            v = velocity(self.model, x, sigma, emb[si], mask[si], self.side)
+            mean, std = sde_mean_std(x, v, sigma, sigma_next, self.cfg.sampler.noise_level, float(sigmas[1]))
+            logp = gaussian_logprob(x_next, mean, std)
+            loss_el, clipped = ppo_clip_loss(logp, old[si, sp], adv[si], g.clip_low, g.clip_high)
+            loss = loss_el.sum()
+            if g.kl_beta > 0 and self.ref_model is not None:
+                with torch.no_grad():
+                    v_ref = velocity(self.ref_model, x, sigma, emb[si], mask[si], self.side)
+                    ref_mean, _ = sde_mean_std(x, v_ref, sigma, sigma_next, self.cfg.sampler.noise_level, float(sigmas[1]))
+                kl = gaussian_kl_same_std(mean, ref_mean, std)
+                loss = loss + g.kl_beta * kl.sum()
+                sums["kl"] += kl.detach().sum().item()
+            (loss / total).backward()
+            sums["loss"] += loss.detach().item()
+            sums["clip_frac"] += clipped.sum().item()
+            sums["ratio_dev"] += (logp.detach() - old[si, sp]).abs().sum().item()
+        return {key: val / total for key, val in sums.items()}
+
+    def set_reference(self) -> None:
+        self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
+
+    # ---- warm start ---------------------------------------------------------------------------
+
+    def warm_start(self, prompts: Sequence[Prompt], steps: int, batch_size: int, lr: float, seed: int,
+                   on_step: Callable[[], None] | None = None) -> dict[str, float]:
+        """Flow matching on synthetic prompt-conditioned images (see `synthetic_images`); `on_step`
+        is called after each step (a progress bar)."""
+        if self.cfg.policy.dit.preset != "tiny":
+            raise ValueError("policy.dit.preset: the synthetic warm start is for the tiny config; "
+                             "qwen-image starts from released weights (set warm_start.steps: 0)")
+        opt = torch.optim.Adam(self.model.parameters(), lr=lr)
+        texts = [p.text for p in prompts]
+        losses: list[float] = []
+        self.model.train()
+        for step in range(steps):
+            g = generator(seed, _WARM_START, step)
+            batch = [texts[i] for i in torch.randint(len(texts), (batch_size,), generator=g).tolist()]
+            x0 = pack(images_to_latents(synthetic_images(batch, self.side, g), self.channels)).to(self.cfg.device)
+            noise = torch.randn(x0.shape, generator=g).to(self.cfg.device)
+            # Logit-normal sigmas (as in SD3 / Qwen-Image training) weight the middle of the schedule.
+            sigma = torch.sigmoid(torch.randn(batch_size, generator=g)).to(self.cfg.device)
+            xt = (1 - sigma.view(-1, 1, 1)) * x0 + sigma.view(-1, 1, 1) * noise
+            emb, mask = self._conditioning(batch)
+            loss = F.mse_loss(velocity(self.model, xt, sigma, emb, mask, self.side), noise - x0)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+            if on_step is not None:
+                on_step()
+        self.model.eval()
+        tail = losses[-50:] or [float("nan")]
+        return {"loss": sum(tail) / len(tail)}
+
+    def save_pretrained(self, path: Path) -> None:
+        self.model.save_pretrained(str(path), safe_serialization=True)

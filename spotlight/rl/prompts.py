@@ -1,0 +1,78 @@
+"""Prompt sets that need no downloaded data, and the per-iteration prompt draw.
+
+`colours`: "a red image", ... — the tiny DiT's task; the colour reward reads the colour back from
+the prompt. `arithmetic`: "12+07=" — the tiny LLM's task; the answer is computed from the text.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from spotlight.config import ConfigError, PromptsConfig
+from spotlight.rl.seeding import generator
+
+# Target RGB in [0, 1] for each colour word; far enough apart that the reward tells them apart.
+COLOURS: dict[str, tuple[float, float, float]] = {
+    "red": (0.9, 0.1, 0.1),
+    "green": (0.1, 0.8, 0.2),
+    "blue": (0.1, 0.2, 0.9),
+    "yellow": (0.95, 0.9, 0.1),
+    "cyan": (0.1, 0.85, 0.9),
+    "magenta": (0.9, 0.1, 0.85),
+    "orange": (1.0, 0.55, 0.0),
+    "purple": (0.5, 0.1, 0.7),
+    "white": (0.95, 0.95, 0.95),
+    "black": (0.05, 0.05, 0.05),
+    "grey": (0.5, 0.5, 0.5),
+    "brown": (0.55, 0.3, 0.1),
+}
+
+ARITHMETIC_OPERAND_MAX = 20
+"""Operands are drawn from [0, ARITHMETIC_OPERAND_MAX); sums have at most 2 digits."""
+
+
+@dataclass(frozen=True)
+class Prompt:
+    id: int
+    """Stable index in the prompt set; part of every random stream of its samples."""
+    text: str
+
+
+def colour_of(text: str) -> tuple[float, float, float]:
+    """The target colour named in a prompt (the first colour word)."""
+    for word in text.lower().replace(",", " ").split():
+        if word in COLOURS:
+            return COLOURS[word]
+    raise ValueError(f"prompt {text!r} names none of the colours {', '.join(COLOURS)}")
+
+
+def arithmetic_answer(text: str) -> int:
+    """The answer to an 'a+b=' prompt."""
+    lhs = text.rstrip("=")
+    a, b = lhs.split("+")
+    return int(a) + int(b)
+
+
+def prompt_set(cfg: PromptsConfig, seed: int) -> list[Prompt]:
+    """The run's prompts; arithmetic problems are drawn from the run seed."""
+    if cfg.name == "colours":
+        if cfg.count > len(COLOURS):
+            raise ConfigError(f"prompts.count: expected at most {len(COLOURS)} colour prompts, got {cfg.count}")
+        return [Prompt(i, f"a {name} image") for i, name in enumerate(list(COLOURS)[: cfg.count])]
+    pairs = [(a, b) for a in range(ARITHMETIC_OPERAND_MAX) for b in range(ARITHMETIC_OPERAND_MAX)]
+    if cfg.count > len(pairs):
+        raise ConfigError(f"prompts.count: expected at most {len(pairs)} arithmetic prompts, got {cfg.count}")
+    order = torch.randperm(len(pairs), generator=generator(seed, 0x5EED)).tolist()
+    return [Prompt(i, f"{pairs[j][0]:02d}+{pairs[j][1]:02d}=") for i, j in enumerate(order[: cfg.count])]
+
+
+def draw_prompts(prompts: list[Prompt], k: int, seed: int, step: int) -> list[Prompt]:
+    """The k prompts of iteration `step`: a deterministic function of (seed, step).
+
+    When k covers the whole set every prompt is used every iteration (in set order)."""
+    if k >= len(prompts):
+        return list(prompts)
+    idx = torch.randperm(len(prompts), generator=generator(seed, step, 0xD4A3))[:k].sort().values
+    return [prompts[i] for i in idx.tolist()]

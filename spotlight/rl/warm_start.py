@@ -1,0 +1,66 @@
+"""The cached warm start: run a policy's supervised warm start once, reuse it afterwards.
+
+The cache key covers everything that determines the result (policy and prompt config, warm-start
+settings, run seed, and WARM_START_VERSION — bump it when the synthetic data or the procedure
+changes). Files are written atomically, so concurrent or killed runs never leave half a file.
+
+With `progress`, training draws a tqdm bar ("warm start") on stderr, as the trainer's own bar does.
+The controller trains a missing warm start into the cache itself, before the roles start
+(`Trainer._warm_start`), and the learner then loads it: on the Ray runtime the learner is an
+actor whose output never reaches the terminal.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+from safetensors.torch import load_file, save_file
+
+from spotlight.config import RunConfig
+from spotlight.rl.policy import Policy
+from spotlight.rl.prompts import Prompt
+
+WARM_START_VERSION = 1
+
+
+def cache_dir(cfg: RunConfig) -> Path:
+    if cfg.warm_start.cache_dir:
+        return Path(cfg.warm_start.cache_dir)
+    return Path(os.environ.get("SPOTLIGHT_CACHE", Path.home() / ".cache" / "spotlight"))
+
+
+def cache_path(cfg: RunConfig) -> Path:
+    d = cfg.to_dict()
+    ws = {k: v for k, v in d["warm_start"].items() if k != "cache_dir"}
+    key = {"v": WARM_START_VERSION, "seed": cfg.seed, "policy": d["policy"], "prompts": d["prompts"], "warm_start": ws}
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    return cache_dir(cfg) / f"warm-start-{cfg.policy.kind}-{digest}.safetensors"
+
+
+def apply_warm_start(policy: Policy, cfg: RunConfig, prompts: Sequence[Prompt],
+                     progress: bool = False) -> dict[str, Any]:
+    """Bring `policy.model` to its warm-started weights, from the cache when present; when it trains,
+    with a bar on stderr if `progress`."""
+    ws = cfg.warm_start
+    if ws.steps == 0:
+        return {"steps": 0, "cached": False}
+    path = cache_path(cfg)
+    if path.is_file():
+        policy.model.load_state_dict(load_file(str(path)))
+        return {"steps": ws.steps, "cached": True, "path": str(path)}
+    from tqdm import tqdm
+
+    start = time.perf_counter()
+    with tqdm(total=ws.steps, desc="warm start", unit="step", disable=not progress, file=sys.stderr) as bar:
+        stats = policy.warm_start(prompts, ws.steps, ws.batch_size, ws.lr, cfg.seed, on_step=bar.update)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    save_file({k: v.detach().contiguous().cpu() for k, v in policy.model.state_dict().items()}, str(tmp))
+    tmp.replace(path)
+    return {"steps": ws.steps, "cached": False, "path": str(path), "seconds": time.perf_counter() - start, **stats}

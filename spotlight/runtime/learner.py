@@ -1,0 +1,92 @@
+"""The learner: the trainer role. It owns the policy being trained, its optimiser and checkpoints.
+
+Plain Python; the Ray runtime hosts it in an on-demand actor (`spotlight.runtime.ray_runtime`), the local
+runtime calls it directly. Weights leave it only through `weights()` (a CPU state dict tagged with
+the version = iterations applied), which rollout workers load before computing a version's requests.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from spotlight.train import checkpoint
+from spotlight.config import RunConfig
+from spotlight.rl.policy import Policy, Rollout
+from spotlight.rl.prompts import prompt_set
+from spotlight.rl.warm_start import apply_warm_start
+
+
+class NonFiniteUpdate(RuntimeError):
+    """A NaN or infinite loss or gradient: the optimiser step that would have applied it is not
+    taken, and the run stops. `str(err)` is one line naming the iteration."""
+
+
+def build_policy(cfg: RunConfig) -> Policy:
+    if cfg.policy.kind == "dit":
+        from spotlight.rl.dit_policy import DiTPolicy
+
+        return DiTPolicy.from_config(cfg)
+    from spotlight.rl.llm_policy import LLMPolicy
+
+    return LLMPolicy.from_config(cfg)
+
+
+class Learner:
+    def __init__(self, cfg: RunConfig) -> None:
+        self.cfg = cfg
+        self.version = 0
+
+    def build(self, checkpoints: Path | None = None) -> dict[str, Any]:
+        """Make the policy, warm-start it (cached), freeze the KL reference, and resume from the
+        newest checkpoint under `checkpoints` that verifies and loads (`checkpoint.newest_usable`:
+        the ones skipped are set aside). Returns {"warm_start", "step", "checkpoint", "skipped"}:
+        "skipped" holds one line per checkpoint set aside, for the controller to log."""
+        cfg = self.cfg
+        torch.manual_seed(cfg.seed)  # nothing should draw from it; seeded so that nothing varies if something does
+        self.policy = build_policy(cfg)
+        warm = apply_warm_start(self.policy, cfg, prompt_set(cfg.prompts, cfg.seed))
+        if cfg.grpo.kl_beta > 0:
+            self.policy.set_reference()
+        self.optimizer = torch.optim.Adam(self.policy.model.parameters(), lr=cfg.train.lr)
+        skipped: list[str] = []
+        ckpt = None if checkpoints is None else checkpoint.newest_usable(
+            Path(checkpoints), skipped.append, use=lambda c: checkpoint.load(c, self.policy.model, self.optimizer))
+        if ckpt is not None:
+            self.version = ckpt.step
+        return {"warm_start": warm, "step": self.version, "checkpoint": str(ckpt.path) if ckpt else None,
+                "skipped": skipped}
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        """The current weights (version `self.version`) as a CPU state dict."""
+        return {k: v.detach().cpu().clone() for k, v in self.policy.model.state_dict().items()}
+
+    def update(self, parts: list[Rollout], advantages: torch.Tensor) -> dict[str, float]:
+        """`train.updates_per_step` optimiser steps over the rollout made of per-request `parts`
+        (in request order); bumps the version."""
+        rollout = self.policy.merge(parts)
+        stats: dict[str, float] = {}
+        params = self.policy.model.parameters
+        n = self.cfg.train.updates_per_step
+        for u in range(n):
+            self.optimizer.zero_grad(set_to_none=True)
+            stats = self.policy.backward(rollout, advantages)
+            stats["grad_norm"] = torch.nn.utils.clip_grad_norm_(params(), self.cfg.train.grad_clip).item()
+            # One NaN step poisons every weight it touches (Adam spreads it through its moments), and
+            # every later checkpoint would carry it: stop before the step instead.
+            bad = next(((k, v) for k, v in stats.items() if isinstance(v, float) and not math.isfinite(v)), None)
+            if bad is not None:
+                raise NonFiniteUpdate(f"iteration {self.version}: {bad[0]} is {bad[1]} in update {u + 1} of {n}: "
+                                      "training diverged (a smaller train.lr or grad_clip may help)")
+            self.optimizer.step()
+        self.version += 1
+        return stats
+
+    def save_checkpoint(self, root: Path) -> str:
+        return str(checkpoint.save(Path(root), self.version, self.policy.model, self.optimizer).path)
+
+    def save_final(self, path: Path) -> None:
+        self.policy.save_pretrained(Path(path))

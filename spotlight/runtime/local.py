@@ -1,0 +1,226 @@
+"""Runtimes: who executes the roles of an iteration. The controller (`trainer.Trainer`) sees only
+this interface, so the local and the Ray runtime run the same loop, the same queue and the same
+worker code — they differ in where the learner, rollout workers and reward worker live.
+
+Both drive their rollout workers through the fleet engine (`schedulers.fleet.FleetEngine`), the
+one place the orchestration is written; a runtime adds its executor and the other roles.
+
+`LocalRuntime` hosts everything in this process: the pull queue, one rollout worker that shares
+the learner's policy (no weight copies, `InProcessExecutor`), and the reward worker. It never sees
+preemptions. It has no idle workers either: it explores (`update(..., exploration=...)`) serially
+before the update, with the weights the update is about to replace — the results equal the Ray
+runtime's, where exploration overlaps the update; a `train_time` budget lasts as long as the
+previous update did.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+import torch
+
+from schedulers.clock import WallClock
+from schedulers.fleet import FleetEngine, Node, Ready, Served, Worker, fleet_nodes
+from schedulers.preemption import PreemptionNotice
+from schedulers.queue import PullQueue
+from schedulers.request import Request
+from spotlight.config import RunConfig
+from spotlight.runtime.learner import Learner
+from spotlight.rl.policy import Rollout
+from spotlight.rl.rewards import RewardWorker
+from spotlight.runtime.rollout_worker import RolloutWorker
+
+if TYPE_CHECKING:
+    from spotlight.train.exploration import ExplorationSession
+
+
+Progress = Callable[[dict[str, Any], dict[str, tuple[int, Any]]], None]
+"""Receives a running rollout's committed state: (results by id, (step, state) by id)."""
+
+
+class Runtime(Protocol):
+    def build(self, checkpoints: Path) -> dict[str, Any]:
+        """Start the roles; the learner resumes from `checkpoints` if it can. Returns Learner.build's info."""
+        ...
+
+    @property
+    def version(self) -> int:
+        """Weight version = iterations the learner has applied."""
+        ...
+
+    def rollout(self, requests: list[Request], progress: "Progress | None" = None, every_s: float = 30.0) -> Any:
+        """Compute every request at the current weights; returns the results in request order, as
+        the runtime holds them: a list, or a handle (Ray: an ObjectRef in the object store) that
+        `rewards` and `update` take as it is — the trajectories go from the workers to the reward
+        worker and the learner without passing through the controller. While it runs,
+        `progress(results, partial)` gets what is committed (`PullQueue.committed`) every `every_s`
+        seconds (a runtime that computes the whole rollout in one call never calls it)."""
+        ...
+
+    def fetch(self, parts: Any) -> list[Rollout]:
+        """The results `rollout` returned, as a list here (to merge with results kept elsewhere)."""
+        ...
+
+    def rewards(self, parts: list[Rollout]) -> torch.Tensor: ...
+
+    def update(self, parts: list[Rollout], advantages: torch.Tensor,
+               exploration: "ExplorationSession | None" = None) -> dict[str, float]:
+        """One learner update; the new weights are published to the rollout workers. With
+        `exploration`, the workers idle meanwhile run its requests with the weights they hold."""
+        ...
+
+    def explore(self, session: "ExplorationSession") -> dict[str, float]:
+        """Run a critical-path exploration session (`session.critical_path`) with the current weights
+        on every worker; its stats for metrics.jsonl."""
+        ...
+
+    def save_checkpoint(self, root: Path) -> str: ...
+
+    def save_final(self, path: Path) -> None: ...
+
+    def use_ondemand(self) -> None:
+        """Fall back from spot: from now on every rollout worker runs on on-demand capacity (the
+        deadline policy's one-way switch, between iterations)."""
+        ...
+
+    def stats(self) -> dict[str, int]:
+        """The scheduler and preemption counters that summary.json reports."""
+        ...
+
+    def shutdown(self) -> None: ...
+
+
+def scheduler_stats(queue_stats: dict[str, int], preemptions: int, workers_lost: int) -> dict[str, int]:
+    """summary.json's counters. requests_lost: put, neither completed nor cancelled — after a
+    finished run, any such request is work that vanished."""
+    return {
+        "preemptions": preemptions,
+        "workers_lost": workers_lost,
+        "requests_completed": queue_stats["requests_completed"],
+        "requests_resumed": queue_stats["requests_resumed"],
+        "requests_duplicated": queue_stats["requests_duplicated"],
+        "requests_lost": queue_stats["requests_put"] - queue_stats["requests_completed"]
+        - queue_stats["requests_cancelled"],
+        "requests_interrupted": queue_stats["requests_given_back"] + queue_stats["requests_requeued"]
+        + queue_stats["leases_expired"],
+        "steps_recomputed": queue_stats["steps_recomputed"],
+        # What restarting every preempted request from step 0 would have recomputed instead.
+        "steps_recomputed_restart_baseline": queue_stats["steps_recomputed"] + queue_stats["steps_resumed"],
+    }
+
+
+class InProcessExecutor:
+    """Rollout workers in this process, one per node, all sharing one policy (no weight copies), as
+    the fleet engine's executor: serving computes everything the queue has for the worker, then
+    returns. `workers` holds every worker it started (a test looks at what each computed)."""
+
+    def __init__(self, cfg: RunConfig, queue: Any, policy: Any, version: int = 0) -> None:
+        self.cfg, self.queue, self.policy, self.version = cfg, queue, policy, version
+        self.workers: list[RolloutWorker] = []
+        self._events: list[Any] = []
+
+    def start(self, node: Node, spot: bool) -> list[Worker]:
+        worker = RolloutWorker(f"{node.name}.{node.generation}", self.cfg, self.queue, policy=self.policy,
+                               commit_every=self.cfg.runtime.commit_every)
+        worker.set_weights(self.version)
+        self.workers.append(worker)
+        w = Worker(worker.name, (node.name,), spot, handle=worker)
+        self._events.append(Ready(w))
+        return [w]
+
+    def publish(self, version: int, workers: list[Worker]) -> None:
+        """The shared policy holds weight version `version` now."""
+        self.version = version
+        for w in workers:
+            w.handle.set_weights(version)
+
+    def serve(self, worker: Worker, kinds: Any, version: int) -> bool:
+        done = worker.handle.serve(kinds)
+        self._events.append(Served(worker.name, noticed=done["noticed"]))
+        return True
+
+    def changed(self, nodes: Any) -> None:
+        pass
+
+    def cancelled(self, kind: Any) -> None:
+        pass
+
+    def notify(self, worker: Worker, notice: PreemptionNotice) -> None:
+        worker.handle.notify(notice)
+
+    def stop(self, worker: Worker, lost: bool) -> None:
+        pass  # nothing to end: the worker is this process
+
+    def wait(self, until: float | None, pending: Any = ()) -> list[Any]:
+        events, self._events = self._events, []
+        return events
+
+
+class LocalRuntime:
+    def __init__(self, cfg: RunConfig) -> None:
+        self.cfg = cfg
+        self.clock = WallClock()
+        self.queue = PullQueue(self.clock, cfg.runtime.lease_s)
+        self.learner = Learner(cfg)
+
+    def build(self, checkpoints: Path) -> dict[str, Any]:
+        info = self.learner.build(checkpoints)
+        self.executor = InProcessExecutor(self.cfg, self.queue, self.learner.policy, self.learner.version)
+        self.reward = RewardWorker(self.cfg.reward)
+        self.engine = FleetEngine(self.clock, self.queue, self.executor, fleet_nodes(1, 0))
+        self.engine.start()
+        return info
+
+    @property
+    def version(self) -> int:
+        return self.learner.version
+
+    def rollout(self, requests: list[Request], progress: Progress | None = None, every_s: float = 30.0) -> list[Rollout]:
+        # One worker serves the whole rollout in one call: there is no mid-way state to report.
+        self.engine.rollout(requests, self.version)
+        return self.queue.results([r.id for r in requests])
+
+    def fetch(self, parts: list[Rollout]) -> list[Rollout]:
+        return parts
+
+    def rewards(self, parts: list[Rollout]) -> torch.Tensor:
+        return self.reward.score(parts)
+
+    def update(self, parts: list[Rollout], advantages: torch.Tensor,
+               exploration: "ExplorationSession | None" = None) -> dict[str, float]:
+        explored = {}
+        if exploration is not None:
+            # No idle worker here: a train_time budget lasts as long as the last update took.
+            rate = self.engine.rate
+            until = self.clock.now() + rate.update_s if exploration.time_bounded and rate.update_s else None
+            explored = self.engine.explore(exploration, self._score, self.version, until=until)
+        start = self.clock.now()
+        stats = self.learner.update(parts, advantages)
+        self.engine.rate.update_s = self.clock.now() - start
+        self.executor.publish(self.learner.version, list(self.engine.workers.values()))
+        return {**stats, **explored}
+
+    def explore(self, session: "ExplorationSession") -> dict[str, float]:
+        """Run `session`'s rounds with the weights held (before an update replaces them)."""
+        return self.engine.explore(session, self._score, self.version)
+
+    def _score(self, requests: list[Request]) -> torch.Tensor:
+        return self.reward.score(self.queue.results([r.id for r in requests]))
+
+    def save_checkpoint(self, root: Path) -> str:
+        return self.learner.save_checkpoint(root)
+
+    def save_final(self, path: Path) -> None:
+        self.learner.save_final(path)
+
+    def use_ondemand(self) -> None:
+        pass  # one in-process worker, never preempted: only the cost meter changes
+
+    def stats(self) -> dict[str, int]:
+        c = self.engine.counters
+        return scheduler_stats(self.queue.stats(), c["notices"], c["workers_lost"])
+
+    def shutdown(self) -> None:
+        pass

@@ -1,0 +1,268 @@
+"""The Ray runtime: the controller (this process) drives the roles as Ray actors.
+
+- learner (on-demand): a `Learner` actor — it trains, checkpoints and hands out weights;
+- request queue: a `QueueActor` (the pull queue on the wall clock);
+- rollout workers: `RolloutWorker` actors, `spot_workers` of them needing the `spot` custom
+  resource (a real cluster's spot nodes advertise it; a local cluster is started with plenty) and
+  `ondemand_workers` without it;
+- reward worker: a stateless `RewardWorker` actor.
+
+Each actor is Ray's wrapper over the plain class of the same name, tested without Ray.
+
+The fleet — which worker serves when, what a notice, a death or a join does, the train phase's
+exploration and its cancel-on-publish — is `schedulers.fleet.FleetEngine`'s, on the wall clock;
+this module only adds `RayExecutor` (the rollout workers as actors) and the other roles.
+Preemptions come as `ReplayAction`s (from a trace via `traces.replay_schedule`, or from a chaos
+test) on spot slot k = fleet node `spotK`: "notice" posts a `PreemptionNotice` to its worker
+through the queue (it gives its in-flight request back at the next step boundary and stops
+pulling); "kill" ends the actor with `ray.kill` — a death *without* notice when none came first,
+after which the queue re-queues its requests from their last committed state; "add" starts a
+fresh actor on the node (new name, so a zombie's late commits are refused), which pulls at once.
+The replay clock runs only while a rollout phase runs (spot workers idle during the train phase,
+so that is when a preemption costs something), scaled by `runtime.trace_speedup` inside the schedule.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import ray
+import torch
+
+from schedulers.clock import WallClock
+from schedulers.fleet import Died, FleetAction, FleetEngine, Node, Ready, Served, Worker, fleet_nodes
+from schedulers.preemption import PreemptionNotice
+from schedulers.queue_actor import QueueActor, QueueClient
+from schedulers.request import Request
+from spotlight.config import ConfigError, RunConfig
+from spotlight.train.exploration import ExplorationSession
+from spotlight.runtime.learner import Learner
+from spotlight.rl.policy import Rollout
+from spotlight.rl.rewards import RewardWorker
+from spotlight.runtime.rollout_worker import RolloutWorker
+from spotlight.runtime.local import Progress, scheduler_stats
+from schedulers.traces import ReplayAction
+
+SPOT_RESOURCE = "spot"
+"""Ray custom resource that spot nodes advertise; each spot rollout worker needs a sliver of it."""
+_SPOT_SLIVER = 0.001
+_POLL_S = 0.01
+
+# The actor facades, made once (each `ray.remote` call re-exports the class). num_cpus=0: the
+# roles share the node's cores and torch runs one thread in each.
+LearnerActor = ray.remote(num_cpus=0)(Learner)
+RewardActor = ray.remote(num_cpus=0)(RewardWorker)
+RolloutWorkerActor = ray.remote(num_cpus=0)(RolloutWorker)
+
+
+def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """Fail fast on a `host:port` nobody listens on: ray.init retries such an address for minutes."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or "://" in address:
+        return  # "auto", "ray://...": Ray resolves these itself and fails fast
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except OSError as err:
+        raise ConfigError(f"runtime.address: cannot join the Ray cluster at {address!r} "
+                          f"({err.strerror or err})") from None
+
+
+class RayPending:
+    """The learner's update in flight (an ObjectRef), as the fleet engine waits on it."""
+
+    deadline = None
+
+    def __init__(self, ref: Any) -> None:
+        self.ref = ref
+
+    def done(self) -> bool:
+        return bool(ray.wait([self.ref], timeout=0)[0])
+
+
+class RayExecutor:
+    """Rollout workers as Ray actors, one per node of the fleet (`schedulers.fleet.Executor`).
+
+    A worker is a `RolloutWorker` actor named NODE.GENERATION (a restarted node's new actor has a
+    new name, so a zombie's late commits are refused). A spot one needs a sliver of the `spot`
+    resource, which only spot nodes advertise. `serve` is the actor's `serve()` call; it ends when
+    the queue has nothing for the worker or a notice stopped it. A call that fails because the actor
+    died is the worker's death without notice."""
+
+    def __init__(self, cfg: RunConfig, queue: Any, version: int, weights: Any, clock: Any) -> None:
+        self.cfg, self.queue, self.clock = cfg, queue, clock
+        self.version, self.weights = version, weights
+        self._starting: dict[Any, Worker] = {}
+        self._serving: dict[Any, Worker] = {}
+
+    def start(self, node: Node, spot: bool) -> list[Worker]:
+        name = f"{node.name}.{node.generation}"
+        actor_cls = RolloutWorkerActor.options(resources={SPOT_RESOURCE: _SPOT_SLIVER}) if spot else RolloutWorkerActor
+        actor = actor_cls.remote(name, self.cfg, QueueClient(self.queue), commit_every=self.cfg.runtime.commit_every)
+        # Actor calls from one caller run in order: build, then the weights, then (later) serve.
+        actor.build.remote()
+        worker = Worker(name, (node.name,), spot, handle=actor)
+        self._starting[actor.set_weights.remote(self.version, self.weights)] = worker
+        return [worker]
+
+    def serve(self, worker: Worker, kinds: Any, version: int) -> bool:
+        self._serving[worker.handle.serve.remote(list(kinds))] = worker
+        return True  # the actor pulls by itself; whether it finds work shows when serve() returns
+
+    def changed(self, nodes: Any) -> None:
+        pass  # one worker per node: nothing to regroup
+
+    def cancelled(self, kind: Any) -> None:
+        pass  # the actors learn it from their next heartbeat
+
+    def notify(self, worker: Worker, notice: PreemptionNotice) -> None:
+        ray.get(self.queue.notify.remote(worker.name, notice))
+
+    def stop(self, worker: Worker, lost: bool) -> None:
+        ray.kill(worker.handle, no_restart=True)
+        for refs in (self._starting, self._serving):
+            for ref in [r for r, w in refs.items() if w is worker]:
+                del refs[ref]
+
+    def publish(self, version: int, weights: Any, workers: list[Worker]) -> None:
+        """New weights for every worker (and every worker started from now on)."""
+        self.version, self.weights = version, weights
+        for w in workers:
+            w.handle.set_weights.remote(version, weights)
+
+    def wait(self, until: float | None, pending: Any = ()) -> list[Any]:
+        watched = [*self._starting, *self._serving]
+        timeout = None if until is None else max(0.0, until - self.clock.now())
+        if not watched and not pending:
+            self.clock.sleep(_POLL_S if timeout is None else timeout)
+            return []
+        ray.wait(watched + [p.ref for p in pending], num_returns=1, timeout=timeout)
+        ready = ray.wait(watched, num_returns=len(watched), timeout=0)[0] if watched else []
+        events: list[Any] = []
+        for ref in ready:
+            if ref in self._starting:
+                worker = self._starting.pop(ref)
+                events.append(Ready(worker) if self._ended(ref) else Died(worker.name, worker.nodes))
+            elif ref in self._serving:
+                worker = self._serving.pop(ref)
+                try:
+                    events.append(Served(worker.name, noticed=ray.get(ref)["noticed"]))
+                except ray.exceptions.RayActorError:  # died on its own (node lost): no notice came
+                    events.append(Died(worker.name, worker.nodes))
+        return events
+
+    @staticmethod
+    def _ended(ref: Any) -> bool:
+        try:
+            ray.get(ref)
+            return True
+        except ray.exceptions.RayActorError:
+            return False
+
+
+@dataclass
+class RayRuntime:
+    cfg: RunConfig
+    actions: list[ReplayAction] = field(default_factory=list)
+    """Preemption schedule over spot slots (slot k is fleet node `spotK`), in replay seconds (sorted)."""
+
+    def __post_init__(self) -> None:
+        self._started_ray = False
+        self.queue_stats: dict[str, int] = {}
+
+    # ---- start-up -------------------------------------------------------------------------------
+
+    def build(self, checkpoints: Path) -> dict[str, Any]:
+        rt = self.cfg.runtime
+        if not ray.is_initialized():
+            if rt.address:
+                _check_reachable(rt.address)
+                try:
+                    ray.init(address=rt.address, log_to_driver=False)
+                except (ConnectionError, RuntimeError, ray.exceptions.RayError) as err:
+                    first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+                    raise ConfigError(f"runtime.address: cannot join the Ray cluster at {rt.address!r} ({first})") from None
+            else:
+                # Every torch process gets one thread: several 2-thread processes on 2 cores spin
+                # in OpenMP (measured here: a tiny-DiT update went from 0.9 s to 21 s).
+                ray.init(num_cpus=os.cpu_count(), resources={SPOT_RESOURCE: 1000.0}, include_dashboard=False,
+                         log_to_driver=False, runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}})
+            self._started_ray = True
+        self.clock = WallClock()
+        self.queue_actor = QueueActor.remote(lease_s=rt.lease_s)
+        self.queue = QueueClient(self.queue_actor)
+        self.learner = LearnerActor.remote(self.cfg)
+        self.reward = RewardActor.remote(self.cfg.reward)
+        info = ray.get(self.learner.build.remote(checkpoints))
+        self.version = info["step"]
+        self.executor = RayExecutor(self.cfg, self.queue_actor, self.version, self.learner.weights.remote(), self.clock)
+        self.engine = FleetEngine(self.clock, self.queue, self.executor, fleet_nodes(rt.ondemand_workers, rt.spot_workers),
+                                  actions=[FleetAction(a.at_s, f"spot{a.slot}", a.action) for a in self.actions],
+                                  poll_s=_POLL_S)
+        # The first fleet is up before the replay clock starts, so it starts with workers ready to pull.
+        self.engine.start()
+        return info
+
+    def use_ondemand(self) -> None:
+        """Fall back from spot (between iterations): the preemption schedule stops, and every spot
+        node, live or preempted, is replaced by an on-demand worker — an actor without the `spot`
+        resource, which a real cluster places on an on-demand node (`FleetEngine.use_ondemand`)."""
+        self.engine.use_ondemand()
+
+    # ---- the roles --------------------------------------------------------------------------------
+
+    def rollout(self, requests: list[Request], progress: Progress | None = None, every_s: float = 30.0) -> Any:
+        """The results stay in the object store: the ObjectRef returned goes to the reward actor and
+        the learner as it is, and Ray hands them the results from the queue actor's reply directly
+        (measured before: every trajectory crossed the controller three times)."""
+        self.engine.rollout(requests, self.version, progress, every_s)
+        return self.queue_actor.results.remote([r.id for r in requests])
+
+    def fetch(self, parts: Any) -> list[Rollout]:
+        return ray.get(parts) if isinstance(parts, ray.ObjectRef) else parts
+
+    def rewards(self, parts: list[Rollout]) -> torch.Tensor:
+        return ray.get(self.reward.score.remote(parts))
+
+    def update(self, parts: list[Rollout], advantages: torch.Tensor,
+               exploration: ExplorationSession | None = None) -> dict[str, float]:
+        start = self.clock.now()
+        ref = self.learner.update.remote(parts, advantages)
+        if exploration is not None:
+            explored = self.engine.explore(exploration, self._score, self.version, update=RayPending(ref))
+        else:
+            explored = {}
+            self.engine.wait(RayPending(ref))
+            self.engine.rate.update_s = self.clock.now() - start
+        stats = ray.get(ref)
+        self.version += 1
+        self.executor.publish(self.version, self.learner.weights.remote(), list(self.engine.workers.values()))
+        return {**stats, **explored}
+
+    def explore(self, session: ExplorationSession) -> dict[str, float]:
+        """Run `session` to its end on every worker, with nothing training meanwhile (the critical-path
+        exploration before a run's first rollout)."""
+        return self.engine.explore(session, self._score, self.version)
+
+    def _score(self, requests: list[Request]) -> torch.Tensor:
+        # The reward actor reads the results straight from the queue actor's reply.
+        return ray.get(self.reward.score.remote(self.queue_actor.results.remote([r.id for r in requests])))
+
+    def save_checkpoint(self, root: Path) -> str:
+        return ray.get(self.learner.save_checkpoint.remote(root))
+
+    def save_final(self, path: Path) -> None:
+        ray.get(self.learner.save_final.remote(path))
+
+    def stats(self) -> dict[str, int]:
+        c = self.engine.counters
+        return scheduler_stats(self.queue.stats(), c["notices"], c["workers_lost"])
+
+    def shutdown(self) -> None:
+        self.queue_stats = self.queue.stats()  # the queue's own counters outlive the cluster
+        if self._started_ray:
+            ray.shutdown()
+            self._started_ray = False

@@ -1,0 +1,163 @@
+"""A rollout worker: pulls requests from the queue when idle and computes them step by step.
+
+Plain Python; the Ray runtime hosts one per worker slot in an actor (spot or on-demand), the local
+runtime runs one in-process. Per denoising step it heartbeats (renewing its lease and reporting its
+progress) and commits the partial state every `commit_every` steps, so a death without notice
+loses at most that many steps. When a heartbeat returns a preemption notice (or `notify` is called
+by a local watcher), it stops at the next step boundary, gives its in-flight request back with its
+state, and pulls nothing more: with a notice, no finished step is ever recomputed.
+
+An LLM request is not resumable mid-way (its unit of work is a whole group of short completions):
+given back, it restarts from scratch.
+
+Exploration requests (`Kind.EXPLORATION`) run the same way with the policy's exploration settings
+(`exploration.num_steps`, `exploration.ode`); their result is only what the reward needs (images
+or completions, no trajectories). When the controller cancels exploration (new weights are out),
+the worker learns it from its next heartbeat and drops the request at once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Collection
+from typing import Any
+
+from schedulers.preemption import SigtermSource
+from schedulers.request import Kind, Request
+from spotlight.config import RunConfig
+from spotlight.runtime.learner import build_policy
+from spotlight.rl.policy import Policy, Rollout
+from spotlight.rl.prompts import Prompt
+
+
+class RolloutWorker:
+    def __init__(self, name: str, cfg: RunConfig, queue: Any, policy: Policy | None = None,
+                 commit_every: int = 1) -> None:
+        self.name = name
+        self.cfg = cfg
+        self.queue = queue
+        self.policy = policy
+        self.commit_every = commit_every
+        self.version = -1
+        self.notice: Any = None
+        self.sources: list[Any] = []
+        self.watcher: Any = None
+        self._explorer: Policy | None = None
+
+    def build(self) -> "RolloutWorker":
+        if self.policy is None:
+            self.policy = build_policy(self.cfg)
+        self._watch()
+        return self
+
+    def _watch(self) -> None:
+        """Watch this node for a preemption notice in a background thread: its metadata endpoints
+        (AWS IMDSv2, GCP) and/or SIGTERM, as `runtime.notice_sources` says."""
+        names = self.cfg.runtime.notice_sources
+        if not names:
+            return
+        from schedulers.clock import WallClock
+        from schedulers.preemption import NoticeWatcher
+
+        clock = WallClock()
+        if "aws" in names:
+            from cloud.aws import ImdsSpotWatcher
+
+            self.sources.append(ImdsSpotWatcher(clock))
+        if "gcp" in names:
+            from cloud.gcp import GcpPreemptionWatcher
+
+            self.sources.append(GcpPreemptionWatcher(clock))
+        if "sigterm" in names:
+            self.sources.append(SigtermSource(clock))  # build() runs on the process's main thread
+        self.watcher = NoticeWatcher(self.sources, self.notify, clock, self.cfg.runtime.notice_poll_s).start()
+
+    def close(self) -> None:
+        """Stop watching for notices (and give SIGTERM back to its previous handler)."""
+        if self.watcher is not None:
+            self.watcher.stop()
+            self.watcher = None
+        for source in self.sources:
+            if isinstance(source, SigtermSource):
+                source.uninstall()
+        self.sources = []
+
+    def set_weights(self, version: int, state_dict: dict | None = None) -> None:
+        """Load `state_dict` as weight version `version` (None: the shared policy already has them)."""
+        if state_dict is not None:
+            self.policy.model.load_state_dict(state_dict)
+        self.version = version
+
+    def notify(self, notice: Any) -> None:
+        self.notice = notice
+
+    def serve(self, kinds: Collection[Kind] | None = None) -> dict[str, Any]:
+        """Pull (requests of `kinds`; default all) and compute until the queue has nothing for this
+        worker or a notice arrives."""
+        done = given_back = cancelled = 0
+        while self.notice is None:
+            # Only requests for the weights held: a replacement worker whose serve() was queued before
+            # newer weights arrived must leave newer requests for after its set_weights calls run.
+            leases = self.queue.pull(self.name, 1, kinds, weight_version=self.version)
+            if not leases:
+                break
+            outcome = self.compute(leases[0].request)
+            done += outcome is True
+            given_back += outcome is False
+            cancelled += outcome is None
+        return {"worker": self.name, "completed": done, "given_back": given_back, "cancelled": cancelled,
+                "noticed": self.notice is not None}
+
+    def policy_for(self, kind: Kind) -> Policy:
+        """The policy a request of `kind` is computed with (exploration may sample more cheaply)."""
+        if kind is not Kind.EXPLORATION:
+            return self.policy
+        if self._explorer is None:
+            ex = self.cfg.exploration
+            self._explorer = self.policy.for_exploration(ex.num_steps, ex.ode)
+        return self._explorer
+
+    def compute(self, req: Request) -> bool | None:
+        """Run `req` to the end and complete it (True), give it back on a notice (False), or drop it
+        because the controller cancelled it (None)."""
+        if req.weight_version != self.version:
+            raise RuntimeError(f"worker {self.name} holds weights v{self.version}, request {req.id} needs "
+                               f"v{req.weight_version}: the runtime must publish weights before serving")
+        prompts = [Prompt(req.prompt_id, req.prompt_text)] * len(req.seeds)
+        policy = self.policy_for(req.kind)
+        if not policy.resumable:
+            stop = self._stop(req, 0)
+            if stop == "notice":
+                self.queue.give_back(self.name, req.id, None, 0)
+            if stop:
+                return None if stop == "cancelled" else False
+            return self._complete(req, policy.rollout(prompts, list(req.seeds)))
+        state = req.state if req.state is not None else policy.init_state(prompts, req.seeds)
+        last = policy.num_steps
+        while state.step < last:
+            stop = self._stop(req, state.step)
+            if stop == "cancelled":
+                return None
+            if stop == "notice":
+                self.queue.give_back(self.name, req.id, state, state.step)
+                return False
+            state = policy.advance(prompts, state, state.step + 1)
+            if state.step < last and state.step % self.commit_every == 0:
+                self.queue.checkpoint(self.name, req.id, state, state.step)
+        return self._complete(req, policy.finish(prompts, state))
+
+    def _stop(self, req: Request, step: int) -> str | None:
+        """Heartbeat; "notice" if this worker must stop, "cancelled" if `req` was cancelled, else None."""
+        notice, cancelled = self.queue.heartbeat(self.name, {req.id: step}, report_cancelled=True)
+        if notice is not None and self.notice is None:
+            self.notice = notice
+        if self.notice is not None:
+            return "notice"
+        return "cancelled" if req.id in cancelled else None
+
+    def _complete(self, req: Request, result: Rollout) -> bool:
+        if req.kind is Kind.EXPLORATION:
+            # The controller needs only what the reward reads: no trajectories or log-probs to ship.
+            result = dataclasses.replace(result, data={})
+        self.queue.complete(self.name, req.id, result)
+        return True

@@ -1,0 +1,128 @@
+"""What a simulation runs: the policies compared (`Policy`, `POLICIES`) and the run simulated
+(`SimConfig`), every numeric field in a documented range checked at construction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from schedulers.input_file import ConfigError, short
+from spotlight.sim.step_time import StepTimes
+
+
+@dataclass(frozen=True)
+class Policy:
+    name: str
+    spot: bool
+    """Rolls out on the spot fleet too (else only on the on-demand GPUs)."""
+    elastic: bool = True
+    """Pull queue with give-back and in-place regroup; False: any preemption restarts the whole job
+    from the iteration's checkpoint after a cold start (managed-jobs style), on the capacity live then."""
+    explore: str = "none"
+    """none | critical_path (on the on-demand GPUs before each rollout) | idle_spot (during training)."""
+    oracle: bool = False
+    """Knows the trace: work is spread over every live GPU as a fluid, nothing lost, no join cost."""
+
+
+POLICIES = {
+    "ondemand": Policy("ondemand", spot=False),
+    "spot_restart": Policy("spot_restart", spot=True, elastic=False),
+    "spotlight_noexplore": Policy("spotlight_noexplore", spot=True),
+    "sync_explore": Policy("sync_explore", spot=False, explore="critical_path"),
+    "spotlight": Policy("spotlight", spot=True, explore="idle_spot"),
+    "oracle": Policy("oracle", spot=True, explore="idle_spot", oracle=True),
+}
+
+
+_INT_LIMITS = {"gpus": (1, 16_384), "spot_gpus": (0, 65_536), "iterations": (1, 100_000), "resolution": (16, 8192),
+               "prompts": (1, 16_384), "group_size": (2, 4096), "candidates_per_prompt": (1, 65_536),
+               "sync_explore_per_prompt": (0, 65_536), "plan_prompts": (1, 4096), "commit_every": (1, 1000),
+               "seed": (0, 2**32 - 1)}
+"""[low, high] of SimConfig's integer fields (None allowed where the field says so). The maxima bound
+what one run allocates — a worker and its members per GPU, a request per group — well above the
+4,096-GPU x 1,000-iteration run README "Scale" times at 37.6 s."""
+_FLOAT_LIMITS = {"notice_s": (0.0, 3600.0, False), "join_s": (0.0, 86400.0, False),
+                 "iterations_scale": (0.0, 1000.0, True), "budget_usd": (0.0, 1e9, True)}
+"""(low, high, whether low itself is excluded) of SimConfig's float fields; every one is finite."""
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """What to simulate; every numeric field is in the range `_INT_LIMITS` / `_FLOAT_LIMITS` give
+    (checked at construction, the error naming the field)."""
+
+    gpus: int = 16
+    """On-demand GPUs, the same for every policy: they train, and roll out during the rollout; 1..16,384."""
+    spot_gpus: int | None = None
+    """Spot GPUs at the trace's peak (a trace node is a block of spot_gpus // max_live GPUs), 0..65,536;
+    None: 4 x gpus (spot costs ~0.3-0.45x on-demand, so the fleet a budget buys is mostly spot)."""
+    iterations: int = 300
+    """Most iterations simulated (the run stops at the target unless stop_at_target is off); 1..100,000."""
+    resolution: int = 512
+    """Image side in pixels, 16..8,192."""
+    prompts: int = 64
+    """Prompts per iteration (64 x 16 = 1024 images, Flow-GRPO's batch size class); 1..16,384."""
+    group_size: int = 16
+    """Samples per prompt, 2..4,096."""
+    samples_per_request: int | None = None
+    """Samples per request, 1..group_size; None: the group, halved while there are fewer requests than
+    6x the SP groups at the fleet's peak (so the pull queue can balance)."""
+    candidates_per_prompt: int = 64
+    """Seeds explored per prompt at most, group_size..65,536."""
+    sync_explore_per_prompt: int = 32
+    """sync_explore's fixed exploration samples per prompt (2G), scored before each rollout; 0..65,536."""
+    plan_prompts: int = 16
+    """Prompts the real planner plans over, 1..4,096; each stands for prompts / plan_prompts alike prompts
+    (the bandit's cost grows with prompts: 90 ms an iteration at 64 prompts)."""
+    planner: str = "bandit"
+    """bandit or uniform (`planners.allocation.make_planner`)."""
+    notice_s: float = 120.0
+    """Preemption warning in seconds, 0..3,600 (AWS: 120 s, GCP: 30 s, 0: none)."""
+    commit_every: int = 1
+    """Denoising steps between commits, 1..1,000."""
+    join_s: float = 60.0
+    """A new spot node serving: start its agent and members, weights from a peer node (41 GB at
+    ~50 GB/s) — not from object storage. 0..86,400 s."""
+    seed: int = 0
+    """0..2**32 - 1."""
+    stop_at_target: bool = True
+    iterations_scale: float = 10.0
+    """Stretch the progress model's iteration axis, in (0, 1,000]: the tiny DiT's random-seed
+    baseline reaches the target in 17.7 iterations; a Qwen-Image run needs hundreds (Flow-GRPO trains
+    for hundreds to thousands of steps), so by default 10x: 177 (README)."""
+    step_times: StepTimes = field(default_factory=StepTimes)
+    price_gpu: str | None = None
+    """GPU row of the price table (None: step_times.gpu; the tiny-cpu profile, which no table prices,
+    is priced as an H100). A GPU the table does not price is refused by `gpu_prices`."""
+    prices: str | None = None
+    """Price table CSV (None: the shipped cloud/prices.csv)."""
+    budget_usd: float | None = None
+    """Stop before this would be exceeded, decided before every iteration by the live trainer's
+    budget policy (`cloud.cost.BudgetPolicy` over a `Forecast` of measured iteration times) on the
+    simulated clock; the oracle, a bound, ignores it. In (0, 1e9] dollars."""
+
+    def __post_init__(self) -> None:
+        for name, (low, high) in _INT_LIMITS.items():
+            v = getattr(self, name)
+            if v is None and name == "spot_gpus":
+                continue
+            if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= high:
+                raise ConfigError(f"{name}: expected an integer in [{low:,}, {high:,}], got {short(v)}")
+        for name, (low, high, open_low) in _FLOAT_LIMITS.items():
+            v = getattr(self, name)
+            if v is None and name == "budget_usd":
+                continue
+            number = not isinstance(v, bool) and isinstance(v, (int, float))
+            if not (number and low <= v <= high and not (open_low and v == low)):  # (nan fails low <= v)
+                raise ConfigError(f"{name}: expected a number {'>' if open_low else '>='} {low:g} and at most "
+                                  f"{high:,.0f}, got {short(v)}")
+        if self.samples_per_request is not None and not (
+                isinstance(self.samples_per_request, int) and 1 <= self.samples_per_request <= self.group_size):
+            raise ConfigError(f"samples_per_request: expected 1..group_size, got {short(self.samples_per_request)}")
+        if self.candidates_per_prompt < self.group_size:
+            raise ConfigError(f"candidates_per_prompt: expected >= group_size ({self.group_size})")
+        if self.planner not in ("bandit", "uniform"):
+            raise ConfigError(f"planner: expected bandit or uniform, got {short(self.planner)}")
+
+    @property
+    def peak_spot_gpus(self) -> int:
+        return 4 * self.gpus if self.spot_gpus is None else self.spot_gpus

@@ -1,0 +1,80 @@
+"""The restart-from-checkpoint baseline of the simulator (`--policy spot_restart`): what a managed
+job on spot instances does without Spotlight's elasticity.
+
+It runs on the fleet engine with the modelled executor in its non-elastic mode (SP groups planned
+once over the spot devices live at the start; no notices are acted on), and behaves differently
+in one way, which is why it lives in a file of its own: any preemption of a node in the job's
+cluster restarts the whole job. Everything the iteration computed is lost (its finished rollout
+requests count as `steps_recomputed`), the fleet is down for a cold start and a restore, and the
+iteration runs again on the capacity live then, grouped afresh (`ModelledExecutor.restart_groups`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from schedulers.fleet import FleetAction
+from schedulers.request import Kind, Request
+from spotlight.sim.modelled_executor import ModelledExecutor, requests_of
+from spotlight.sim.simulation import Simulation, Until
+
+
+class RestartSimulation(Simulation):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        cfg = self.cfg
+        self.executor = ModelledExecutor(self.clock, self.queue, self.st, cfg.resolution, self.seq, cfg.commit_every,
+                                         cfg.join_s, self.requests_per_iteration, cfg.gpus, on_done=self._done,
+                                         elastic=False)
+        self.engine.executor = self.executor
+        self.engine.on_kill = self._killed
+        self.restarts = 0
+        self.down_until: float | None = None
+        self.completed: dict[str, int] = {}
+        """This attempt's finished rollout requests, by id: the steps a restart throws away."""
+        self.lost_steps = 0
+
+    def _actions(self) -> list[FleetAction]:
+        return [a for a in super()._actions() if a.action != "notice"]  # a managed job ignores notices
+
+    def _done(self, group: Any, request: Request) -> None:
+        if request.kind is Kind.ROLLOUT:
+            self.completed[request.id] = request.step
+
+    def _killed(self, node: str) -> None:
+        """A node died: if its devices were serving the job, the job restarts."""
+        if any(m in self.executor.alive for m in self.executor.node_members.get(node, ())):
+            self._restart()
+
+    def _restart(self) -> None:
+        if self.down_until is not None:
+            return  # already restarting
+        self.restarts += 1
+        for w in self.engine.reset():
+            self.queue.worker_lost(w.name)
+        self.lost_steps += sum(self.st.denoise_steps - s for s in self.completed.values())
+        self.completed.clear()
+        self.queue.cancel(Kind.ROLLOUT)  # the attempt is over: the iteration runs again, afresh
+        self.down_until = self.clock.now() + self.st.cold_start_s + self.st.restore_s
+
+    def _before_iteration(self) -> None:
+        if self.down_until is None:
+            return
+        self.engine.wait(Until(self.clock, self.down_until))
+        self.down_until = None
+        self.executor.restart_groups(self.engine.nodes["ondemand0"])
+        self.engine.settle()
+
+    def _iteration(self, it: int, explored: dict[int, int], train_s: float) -> dict[int, int] | None:
+        cfg, attempt = self.cfg, self.restarts
+        self.completed.clear()
+        self.engine.rollout(requests_of(it, cfg.prompts, cfg.group_size, self.samples_per_request, attempt), it)
+        restarted = lambda: self.restarts != attempt
+        for seconds in (train_s, self.st.weight_sync_s):
+            if restarted():
+                return None
+            self.engine.wait(Until(self.clock, self.clock.now() + seconds, abort=restarted))
+        return None if restarted() else {}
+
+    def _steps_recomputed_restart(self) -> int:
+        return self.lost_steps

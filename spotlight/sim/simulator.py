@@ -1,0 +1,90 @@
+"""The trace-replay simulator: how long and how much a GRPO run takes on a spot fleet.
+
+The simulator is the live fleet engine (`schedulers.fleet.FleetEngine`) with a modelled executor
+(`spotlight.sim.modelled_executor`) on a `ManualClock`: who serves when, what a notice, a death or a
+join does, the train phase's exploration and its cancel-on-publish are the code the live runtimes
+run. Also live: the pull queue (leases, give-back, re-queue from the last commit, exactly-once,
+its `steps_recomputed` counter), the trace mapping (`schedulers.traces.replay_schedule`), the
+regroup policy (`elastic_sp.regroup_policy`), the exploration planner (`planners.allocation` over
+a `SeedPool`), and the cost meter and budget policy (`cloud.cost`) priced from `cloud.prices`.
+What is *modelled*: how long a request takes (`spotlight.sim.step_time.StepTimes`), and what the
+learning signal of a chosen group is (`spotlight.sim.progress_model`).
+
+Policies that differ only in configuration run here: `ondemand` (no spot nodes),
+`spotlight_noexplore` (spot nodes), `sync_explore` (exploration on the critical path before each
+rollout), `spotlight` (spot nodes, exploring on idle spot workers while the learner trains). Two
+baselines behave differently and live in files of their own: `spot_restart` (any preemption
+restarts the job from the iteration's checkpoint: `spotlight.sim.restart`) and the clairvoyant
+`oracle` (`spotlight.sim.oracle`).
+
+One iteration: [explore on the critical path] -> rollout (every worker) -> train (on the
+on-demand GPUs; meanwhile, with exploration on idle spot, spot workers explore the next
+iteration's seeds, cancelled when the weights are published) -> weight sync. Spot nodes come and go
+by the trace (it runs through every phase here); a trace node stands for a block of
+`spot_gpus / max_live` GPUs; a removed node gets its notice `notice_s` before and a joining node
+serves after `join_s`. After the trace ends the fleet stays as it was at its end.
+
+Determinism: no wall clock; every draw comes from generators seeded by (seed, iteration, prompt);
+ties in the event heap break by insertion order. Same config and trace -> same result.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from schedulers.traces import Trace
+from spotlight.config import ConfigError
+from spotlight.sim.config import POLICIES, Policy, SimConfig
+from spotlight.sim.oracle import OracleSimulation
+from spotlight.sim.progress_model import ProgressModel
+from spotlight.sim.restart import RestartSimulation
+from spotlight.sim.simulation import Simulation
+
+__all__ = ["POLICIES", "Policy", "SimConfig", "Simulation", "gpu_prices", "make_simulation", "simulate"]
+
+
+def make_simulation(cfg: SimConfig, policy: Policy, trace: Trace, progress: ProgressModel,
+                    prices: tuple[float, float], on_iteration: Callable[[int], None] | None = None) -> Simulation:
+    """The simulation of `policy`: the engine's, or one of the two baselines that behave differently."""
+    if policy.oracle:
+        return OracleSimulation(cfg, policy, trace, progress, prices, on_iteration)
+    if not policy.elastic:
+        return RestartSimulation(cfg, policy, trace, progress, prices, on_iteration)
+    return Simulation(cfg, policy, trace, progress, prices, on_iteration)
+
+
+def gpu_prices(cfg: SimConfig) -> tuple[float, float, str]:
+    """(on-demand, spot) dollars per GPU-hour from the price table, and the row used."""
+    from cloud.prices import PriceTable
+
+    table = PriceTable.load(cfg.prices)
+    gpu = cfg.price_gpu or cfg.step_times.gpu
+    if cfg.price_gpu is None and gpu == "tiny-cpu":  # the measured CPU profile: no table prices a CPU
+        gpu = "H100"
+    price = table.node_price(gpu, 1)  # an unknown GPU: a PriceError naming the GPUs the table prices
+    return price.ondemand_usd_h, price.spot_usd_h, price.row.instance_type
+
+
+def simulate(cfg: SimConfig, trace: Trace, policies: list[str] | None = None,
+             progress: ProgressModel | None = None,
+             on_iteration: Callable[[str, int], None] | None = None) -> dict[str, Any]:
+    """Every policy in `policies` (default all) on `trace`: {"policies": {name: result}, ...}.
+    `on_iteration(policy, iterations done)` is called after each simulated iteration (a progress bar)."""
+    names = list(POLICIES) if policies is None else policies
+    for n in names:
+        if n not in POLICIES:
+            raise ConfigError(f"--policy: unknown policy {n!r} (expected all or one of {', '.join(POLICIES)})")
+    progress = progress or ProgressModel.calibrated(iterations_scale=cfg.iterations_scale)
+    od, spot, row = gpu_prices(cfg)
+    out = {name: make_simulation(cfg, POLICIES[name], trace, progress, (od, spot),
+                                 None if on_iteration is None else lambda it, name=name: on_iteration(name, it)).run()
+           for name in names}
+    return {
+        "policies": out,
+        "trace": trace.source,
+        "config": {"gpus": cfg.gpus, "spot_gpus_peak": cfg.peak_spot_gpus if trace.max_live else 0,
+                   "iterations": cfg.iterations, "resolution": cfg.resolution, "prompts": cfg.prompts,
+                   "group_size": cfg.group_size, "seed": cfg.seed, "gpu": cfg.step_times.gpu,
+                   "price_per_gpu_h": {"ondemand": od, "spot": spot, "priced_from": row}},
+        "progress_model": progress.to_dict(),
+    }

@@ -1,0 +1,56 @@
+"""A run config's fleet and cost control: what `cloud.cost` meters and decides, composed from the
+run config's `runtime` and `cloud` sections and the a-priori iteration time of its workload
+(`spotlight.train.iteration_time`). `cloud/` takes these as values; this module reads the run config."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cloud.cost import BudgetPolicy, CostControl, CostMeter, DeadlinePolicy, Fleet, Forecast, Spent, scaled
+from cloud.prices import PriceTable
+from schedulers.clock import Clock
+from schedulers.input_file import ConfigError
+from spotlight.config import RunConfig
+from spotlight.train.iteration_time import checkpoint_seconds_estimate, iteration_seconds_lower_bound
+
+
+def fleet_of(cfg: RunConfig, ondemand_workers: bool = False) -> Fleet:
+    """The run's fleet: one on-demand head (controller and learner), `runtime.ondemand_workers`
+    on-demand and `runtime.spot_workers` spot rollout nodes — or, after the fall-back, every
+    worker on-demand."""
+    rt = cfg.runtime
+    if ondemand_workers:
+        return Fleet(1 + rt.ondemand_workers + rt.spot_workers, 0)
+    return Fleet(1 + rt.ondemand_workers, rt.spot_workers)
+
+
+def cost_control(cfg: RunConfig, clock: Clock, spent: Spent | None = None, table: Any = None) -> CostControl:
+    """The meter for `cfg`'s fleet (`fleet_of`), priced from `table` (None: the table at
+    `cloud.prices`, else the shipped one) x `cloud.price_scale`, with a budget and a deadline when
+    `cfg.cloud` sets them. The meter starts now, with what earlier sessions spent on it. A budget
+    whose remainder cannot pay for their last start-up plus one iteration at the a-priori lower
+    bound (`spotlight.train.iteration_time`) is a ConfigError."""
+    c, spent = cfg.cloud, spent if spent is not None else Spent()
+    table = table if table is not None else PriceTable.load(c.prices)
+    try:
+        price = table.node_price(c.gpu, c.gpus_per_node, c.instance_type)
+    except ConfigError as err:
+        field = "cloud.gpu" if str(err).startswith("unknown GPU") else "cloud.instance_type"
+        raise type(err)(f"{field}: {err}") from None
+    fleet = fleet_of(cfg)
+    meter = CostMeter(clock, price.ondemand_usd_h * c.price_scale, price.spot_usd_h * c.price_scale,
+                      fleet, spent.cost_usd)
+    lower_s = iteration_seconds_lower_bound(cfg)
+    forecast = Forecast(lower_s, checkpoint_seconds_estimate(cfg))
+    budget = BudgetPolicy(c.budget_usd, forecast) if c.budget_usd is not None else None
+    if budget is not None and not budget.affordable(spent.cost_usd, meter.rate_usd_h, spent.startup_s + lower_s):
+        rate = meter.rate_usd_h / 3600.0
+        before = (f"after the ${spent.cost_usd:.4g} this run already spent and a start-up like its last "
+                  f"({spent.startup_s:.3g} s, ${spent.startup_s * rate:.4g}), " if spent.cost_usd > 0 else "")
+        raise ConfigError(
+            f"cloud.budget_usd (--budget-usd): ${c.budget_usd:.4g} is too small: {before}one iteration costs at "
+            f"least ${lower_s * rate:.4g} ({lower_s:.3g} s at ${meter.rate_usd_h:.4g}/h for "
+            f"{fleet.ondemand} on-demand + {fleet.spot} spot nodes of {c.gpus_per_node} x {price.row.gpu} priced "
+            f"from {price.row.instance_type}{scaled(c.price_scale)})")
+    deadline = DeadlinePolicy(c.deadline_h * 3600.0) if c.deadline_h is not None else None
+    return CostControl(clock, meter, fleet_of(cfg, ondemand_workers=True), forecast, budget, deadline, price)

@@ -1,0 +1,478 @@
+"""The single controller's iteration loop, in-process (`--runtime local`).
+
+One iteration: rollout -> reward -> advantage -> update -> checkpoint, each phase timed. Every
+random draw derives from (run seed, iteration, prompt, sample seed), and a checkpoint holds weights,
+optimiser and RNG states, so a run resumed from its newest checkpoint ends with the same weights as
+one that never stopped.
+
+With `cloud.checkpoint_uri` (`--checkpoint-uri`), every checkpoint is also pushed to that store
+once its metrics row is written, and a run folder without a newer checkpoint first pulls the
+newest complete one from it (`spotlight.train.checkpoint_sync`): a run restarted on a fresh machine
+resumes where the store left it. The running rollout's committed state goes to the store too
+(`spotlight.train.inflight`, every `cloud.inflight_every_s`), and a controller restarted mid-rollout
+resumes that iteration from it.
+
+With `exploration.enabled`, an `Explorer` picks each iteration's prompts and seeds from what idle
+workers explored with the previous weights during the previous train phase (`spotlight.train.exploration`).
+
+Outputs under DIR: metrics.jsonl (one row per iteration), summary.json, config.yaml, tb/
+(TensorBoard scalars), checkpoints/, explorer/ (the planner state each checkpoint resumes with),
+cost.json (the dollars the run has spent, across resumes: `cloud.cost`) and final/ (the model in
+safetensors, loadable by the library that built it).
+
+The cost control (`cloud.cost.CostControl`) is asked before every iteration: with a budget, the run
+stops cleanly (checkpoint, final/, summary with `stop_reason`) before it would be exceeded; with a
+deadline, spot workers fall back to on-demand when the run falls behind, and it stops before an
+iteration that could not end in time.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Iterator
+
+from cloud.cost import CostControl, Spent, load_spent, save_spent
+from spotlight.train.cost_control import cost_control
+from cloud.store import Store, StoreError
+from cloud.open_store import open_store
+from schedulers.clock import WallClock
+from schedulers.request import Kind, Request
+from spotlight.train import checkpoint
+from spotlight.train.checkpoint_sync import CheckpointSync
+from spotlight.config import ConfigError, RunConfig, load_config, to_yaml
+from spotlight.train.exploration import Explorer
+from spotlight.rl.grpo import group_advantages, group_std
+from spotlight.train.inflight import InflightStore
+from spotlight.runtime.learner import NonFiniteUpdate
+from spotlight.rl.prompts import draw_prompts, prompt_set
+from spotlight.runtime.local import LocalRuntime, Runtime
+from spotlight.sim.report import plural
+from spotlight.rl.warm_start import apply_warm_start, cache_path
+
+
+EVAL_SEED0 = 10**9
+"""Evaluation seeds start here: no training iteration's seeds come near."""
+EVAL_DRAW = -1
+"""The evaluation prompts are the draw of this (never trained) iteration index."""
+
+
+def make_runtime(cfg: RunConfig) -> Runtime:
+    if cfg.runtime.kind == "local":
+        return LocalRuntime(cfg)
+    from spotlight.runtime.ray_runtime import RayRuntime
+
+    return RayRuntime(cfg)
+
+
+def sample_seeds(step: int, group_size: int) -> list[int]:
+    """The G sample seeds every prompt of iteration `step` uses (fresh each iteration)."""
+    return [step * group_size + j for j in range(group_size)]
+
+
+class PhaseTimer:
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        yield
+        self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+
+
+def _resume_key(cfg: RunConfig) -> dict[str, Any]:
+    """What must match for a run folder to be resumed: everything but the iteration count, the
+    runtime section (where the roles run changes no result: local and Ray runs end bit-identical)
+    and the cloud section (where it runs and what it may cost)."""
+    d = cfg.to_dict()
+    d["train"] = {k: v for k, v in d["train"].items() if k != "steps"}
+    del d["runtime"], d["cloud"]
+    return d
+
+
+class Trainer:
+    """The single controller. Construction is cheap; `build()` starts the runtime's roles (the learner
+    warm-starts and resumes if it can); `train()` runs the loop and shuts the runtime down."""
+
+    def __init__(self, cfg: RunConfig, out: Path, progress: bool = True, log=print) -> None:
+        self.cfg = cfg
+        self.out = Path(out)
+        self.progress = progress
+        self.log = log
+        self.start_step = 0
+        self.warm: dict[str, Any] = {}
+        self.explorer: Explorer | None = None
+        self.cost: CostControl | None = None
+        self.sync: CheckpointSync | None = None
+        """The --checkpoint-uri mirror of checkpoints/, when there is one."""
+        self._pushed = 0  # the newest iteration the mirror holds
+        self.inflight: InflightStore | None = None
+        """Where a running rollout's committed state goes (with --checkpoint-uri and inflight_every_s > 0)."""
+        self.stop_reason = "steps"
+        """Why the loop ended: "steps" (all ran), "budget" or "deadline" (`cloud.cost.CostControl`)."""
+
+    def build(self, runtime: Runtime | None = None) -> "Trainer":
+        cfg = self.cfg
+        # Every check that can refuse the run comes before the run folder is made: bad input
+        # leaves nothing behind.
+        self._check_out_dir()
+        store = open_store(cfg.cloud.checkpoint_uri) if cfg.cloud.checkpoint_uri else None
+        # Prices, the fleet and a too-small budget are checked before anything starts; from here on
+        # the fleet is paid for (instances are paid from launch), on top of what earlier sessions spent.
+        self.cost = cost_control(cfg, WallClock(), load_spent(self.out))
+        self.out.mkdir(parents=True, exist_ok=True)
+        # A damaged newest checkpoint (a crash mid-write on a disk that lied, a truncated copy) is
+        # set aside now, so that the store's copy of that iteration can replace it.
+        checkpoint.newest_usable(self.out / "checkpoints", self.log, hashes=False)
+        if store is not None:
+            self._pull(store)
+            if cfg.cloud.inflight_every_s > 0:
+                self.inflight = InflightStore(store, self.log)
+        self.prompts = prompt_set(cfg.prompts, cfg.seed)
+        self.runtime = runtime if runtime is not None else make_runtime(cfg)
+        trained = self._warm_start()
+        roles = time.perf_counter()
+        info = self.runtime.build(self.out / "checkpoints")
+        self.warm, self.start_step = trained or info["warm_start"], info["step"]
+        # Starting the roles, warm-start training aside: what replacing the workers would take.
+        self._restart_s = time.perf_counter() - roles - info["warm_start"].get("seconds", 0.0)
+        if self.start_step > cfg.train.steps:  # a newer checkpoint came from --checkpoint-uri's store
+            self.runtime.shutdown()
+            raise ConfigError(self._more_than_asked(self.start_step))
+        if self.warm.get("steps"):
+            how = "loaded from cache" if self.warm["cached"] else f"trained in {self.warm['seconds']:.0f} s"
+            self.log(f"warm start ({plural(self.warm['steps'], 'step')}) {how}: {self.warm['path']}")
+        for line in info.get("skipped", []):
+            self.log(line)
+        if info["checkpoint"]:
+            self.log(f"resuming from {info['checkpoint']} (iteration {self.start_step})")
+        elif any((self.out / "checkpoints").glob(checkpoint.SKIPPED + "*")):
+            self.log("no usable checkpoint: the run starts from iteration 0 (set-aside ones are in checkpoints/.skipped-*)")
+        if cfg.exploration.enabled:
+            self.explorer = self._explorer()
+        self._truncate_metrics(self.start_step)
+        (self.out / "config.yaml").write_text(to_yaml(cfg))  # after the check: it is the resume key
+        return self
+
+    def _warm_start(self) -> dict[str, Any] | None:
+        """Train the warm start into its cache here, with a bar on stderr, when the cache misses; the
+        learner then loads it. Returns what `apply_warm_start` returns when it trained, else None.
+
+        Why here and not in the learner: on the Ray runtime the learner is an actor started with
+        `log_to_driver=False`, so a bar drawn there never reaches the terminal, and the first run
+        sat silent for minutes (2400 steps of experiments/tiny_dit.yaml: ~3.5 min). The weights are
+        the learner's own, bit for bit: the same seed before the same `build_policy`, the same cache
+        key, and the learner loads the file it would have written (tests/test_cli_rough_edges.py).
+        Not on a cluster joined with --address: its learner may sit on another node, whose cache
+        folder is not this one's."""
+        cfg = self.cfg
+        if cfg.warm_start.steps == 0 or cache_path(cfg).is_file():
+            return None
+        if cfg.runtime.kind == "ray" and cfg.runtime.address:
+            self.log(f"warm start: {plural(cfg.warm_start.steps, 'step')} to train in the learner actor on the "
+                     f"cluster at {cfg.runtime.address} (its progress is not shown here)")
+            return None
+        import torch
+
+        from spotlight.runtime.learner import build_policy
+
+        threads = torch.get_num_threads()
+        with torch.random.fork_rng(devices=[]):  # this process's RNG is left as it was
+            torch.manual_seed(cfg.seed)  # as Learner.build seeds before it builds the policy
+            policy = build_policy(cfg)
+            if cfg.runtime.kind == "ray":
+                # One thread, as in the learner actor it stands in for (OMP_NUM_THREADS=1 there; and
+                # measured here, 2 cores shared with other work: 60 tiny-DiT steps took 51 s with two
+                # OpenMP threads, 2.9 s with one — bit-identical weights either way).
+                torch.set_num_threads(1)
+            try:
+                return apply_warm_start(policy, cfg, self.prompts, progress=self.progress)
+            finally:
+                torch.set_num_threads(threads)
+
+    def _more_than_asked(self, done: int) -> str:
+        """The error of a run folder that already holds more iterations than train.steps asks for."""
+        steps = self.cfg.train.steps
+        return (f"{self.out}: already holds {plural(done, 'iteration')}, more than the {steps} asked for "
+                f"(--steps or train.steps), so nothing was trained: ask for {done} or more to train on from "
+                "there, or use a new --out folder")
+
+    def _explorer(self) -> Explorer:
+        """The explorer, with the planner state saved for the resumed iteration when there is a usable one."""
+        explorer = Explorer(self.cfg, self.prompts, self.log)
+        if self.start_step == 0:
+            return explorer
+        try:
+            if explorer.load(self.out / "explorer", self.start_step):
+                return explorer
+            why = "none saved"
+        except (ValueError, KeyError, TypeError, IndexError, AttributeError) as err:
+            why = f"unreadable ({type(err).__name__})"
+            explorer = Explorer(self.cfg, self.prompts, self.log)  # nothing half-loaded
+        then = "explored first, on the critical path" if explorer.explores_first else "on random seeds"
+        self.log(f"explorer state for iteration {self.start_step}: {why}; it starts {then}")
+        return explorer
+
+    def _check_out_dir(self) -> None:
+        """Refuse an --out that is not a folder, that holds checkpoints another config wrote (a
+        changed step count is fine), or that holds more iterations than train.steps asks for (the
+        run cannot shrink: nothing would be trained). Creates nothing."""
+        if self.out.exists() and not self.out.is_dir():
+            raise ConfigError(f"--out {self.out}: exists and is not a folder")
+        newest = checkpoint.latest(self.out / "checkpoints")
+        if newest is not None and self._another_run(self.out / "config.yaml"):
+            raise ConfigError(f"{self.out}: holds checkpoints of a run with a different config; "
+                              "use a new --out folder or delete its checkpoints/")
+        if newest is not None and newest.step > self.cfg.train.steps:
+            raise ConfigError(self._more_than_asked(newest.step))
+
+    def _another_run(self, saved: Path) -> bool:
+        """Whether config file `saved` (a run folder's, or a stored checkpoint's) is another run's."""
+        return saved.is_file() and _resume_key(load_config(saved)) != _resume_key(self.cfg)
+
+    def _truncate_metrics(self, step: int) -> None:
+        """Keep the rows of iterations before the resumed checkpoint: later ones are about to be
+        redone. A row is written before the checkpoint that covers its iteration, so every kept
+        iteration has its row; a line cut short by a kill is dropped with it."""
+        path = self.out / "metrics.jsonl"
+        if not path.is_file():
+            return
+        rows = []
+        for line in path.read_text(errors="replace").splitlines():
+            try:
+                row = json.loads(line)
+                keep = isinstance(row, dict) and isinstance(row.get("step"), int) and row["step"] < step
+            except ValueError:
+                keep = False
+            if keep:
+                rows.append(line)
+        path.write_text("".join(r + "\n" for r in rows))
+
+    # ---- the loop -------------------------------------------------------------------------------
+
+    def requests(self, step: int) -> list[Request]:
+        """Iteration `step`'s rollout requests: one per prompt, G seeds each, at weight version `step`."""
+        cfg = self.cfg
+        prompts = draw_prompts(self.prompts, cfg.train.prompts_per_step, cfg.seed, step)
+        seeds = tuple(sample_seeds(step, cfg.train.group_size))
+        return [Request(f"it{step}/p{p.id}", Kind.ROLLOUT, p.id, p.text, seeds, weight_version=step, order=i)
+                for i, p in enumerate(prompts)]
+
+    def evaluation_requests(self, step: int) -> list[Request]:
+        """Scoring the weights of iteration `step` on the fixed evaluation prompts and seeds (seeds
+        far above any training seed, so evaluation never shares noise with training)."""
+        cfg = self.cfg.train
+        prompts = draw_prompts(self.prompts, cfg.eval_prompts, self.cfg.seed, EVAL_DRAW)
+        seeds = tuple(range(EVAL_SEED0, EVAL_SEED0 + cfg.eval_seeds))
+        return [Request(f"eval{step}/p{p.id}", Kind.ROLLOUT, p.id, p.text, seeds, weight_version=step, order=i)
+                for i, p in enumerate(prompts)]
+
+    def iteration(self, step: int) -> dict[str, Any]:
+        cfg, t, rt, ex = self.cfg, PhaseTimer(), self.runtime, self.explorer
+        g = cfg.train.group_size
+        first = ex.first_session(step, rt.version) if ex is not None and step == self.start_step else None
+        explored_first = {}
+        if first is not None:  # nothing trained before this iteration to hide its exploration behind
+            with t("explore_first"):
+                done = rt.explore(first)
+            explored_first = {"explored_first_samples": done["explored_samples"]}
+        requests = ex.plan(step) if ex is not None else self.requests(step)
+        evaluation: dict[str, Any] = {}
+        if cfg.train.eval_prompts:
+            with t("eval"):
+                evaluation["eval_reward"] = rt.rewards(rt.rollout(self.evaluation_requests(step))).float().mean().item()
+        with t("rollout"):
+            parts = self._rollout(step, requests)
+        with t("reward"):
+            rewards = rt.rewards(parts).float()
+        explored = ex.observe(step, requests, rewards) if ex is not None else {}
+        with t("advantage"):
+            adv = group_advantages(rewards, g, cfg.grpo.adv_eps, cfg.grpo.adv_clip)
+        # While the learner trains, idle workers explore the next iteration's seeds with these weights
+        # — after the last iteration too: a run extended later (--steps) resumes with them.
+        session = ex.session(step + 1, rt.version) if ex is not None else None
+        with t("update"):
+            stats = rt.update(parts, adv, session)
+        return {
+            "step": step,
+            "reward_mean": rewards.mean().item(),
+            "reward_std": rewards.std(unbiased=False).item(),
+            "group_reward_std": group_std(rewards, g).mean().item(),
+            "samples": len(rewards),
+            **evaluation,
+            "explored_samples": 0,
+            "stale_rank_spearman": None,
+            **explored,
+            **explored_first,
+            **stats,
+            **{f"time_{k}_s": v for k, v in t.seconds.items()},
+        }
+
+    def _rollout(self, step: int, requests: list[Request]) -> list[Any]:
+        """The iteration's rollout; with an in-flight store, resumed from what it holds of this
+        iteration (a controller restarted mid-rollout), and snapshotted to it while it runs."""
+        if self.inflight is None:
+            return self.runtime.rollout(requests)
+        seeds = {r.id: tuple(r.seeds) for r in requests}
+        done, partial = self.inflight.load(step, seeds) if step == self.start_step else ({}, {})
+        if done or partial:
+            self.log(f"iteration {step} resumes its rollout from {self.inflight.store.uri}: {len(done)} results, "
+                     f"{len(partial)} requests at their committed steps")
+        todo = [replace(r, step=partial[r.id][0], state=partial[r.id][1]) if r.id in partial else r
+                for r in requests if r.id not in done]
+
+        def snapshot(results: dict[str, Any], committed: dict[str, tuple[int, Any]]) -> None:
+            try:
+                self.inflight.save(step, seeds, {**done, **results}, committed)
+            except StoreError as err:  # a lost snapshot is work that may be redone, not a failure
+                self.log(f"in-flight state of iteration {step} not stored: {err}")
+
+        got = self.runtime.rollout(todo, snapshot, self.cfg.cloud.inflight_every_s) if todo else []
+        if not done:
+            return got  # as the runtime holds them (by reference on Ray)
+        by_id = {**done, **dict(zip([r.id for r in todo], self.runtime.fetch(got)))}
+        return [by_id[r.id] for r in requests]
+
+    def train(self) -> dict[str, Any]:
+        """Run the remaining iterations, write final/ and summary.json; always shuts the runtime down."""
+        try:
+            self._loop()
+            final = self.out / "final"
+            self.runtime.save_final(final)
+            summary = summarize(self.out / "metrics.jsonl", self.cfg.train.steps)
+            summary.update({"final_dir": str(final), "warm_start": self.warm, "policy": self.cfg.policy.kind,
+                            "runtime": self.cfg.runtime.kind, "resumed_from": self.start_step,
+                            **self.runtime.stats(), **self.cost.summary(), "stop_reason": self.stop_reason})
+        finally:
+            self.runtime.shutdown()
+            save_spent(self.out, self._spent())  # a crashed session's dollars count too
+        (self.out / "summary.json").write_text(json.dumps(summary, indent=2))
+        # A stop's checkpoint, or a push that failed in the loop: with the run folder complete, the
+        # store must now hold the newest checkpoint, or the command fails saying so.
+        self._push(must=True)
+        return summary
+
+    def _loop(self) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+        from tqdm import tqdm
+
+        cfg, steps = self.cfg, self.cfg.train.steps
+        writer = SummaryWriter(str(self.out / "tb"))
+        bar = tqdm(range(self.start_step, steps), initial=self.start_step, total=steps, desc="train",
+                   unit="it", disable=not self.progress, file=sys.stderr)
+        start = time.perf_counter()
+        saved = self.start_step  # iterations the newest checkpoint holds
+        self.cost.start(self.start_step, self._restart_s)
+        with open(self.out / "metrics.jsonl", "a") as metrics:
+            for step in bar:
+                if not self._go_on(step, saved):
+                    break
+                t0 = time.perf_counter()
+                try:
+                    row = self.iteration(step)
+                except NonFiniteUpdate as err:
+                    raise NonFiniteUpdate(f"{getattr(err, 'cause', None) or err}; nothing after the checkpoint of "
+                                          f"iteration {saved} is kept") from None
+                row["wall_s"] = time.perf_counter() - t0
+                row["elapsed_s"] = time.perf_counter() - start
+                row["cost_usd"] = self.cost.spent_usd()
+                # The row before the checkpoint that covers its iteration: a kill between the two
+                # resumes from the previous checkpoint, which drops the row and redoes the iteration.
+                metrics.write(json.dumps(row) + "\n")
+                metrics.flush()
+                os.fsync(metrics.fileno())
+                checkpoint_s = None
+                if (step + 1) % cfg.train.checkpoint_every == 0 or step + 1 == steps:
+                    c0 = time.perf_counter()
+                    self._checkpoint(step + 1)
+                    checkpoint_s, saved = time.perf_counter() - c0, step + 1
+                self.cost.after_iteration(checkpoint_s)
+                save_spent(self.out, self._spent())
+                self._push()  # after the row: the stored metrics.jsonl reaches the checkpoint
+                for key, value in row.items():
+                    if key != "step" and isinstance(value, (int, float)):
+                        writer.add_scalar(key, value, step)
+                bar.set_postfix(reward=f"{row['reward_mean']:.3f}", std=f"{row['group_reward_std']:.3f}")
+        writer.close()
+
+    def _spent(self) -> Spent:
+        return Spent(self.cost.spent_usd(), max(0.0, self._restart_s))
+
+    def _checkpoint(self, done: int) -> None:
+        """Checkpoint the weights after `done` iterations."""
+        if self.explorer is not None:  # before the checkpoint that names it as resumable
+            self.explorer.save(self.out / "explorer", done)
+        self.runtime.save_checkpoint(self.out / "checkpoints")
+
+    def _pull(self, store: Store) -> None:
+        """Bring the newest complete checkpoint of --checkpoint-uri's `store` into the run folder when
+        the folder holds none as new (a run restarted on a fresh machine resumes from the store)."""
+        self.sync = CheckpointSync(store, self.log)
+        local = checkpoint.latest(self.out / "checkpoints")
+        pulled = self.sync.pull(self.out, local.step if local else 0, accept=self._check_stored_config)
+        if pulled is not None:
+            self.log(f"checkpoint {pulled} pulled from {self.sync.store.uri}")
+        newest = checkpoint.latest(self.out / "checkpoints")
+        self._pushed = newest.step if newest is not None and newest.step in self.sync.stored() else 0
+
+    def _check_stored_config(self, folder: Path) -> None:
+        if self._another_run(folder / "config.yaml"):
+            raise ConfigError(f"{self.cfg.cloud.checkpoint_uri}: holds checkpoints of a run with a different "
+                              "config; use another --checkpoint-uri or delete them")
+
+    def _push(self, must: bool = False) -> None:
+        """Mirror the newest checkpoint to --checkpoint-uri unless it is there already. A failed push
+        is logged and tried again later; with `must` it raises StoreError."""
+        if self.sync is None:  # no store: nothing to look for after every iteration
+            return
+        newest = checkpoint.latest(self.out / "checkpoints")
+        if (newest is not None and newest.step > self._pushed
+                and self.sync.push(self.out, newest.step, must=must) is not None):
+            self._pushed = newest.step
+            if self.inflight is not None:  # resuming now starts at or after this checkpoint
+                self.inflight.prune(newest.step)
+
+    def _go_on(self, step: int, saved: int) -> bool:
+        """Ask the cost control whether iteration `step` runs; switch the workers to on-demand when
+        the deadline asks for it; on a stop, checkpoint the iterations done unless `saved` holds them."""
+        decision = self.runtime.engine.before_iteration(self.cost, step, self.cfg.train.steps)
+        if decision.stop is not None:
+            self.stop_reason = decision.stop
+            self.log(decision.message)
+            if saved != step:
+                self._checkpoint(step)
+            return False
+        if decision.switch:
+            self.log(decision.message)
+        return True
+
+
+def summarize(metrics_path: Path, steps: int, window: int = 5) -> dict[str, Any]:
+    """Summary of a run's metrics: first/last reward and the first-vs-last-window comparison.
+
+    `improvement_se` is (mean of the last `window` iterations - mean of the first) divided by the
+    standard error of that difference; > 3 is the bar for "clearly learned"."""
+    rows = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
+    rewards = [r["reward_mean"] for r in rows]
+    out: dict[str, Any] = {"steps": len(rows), "steps_requested": steps,
+                           "wall_s": sum(r["wall_s"] for r in rows)}
+    if not rows:
+        return out
+    out["reward_first"], out["reward_last"] = rewards[0], rewards[-1]
+    w = min(window, len(rows) // 2)
+    if w >= 2:
+        first, last = rewards[:w], rewards[-w:]
+        m1, m2 = sum(first) / w, sum(last) / w
+        v1 = sum((x - m1) ** 2 for x in first) / (w - 1)
+        v2 = sum((x - m2) ** 2 for x in last) / (w - 1)
+        se = math.sqrt(v1 / w + v2 / w)
+        out.update({f"reward_first{w}": m1, f"reward_last{w}": m2, "improvement_stderr": se,
+                    "improvement_se": (m2 - m1) / se if se > 0 else (math.inf if m2 > m1 else 0.0)})
+    return out
