@@ -498,7 +498,7 @@ def build_parser() -> argparse.ArgumentParser:
                             "Ray cluster started for the run unless --address is given; local: one process")
     train.add_argument("--address", help="join this Ray cluster (e.g. auto) instead of starting one")
     train.add_argument("--preemption-trace", metavar="TRACE",
-                       help="replay this preemption trace on the spot workers (Bamboo CSV or GCP counts; see README)")
+                       help="replay this preemption trace on the spot workers (Bamboo CSV or GCP counts; see docs/ray-runtime.md)")
     train.add_argument("--trace-speedup", type=_float(positive=True), metavar="F",
                        help="replay the trace F times faster than real time")
     train.add_argument("--checkpoint-uri", metavar="URI",

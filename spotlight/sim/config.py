@@ -39,7 +39,7 @@ _INT_LIMITS = {"gpus": (1, 16_384), "spot_gpus": (0, 65_536), "iterations": (1, 
                "seed": (0, 2**32 - 1)}
 """[low, high] of SimConfig's integer fields (None allowed where the field says so). The maxima bound
 what one run allocates — a worker and its members per GPU, a request per group — well above the
-4,096-GPU x 1,000-iteration run README "Scale" times at 37.6 s."""
+4,096-GPU x 1,000-iteration run `experiments/simulate_scale.py` times (docs/fleet-engine.md)."""
 _FLOAT_LIMITS = {"notice_s": (0.0, 3600.0, False), "join_s": (0.0, 86400.0, False),
                  "iterations_scale": (0.0, 1000.0, True), "budget_usd": (0.0, 1e9, True)}
 """(low, high, whether low itself is excluded) of SimConfig's float fields; every one is finite."""
@@ -88,7 +88,7 @@ class SimConfig:
     iterations_scale: float = 10.0
     """Stretch the progress model's iteration axis, in (0, 1,000]: the tiny DiT's random-seed
     baseline reaches the target in 17.7 iterations; a Qwen-Image run needs hundreds (Flow-GRPO trains
-    for hundreds to thousands of steps), so by default 10x: 177 (README)."""
+    for hundreds to thousands of steps), so by default 10x: 177 (docs/simulator.md)."""
     step_times: StepTimes = field(default_factory=StepTimes)
     price_gpu: str | None = None
     """GPU row of the price table (None: step_times.gpu; the tiny-cpu profile, which no table prices,

@@ -14,7 +14,7 @@ target = the ablation's (75% of the random arm's gain), s_ref = the random arm's
 λ makes s = s_ref reach the target in the random arm's iterations (17.7), and α makes the bandit
 arm's std (0.139) reach it in its iterations (12.7): α = ln(12.7/17.7) / ln(0.081/0.139) ≈ 0.61.
 So doubling the group std does *not* halve the iterations (GRPO normalises advantages by the
-group std; README "Seed exploration"). `iterations_scale` stretches the time axis for a run whose
+group std; docs/exploration.md). `iterations_scale` stretches the time axis for a run whose
 random-seed baseline needs more iterations (a real Qwen-Image run), keeping the s-dependence.
 
 Signal: `SeedRewards` draws, per iteration and prompt, candidate seeds' fresh rewards
@@ -41,7 +41,7 @@ ABLATION_FIGURES = {"target": 0.8755054821570714, "r0": 0.7036881844202677, "r_i
                     "k_random": 17.666666666666668, "k_bandit": 12.666666666666666,
                     "s_random": 0.08053018127878507, "s_bandit": 0.13925332662959894,
                     "spearman": 0.933070724795789}
-"""The figures of the exploration ablation's runs the README reports (tiny DiT, 3 seeds per arm:
+"""The figures of the exploration ablation's runs docs/measurements.md reports (tiny DiT, 3 seeds per arm:
 `python -m experiments.exploration_ablation`, results.json and the random arm's first eval reward),
 shipped so that every machine simulates the same: pass a fresh ablation's results.json to
 `ProgressModel.calibrated` to recalibrate."""
@@ -63,7 +63,7 @@ class ProgressModel:
     def calibrated(cls, path: Path | None = None, iterations_scale: float = 1.0) -> ProgressModel:
         """The model from `ABLATION_FIGURES`, or from an ablation's results.json at `path` (with its
         runs beside it); a file that does not read falls back to the shipped figures."""
-        f, source = dict(ABLATION_FIGURES), "the exploration ablation's tiny-DiT runs (README)"
+        f, source = dict(ABLATION_FIGURES), "the exploration ablation's tiny-DiT runs (docs/measurements.md)"
         if path is not None:
             path = Path(path)
             try:

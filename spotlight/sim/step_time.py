@@ -9,7 +9,7 @@ documented field by field below, with its source. `StepTimes.load(yaml)` overrid
 
 Profiles: `qwen-image` (the default: the real 20.4B model, figures from published numbers and the
 FLOP model) and `tiny-cpu` (the tiny DiT on this project's 2-core CPU machine, every figure
-measured here: README "Measured" and "Elastic sequence parallelism").
+measured here: docs/measurements.md).
 
 Every field is finite and in a documented range (`LIMITS`); the GPU must be one the FLOP table
 knows (`spotlight.train.iteration_time.PEAK_BF16_FLOPS`), or any name when `denoise_step_s` gives a measured
@@ -59,7 +59,7 @@ class StepTimes:
     trained_steps: int = 2
     """SDE steps per sample that the update trains on (`sampler.sde_window`): Flow-GRPO-Fast and
     MixGRPO train on a window of 1-4 of the sampled steps. The result depends on this most: it sets
-    how long the train phase is next to the rollout (README, "Simulating a run")."""
+    how long the train phase is next to the rollout (docs/simulator.md)."""
     cfg_factor: float = 2.0
     """Transformer passes per step: true classifier-free guidance runs the conditional and the
     unconditional input (Qwen-Image's true_cfg_scale), in the rollout and in the update."""
@@ -112,7 +112,7 @@ class StepTimes:
         if name == "qwen-image":
             return cls()
         if name == "tiny-cpu":
-            # The tiny DiT on 2 CPU cores (README "Measured"): 3676 denoising steps/s micro-batched
+            # The tiny DiT on 2 CPU cores (docs/measurements.md): 3676 denoising steps/s micro-batched
             # (0.27 ms per sample-step), 229 trained samples/s at 8 SDE steps (0.55 ms per
             # sample-step, forward + backward); regroup 0.078 s, cold start 7.1 s; 4 heads.
             return cls(gpu="tiny-cpu", heads=4, gpus_per_node=1, denoise_steps=8, trained_steps=8,
