@@ -5,11 +5,12 @@ holds the node's in-memory copy of the weights (`NodeWeights`: shared memory on 
 member that joins the node takes its weights by an intra-node copy — the copy costs a memcpy,
 where a restart costs an interpreter, the imports and a read from the checkpoint store.
 
-Members are started from a fork server that has already imported torch, diffusers and this
-package, so a member joining a node is ready in a fraction of a second; `start_method="spawn"`
-gives what a restart-based system pays (a fresh interpreter) and is what the cold-start baseline
-uses. Every member is a daemon process, is killed by `close` if it does not stop when told, and
-exits by itself when its agent's end of the pipe closes: no member outlives its agent.
+Members are started from a fork server that has already imported torch, this package, the spec's
+builder and what the builder lists (`spec.Builder.PRELOAD`: diffusers' transformer, for the DiT),
+so a member joining a node is ready in a fraction of a second; `start_method="spawn"` gives what a
+restart-based system pays (a fresh interpreter) and is what the cold-start baseline uses. Every
+member is a daemon process, is killed by `close` if it does not stop when told, and exits by itself
+when its agent's end of the pipe closes: no member outlives its agent.
 
 The agent only starts, stops and watches processes and holds weights; which groups its members
 form is the coordinator's business (`coordinator.py`). The coordinator sees every agent through
@@ -43,8 +44,12 @@ Source = Literal["node", "peer", "checkpoint"]
 """Where a new member takes its weights: the node's live copy, a peer over its first group, or
 the checkpoint store (only when no live copy exists anywhere)."""
 
-_PRELOAD = ["elastic_sp.member", "diffusers.models.transformers.transformer_qwenimage", "spotlight.rl.dit_policy"]
-"""What the fork server imports once, so that a member starts without importing torch or diffusers."""
+
+def preload(spec: ServeSpec) -> list[str]:
+    """What the fork server imports once, so that a member starts without importing torch, the
+    model's library or the policy: the member module, the spec's builder, and what it lists."""
+    return list(dict.fromkeys(["elastic_sp.member", spec.builder, *spec.builder_module().PRELOAD]))
+
 
 _CHILD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
 
@@ -154,7 +159,7 @@ class NodeAgent:
         method = start_method or self.start_method
         ctx = mp.get_context(method)
         if method == "forkserver":
-            ctx.set_forkserver_preload(_PRELOAD)  # no effect once the server runs
+            ctx.set_forkserver_preload(preload(self.spec))  # no effect once the server runs
         ours, theirs = ctx.Pipe()
         if device is None:  # one GPU per member: the lowest index no live member holds
             used = {h.device for h in self.members.values() if h.alive}

@@ -1,6 +1,6 @@
 """The node agent as its own long-lived process, and the coordinator's handle on it.
 
-    python -m elastic_sp.agent_server --node NAME [--listen HOST:PORT] [--handshake-timeout-s 5]
+    python -m elastic_sp.agent_server --node NAME [--listen HOST:PORT] [--handshake-timeout-s 5] [--builder MODULE]
 
 A node runs one agent server for as long as the node lives. It listens on TCP for one coordinator
 at a time and runs a `NodeAgent` for it: the coordinator's commands go to the members, and the
@@ -22,6 +22,10 @@ Invariants, tested in tests/test_elastic_sp_agent_server.py:
   (test_a_bad_message_ends_only_its_connection, test_an_oversized_message_is_refused_unread).
 - A key shorter than 32 characters is refused on both sides, with one line
   (test_a_short_key_is_refused_on_both_sides).
+- A spec whose builder (`spec.Builder`: the module members import to build the model) is not one
+  the server was started to serve (`--builder`, default `spec.DEFAULT_BUILDER`), or cannot be
+  imported, is refused at the setup: a coordinator names a module, never code
+  (test_a_spec_naming_another_builder_is_refused).
 
 When the coordinator's connection ends, the server stops that coordinator's members but keeps the
 node's weights and waits for the next coordinator: a restarted controller finds the node's copy
@@ -35,7 +39,6 @@ node lost when the connection ends.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import queue
 import secrets
@@ -44,14 +47,14 @@ import subprocess
 import sys
 import threading
 import time
-import typing
+from collections.abc import Collection
 from dataclasses import dataclass
 from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Any
 
 from elastic_sp import protocol as P
-from elastic_sp.agent import Lost, MemberHandle, NodeAgent, Source
+from elastic_sp.agent import Lost, MemberHandle, NodeAgent, Source, preload
 from elastic_sp.signed_connection import (
     MAX_MESSAGE_BYTES,
     ProtocolError,
@@ -60,10 +63,10 @@ from elastic_sp.signed_connection import (
     check_key,
     connect,
 )
-from elastic_sp.spec import ServeSpec
+from elastic_sp.spec import DEFAULT_BUILDER, ServeSpec
 from elastic_sp.weights import NodeWeights
 from schedulers.request import Kind, Request
-from spotlight.rl.dit_sampler import SampleState
+from schedulers.sample_state import SampleState
 
 AUTHKEY_ENV = "SPOTLIGHT_SP_AUTHKEY"
 READY_LINE = "agent listening on "
@@ -161,24 +164,14 @@ class Relay:
     """A member's report (`protocol`), or `agent.Lost`."""
 
 
-def _config_types(cls: type) -> set[type]:
-    """`cls` and every dataclass its fields hold, recursively (RunConfig and each of its sections,
-    whatever sections it grows)."""
-    found = {cls}
-    for tp in typing.get_type_hints(cls).values():
-        for arg in (tp, *typing.get_args(tp)):
-            if dataclasses.is_dataclass(arg) and isinstance(arg, type) and arg not in found:
-                found |= _config_types(arg)
-    return found
-
-
 WIRE_TYPES: tuple[type, ...] = (
     Setup, Spawn, ToMember, Kill, Stop, Close, Hello, Spawned, Refused, Stopped, Closed, Relay,
     P.Form, P.Run, P.Forward, P.Halt, P.Export, P.Digest, P.Stop,
     P.Ready, P.Formed, P.Committed, P.Output, P.Broken, P.Exported, P.Digested, P.Failed,
-    Lost, Request, Kind, SampleState, *sorted(_config_types(ServeSpec), key=lambda c: c.__qualname__),
+    Lost, Request, Kind, SampleState, ServeSpec,
 )
-"""Every class that may cross the connection; decoding builds no other (`cloud.codec`)."""
+"""Every class that may cross the connection; decoding builds no other (`cloud.codec`). The spec is
+plain data: the workload's run config crosses as text, and none of its classes is needed here."""
 
 
 def _authkey() -> bytes:
@@ -207,13 +200,15 @@ class AgentServer:
     """One node's agent process (see the module docstring)."""
 
     def __init__(self, node: str, sock: socket.socket, key: bytes, handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S,
-                 max_message_bytes: int = MAX_MESSAGE_BYTES) -> None:
+                 max_message_bytes: int = MAX_MESSAGE_BYTES, builders: Collection[str] = (DEFAULT_BUILDER,)) -> None:
         self.node = node
         self.sock = sock
         """The listening socket."""
         self.key = check_key(key, "the agent server's key")
         self.handshake_timeout_s = handshake_timeout_s
         self.max_message_bytes = max_message_bytes
+        self.builders = frozenset(builders)
+        """The builder modules a coordinator's spec may name (see the module docstring)."""
         self.kept: tuple[ServeSpec, NodeWeights] | None = None
         """The node's weights, kept across coordinators for the spec they belong to."""
 
@@ -270,6 +265,11 @@ class AgentServer:
         if not isinstance(setup, Setup):
             self._refuse(conn, f"expected Setup first, got {type(setup).__name__}")
             return False
+        problem = self._builder_problem(setup.spec)
+        if problem is not None:
+            _log(f"agent {self.node}: refused coordinator {conn.peer}: {problem}")
+            self._refuse(conn, problem)
+            return False
         weights = self.kept[1] if self.kept is not None and self.kept[0] == setup.spec else None
         if weights is None and setup.load_weights and setup.checkpoint is not None:
             try:
@@ -307,6 +307,19 @@ class AgentServer:
             agent.close()
             if agent.weights is not None:
                 self.kept = (setup.spec, agent.weights)
+
+    def _builder_problem(self, spec: ServeSpec) -> str | None:
+        """Why this server does not serve `spec`'s builder, or None. Importing it here (members
+        import it again, from the fork server's preload) turns a missing module into one refusal
+        instead of a member that fails to start."""
+        if spec.builder not in self.builders:
+            return (f"builder {spec.builder!r} is not one this agent serves "
+                    f"(--builder: {', '.join(sorted(self.builders))})")
+        try:
+            preload(spec)
+        except Exception as err:
+            return f"cannot import builder {spec.builder!r}: {_one_line(err)}"
+        return None
 
     @staticmethod
     def _refuse(conn: SignedConnection, error: str) -> None:
@@ -386,12 +399,12 @@ class RemoteAgent:
     def start(cls, node: str, spec: ServeSpec, checkpoint: str | Path | None = None, load_weights: bool = False,
               host: str = "127.0.0.1", timeout_s: float = 120.0,
               max_message_bytes: int = MAX_MESSAGE_BYTES) -> RemoteAgent:
-        """Start an agent server for `node` as a new process on this machine and connect to it
-        (with $SPOTLIGHT_SP_AUTHKEY if set, else a fresh random key)."""
+        """Start an agent server for `node` as a new process on this machine, serving `spec`'s
+        builder, and connect to it (with $SPOTLIGHT_SP_AUTHKEY if set, else a fresh random key)."""
         key = _authkey().decode() if os.environ.get(AUTHKEY_ENV) else secrets.token_hex(32)
         env = {**os.environ, AUTHKEY_ENV: key, "OMP_NUM_THREADS": "1"}
         proc = subprocess.Popen([sys.executable, "-m", "elastic_sp.agent_server", "--node", node, "--listen", f"{host}:0",
-                                 "--max-message-bytes", str(max_message_bytes)],
+                                 "--max-message-bytes", str(max_message_bytes), "--builder", spec.builder],
                                 stdout=subprocess.PIPE, env=env, text=True)
         try:
             ready = _first_line(proc, timeout_s)
@@ -556,6 +569,9 @@ def main(argv: list[str] | None = None) -> int:
                              f"(default {HANDSHAKE_TIMEOUT_S})")
     parser.add_argument("--max-message-bytes", type=int, default=MAX_MESSAGE_BYTES,
                         help=f"refuse a message announced larger than this (default {MAX_MESSAGE_BYTES})")
+    parser.add_argument("--builder", action="append", dest="builders", metavar="MODULE",
+                        help="a module a coordinator's spec may name to build the served model; repeat for more "
+                             f"(default {DEFAULT_BUILDER})")
     args = parser.parse_args(argv)
     host, _, port = args.listen.rpartition(":")
     if not host or not port.isdigit():
@@ -577,7 +593,8 @@ def main(argv: list[str] | None = None) -> int:
     with sock:
         bound_host, bound_port = sock.getsockname()[:2]
         print(f"{READY_LINE}{bound_host}:{bound_port}", flush=True)
-        AgentServer(args.node, sock, key, args.handshake_timeout_s, args.max_message_bytes).serve_forever()
+        AgentServer(args.node, sock, key, args.handshake_timeout_s, args.max_message_bytes,
+                    args.builders or (DEFAULT_BUILDER,)).serve_forever()
     return 0
 
 

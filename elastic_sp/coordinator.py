@@ -60,7 +60,7 @@ from elastic_sp.spec import ServeSpec
 from schedulers.clock import Clock, WallClock
 from schedulers.queue import Lease, PullQueue
 from schedulers.request import Kind
-from spotlight.rl.dit_sampler import SampleState
+from schedulers.sample_state import SampleState
 
 BROKEN_GRACE_S = 0.02
 """How long a group that broke by itself waits for the death behind it to be reported (20 ms: a
@@ -424,7 +424,7 @@ class Coordinator:
                                         trajectory=torch.cat([g.committed.trajectory, msg.latents], dim=1),
                                         log_probs=torch.cat([g.committed.log_probs, msg.log_probs], dim=1))
         g.committed = state
-        final = msg.step >= self.spec.run.sampler.num_steps
+        final = msg.step >= self.spec.num_steps
         self._event("committed", group=g.name, generation=g.generation, degree=g.degree, request=req.id,
                     step=msg.step)
         if final:

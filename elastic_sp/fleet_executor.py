@@ -35,8 +35,9 @@ look finds them. The ends of groups a re-plan replaced are reported with the new
 Limits (the next issue puts SP groups in `spotlight train`): the members hold the weights they
 started with (`version`): serving another version is an error, there is no publishing yet; an
 exploration request is sampled like a rollout (members have no exploration sampler), so
-`exploration.num_steps` and `exploration.ode` must be left unset; a result is the committed
-`SampleState` (trajectory and log-probs; nothing decoded).
+`exploration.num_steps` and `exploration.ode` must be left unset (the spec carries them as
+`explore_num_steps`, `explore_ode`); a result is the committed `SampleState` (trajectory and
+log-probs; nothing decoded).
 
 Invariants (tests/test_fleet_contract.py: the contract's scenario beside the in-process, Ray and
 modelled executors; a notice and a death mid-request; regrouping in place as nodes join and die):
@@ -182,9 +183,8 @@ class SPExecutor:
     # ---- internals --------------------------------------------------------------------------------
 
     def _check_exploration(self) -> None:
-        run = self.coord.spec.run
-        ex = run.exploration
-        if (ex.num_steps not in (None, run.sampler.num_steps)) or ex.ode:
+        spec = self.coord.spec
+        if spec.explore_num_steps not in (None, spec.num_steps) or spec.explore_ode:
             raise ValueError("exploration.num_steps / exploration.ode: SP groups sample exploration requests like "
                              "rollouts (sampler.num_steps, SDE); leave them unset to explore on SP groups")
 

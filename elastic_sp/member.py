@@ -1,8 +1,9 @@
 """A member process: one device's worth of an SP group, alive for as long as its device is.
 
-It is started once by its node's agent, builds the transformer, takes its weights (an intra-node
-copy of the node's shared-memory weights, the checkpoint on a cold start, or later from a peer
-over its first group), and then executes commands: form a group, run a request, one forward,
+It is started once by its node's agent, builds the transformer and its sampler (through the spec's
+builder, `spec.Builder`: elastic_sp knows only the transformer's attention), takes its weights (an
+intra-node copy of the node's shared-memory weights, the checkpoint on a cold start, or later from
+a peer over its first group), and then executes commands: form a group, run a request, one forward,
 export or digest its weights, stop. Regrouping changes only which process group its collectives
 use (`ulysses.apply` swaps the group in place): the process, the model and the weights stay.
 
@@ -15,7 +16,6 @@ member exits: nothing it holds is needed without its agent.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import threading
 import time
@@ -29,7 +29,7 @@ import torch
 from elastic_sp import protocol as P
 from elastic_sp import ulysses
 from elastic_sp.group import GroupBroken, Rendezvous, SPGroup, timed_form
-from elastic_sp.spec import ServeSpec
+from elastic_sp.spec import Builder, ServeSpec
 from elastic_sp.weights import (
     NodeWeights,
     copy_into,
@@ -37,8 +37,6 @@ from elastic_sp.weights import (
     digest,
     load_checkpoint,
 )
-from spotlight.rl.dit_model import velocity
-from spotlight.rl.prompts import Prompt
 
 _INTERRUPTING = (P.Form, P.Halt, P.Stop)
 
@@ -84,6 +82,7 @@ class Member:
         self.channel = channel
         self.device = torch.device(device)
         self.inbox = Inbox(channel)
+        self.builder: Builder | None = None
         self.model: torch.nn.Module | None = None
         self.policy: Any = None
         self.group = SPGroup.local()
@@ -92,7 +91,8 @@ class Member:
     def build(self, weights: dict[str, torch.Tensor] | None, checkpoint: str | None, started: float) -> None:
         """Build the model and take weights: the node's live copy, else the checkpoint, else none
         yet (a peer sends them when the first group forms)."""
-        self.model = self.spec.build_model().to(self.device)
+        self.builder = self.spec.builder_module()
+        self.model = self.builder.build_model(self.spec).to(self.device)
         if weights is not None:
             copy_into(self.model, weights)
             source = "node"
@@ -101,8 +101,7 @@ class Member:
             source = "checkpoint"
         else:
             source = "none"
-        run = dataclasses.replace(self.spec.run, device=str(self.device))
-        self.policy = dataclasses.replace(self.spec, run=run).build_policy(self.model)
+        self.policy = self.builder.build_policy(self.spec, self.model, str(self.device))
         ulysses.apply(self.model, None)
         self.inbox.start()
         self.channel.send(P.Ready(self.name, os.getpid(), source, time.time() - started))
@@ -126,8 +125,9 @@ class Member:
         elif isinstance(msg, P.Forward):
             self._check_generation(msg.generation)
             with torch.no_grad():
-                out = velocity(self.model, msg.x.to(self.device), msg.sigma.to(self.device), msg.emb.to(self.device),
-                               None if msg.mask is None else msg.mask.to(self.device), msg.side)
+                out = self.builder.velocity(self.model, msg.x.to(self.device), msg.sigma.to(self.device),
+                                            msg.emb.to(self.device),
+                                            None if msg.mask is None else msg.mask.to(self.device), msg.side)
             self.channel.send(P.Output(self.name, self.group.generation, self.group.rank, out.cpu()))
         elif isinstance(msg, P.Halt):
             if msg.generation == self.group.generation:
@@ -167,7 +167,7 @@ class Member:
         next collective or step boundary (GroupBroken)."""
         self._check_generation(msg.generation)
         req = msg.request
-        prompts = [Prompt(req.prompt_id, req.prompt_text)] * len(req.seeds)
+        prompts = [self.builder.prompt(req.prompt_id, req.prompt_text)] * len(req.seeds)
         state = req.state if req.state is not None else self.policy.init_state(prompts, req.seeds)
         reported_x = 0 if req.state is None else state.trajectory.shape[1]
         reported_lp = state.log_probs.shape[1]

@@ -1,35 +1,86 @@
-"""What every member of an elastic SP deployment builds: the transformer's architecture and the
-run config its sampler follows. One immutable value, handed to each member process at start, so
-that all members — and the single-process reference in tests — compute the same function.
+"""What every member of an elastic SP deployment builds: one immutable value, handed to each member
+process at start (and to a remote agent over its connection), so that all members — and the
+single-process reference in tests — compute the same function.
+
+elastic_sp knows nothing of the model it serves beyond the transformer's attention: the heads and
+the sequence length (which degrees are valid, how the tokens split), the latent side and the number
+of denoising steps (when a request is done). Everything else — building the transformer and its
+weights, the policy that samples with it, the prompt a request names — comes from the spec's
+*builder*: a module, named by its import path, that the member process imports at run time
+(`Builder` below says what it provides). The workload's run config travels as opaque text that
+only the builder reads. This is so because imports point down (DESIGN.md): elastic_sp sits below
+`spotlight/` and must not import it — tests/test_imports.py checks that — while the model,
+sampler and config it serves are spotlight's (`spotlight.rl.sp_member` is the builder for the
+DiT policy, and `sp_member.serve_spec(cfg, ...)` fills a spec from a `RunConfig`).
+
+A spec is plain data (strings, numbers, a dict of numbers), so it crosses the agent server's
+connection as data (`agent_server.WIRE_TYPES`) without any of the workload's classes.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+import importlib
+import re
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any, Protocol
 
 import torch
 
-from spotlight.config import RunConfig, default_config
-from spotlight.rl.dit_model import _MODEL_INIT, TINY_TRANSFORMER
-from spotlight.rl.seeding import derive_seed
+DEFAULT_BUILDER = "spotlight.rl.sp_member"
+"""The builder of the DiT policy. A module path is data, not an import: nothing here imports it."""
+
+_MODULE_PATH = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 
 
-def tiny_arch(heads: int = 2) -> dict[str, Any]:
-    """The tiny CPU transformer (`dit_model.TINY_TRANSFORMER`) with `heads` attention heads of the
-    same size: Ulysses of degree d needs d | heads, and the stock tiny model has only 2.
-    attention_head_dim stays 16 = sum(axes_dims_rope), as Qwen-Image's RoPE requires."""
-    if heads < 1:
-        raise ValueError(f"heads must be >= 1, got {heads}")
-    return dict(TINY_TRANSFORMER, num_attention_heads=heads)
+class Builder(Protocol):
+    """What a builder module provides (module attributes; `spotlight.rl.sp_member` is one)."""
+
+    PRELOAD: list[str]
+    """Modules the agent's fork server imports once, so that a member starts without importing
+    them (the transformer's module, the policy's)."""
+
+    def build_model(self, spec: ServeSpec) -> torch.nn.Module:
+        """The transformer of `spec.arch`, eval mode, no gradients; its initial weights are a
+        function of the spec alone (every member builds the same ones)."""
+        ...
+
+    def build_policy(self, spec: ServeSpec, model: torch.nn.Module, device: str) -> Any:
+        """The sampler over `model` on `device` (SP applied or not): `init_state(prompts, seeds)`,
+        `advance(prompts, state, until)` returning a `schedulers.sample_state.SampleState`, and
+        `num_steps` (= `spec.num_steps`)."""
+        ...
+
+    def prompt(self, prompt_id: int, text: str) -> Any:
+        """The policy's prompt for a request's (`prompt_id`, `prompt_text`)."""
+        ...
+
+    def velocity(self, model: torch.nn.Module, x: torch.Tensor, sigma: torch.Tensor, emb: torch.Tensor,
+                 mask: torch.Tensor | None, side: int) -> torch.Tensor:
+        """One forward of the transformer: x (B, S, C) packed latents, sigma (B,), emb (B, T, D),
+        mask (B, T) -> velocity (B, S, C)."""
+        ...
 
 
 @dataclass(frozen=True)
 class ServeSpec:
-    arch: dict[str, Any] = field(default_factory=tiny_arch)
-    """`QwenImageTransformer2DModel` keyword arguments."""
-    run: RunConfig = field(default_factory=default_config)
-    """Seed (model initialisation and sampling streams), sampler and resolution (tokens)."""
+    arch: dict[str, Any]
+    """`QwenImageTransformer2DModel` keyword arguments (elastic_sp reads the heads and the head
+    dimension; the builder builds the model from all of them)."""
+    config: str
+    """The workload's run config as YAML text: opaque here, read only by the builder (the seed of
+    the model's initialisation and of the sampling streams, the sampler, the text conditioning)."""
+    side: int
+    """Latent side; the transformer sees (side/2)² image tokens."""
+    num_steps: int
+    """Denoising steps of a request: it is complete when a group has committed this many."""
+    builder: str = DEFAULT_BUILDER
+    """Import path of the module that builds what members run (`Builder`)."""
+    explore_num_steps: int | None = None
+    """The workload's exploration steps when they differ from `num_steps` (None: the same). Members
+    sample an exploration request like a rollout, so a fleet executor refuses to explore otherwise."""
+    explore_ode: bool = False
+    """Whether the workload explores with deterministic ODE steps (members sample SDE steps only)."""
     device: str = "cpu"
     """Members' device: cpu (gloo) or cuda (NCCL; member i of a node uses cuda:i)."""
     host: str = "127.0.0.1"
@@ -41,6 +92,17 @@ class ServeSpec:
         if sum(self.arch.get("axes_dims_rope", ())) != self.arch.get("attention_head_dim"):
             raise ValueError(f"arch: attention_head_dim ({self.arch.get('attention_head_dim')}) must equal "
                              f"sum(axes_dims_rope) ({sum(self.arch.get('axes_dims_rope', ()))})")
+        if not isinstance(self.arch.get("num_attention_heads"), int) or self.arch["num_attention_heads"] < 1:
+            raise ValueError(f"arch: num_attention_heads must be an integer >= 1, "
+                             f"got {self.arch.get('num_attention_heads')!r}")
+        if self.side < 2 or self.side % 2:
+            raise ValueError(f"side must be an even number >= 2 (2x2 patches), got {self.side}")
+        if self.num_steps < 1:
+            raise ValueError(f"num_steps must be >= 1, got {self.num_steps}")
+        if self.explore_num_steps is not None and self.explore_num_steps < 1:
+            raise ValueError(f"explore_num_steps must be >= 1 or None, got {self.explore_num_steps}")
+        if not _MODULE_PATH.fullmatch(self.builder):
+            raise ValueError(f"builder must be a module path such as {DEFAULT_BUILDER!r}, got {self.builder!r}")
         if self.timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0 seconds, got {self.timeout_s}")
 
@@ -49,30 +111,18 @@ class ServeSpec:
         return int(self.arch["num_attention_heads"])
 
     @property
-    def side(self) -> int:
-        """Latent side; the transformer sees (side/2)² image tokens."""
-        return self.run.policy.dit.latent_side
-
-    @property
     def seq_len(self) -> int:
         return (self.side // 2) ** 2
 
+    def builder_module(self) -> Builder:
+        """The builder, imported (once per process: Python caches modules)."""
+        module: ModuleType = importlib.import_module(self.builder)
+        return module  # type: ignore[return-value]  # a module satisfies the Protocol by its attributes
+
     def build_model(self) -> torch.nn.Module:
-        """The transformer, randomly initialised from `run.seed` the way `dit_model.build_transformer`
-        does (so the stock tiny arch gives the same weights as the trainer's model)."""
-        from diffusers import QwenImageTransformer2DModel
+        """The transformer (`Builder.build_model`)."""
+        return self.builder_module().build_model(self)
 
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(derive_seed(self.run.seed, _MODEL_INIT))
-            model = QwenImageTransformer2DModel(**self.arch)
-        return model.eval().requires_grad_(False)
-
-    def build_policy(self, model: torch.nn.Module) -> Any:
-        """A `DiTPolicy` sampling with `model` (SP applied or not) and the stand-in text encoder."""
-        from spotlight.rl.dit_model import PixelDecoder
-        from spotlight.rl.dit_policy import DiTPolicy
-        from spotlight.rl.prompt_encoder import HashedWordEncoder
-
-        cfg = self.run
-        encoder = HashedWordEncoder(model.config.joint_attention_dim, cfg.policy.dit.text_tokens)
-        return DiTPolicy(cfg, model, encoder, PixelDecoder())
+    def build_policy(self, model: torch.nn.Module, device: str = "cpu") -> Any:
+        """The sampler over `model` on `device` (`Builder.build_policy`)."""
+        return self.builder_module().build_policy(self, model, device)

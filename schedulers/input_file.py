@@ -175,7 +175,13 @@ class _Loader(yaml.SafeLoader):
 def load_yaml(path: str | Path, what: str, max_bytes: int) -> Any:
     """The YAML document in `path` (module docstring for what is refused); an empty document is
     refused too, since a file left empty by mistake would otherwise mean "all defaults"."""
-    text = read_text(path, what, max_bytes)
+    return parse_yaml(read_text(path, what, max_bytes), str(path), what)
+
+
+def parse_yaml(text: str, source: str, what: str) -> Any:
+    """YAML text that did not come from a file (a message), read as `load_yaml` reads a file's;
+    errors start with `source`."""
+    path = source
     try:
         loader = _Loader(text)
         try:

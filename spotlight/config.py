@@ -29,7 +29,8 @@ from typing import Any, Literal
 import yaml
 
 from cloud.config import CloudConfig
-from schedulers.input_file import SEED_MAX, ConfigError, InputError, InputFileError, at_most, check, load_yaml, short
+from schedulers.input_file import (SEED_MAX, ConfigError, InputError, InputFileError, at_most, check, load_yaml,
+                                   parse_yaml, short)
 
 MAX_CONFIG_BYTES = 1 << 20
 """Largest config file read (1 MiB; the shipped ones are under 1 KB)."""
@@ -531,6 +532,26 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Ru
         return from_dict(RunConfig, _merge(data, overrides or {}))
     except ConfigError as err:
         raise ConfigError(f"{path}: {err}") from None
+
+
+def config_from_yaml(text: str, source: str = "<config text>") -> RunConfig:
+    """A run config from YAML text that `to_yaml` wrote and a message carried rather than a file
+    (an `elastic_sp.spec.ServeSpec`'s `config`, over the agent's authenticated connection), read by
+    the same loader as a config file and bounded like one. Errors are one `ConfigError` line
+    starting with `source`."""
+    if len(text) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{source}: {len(text)} characters (expected at most {MAX_CONFIG_BYTES})")
+    try:
+        data = parse_yaml(text, source, "config")
+    except InputFileError as err:
+        raise ConfigError(str(err)) from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: expected a mapping of RunConfig fields at the top level, "
+                          f"got {type(data).__name__}")
+    try:
+        return from_dict(RunConfig, data)
+    except ConfigError as err:
+        raise ConfigError(f"{source}: {err}") from None
 
 
 def default_config(overrides: dict[str, Any] | None = None) -> RunConfig:

@@ -16,14 +16,14 @@ import torch
 from elastic_sp.agent import NodeAgent
 from elastic_sp.coordinator import Coordinator
 from elastic_sp.regroup_policy import UlyssesStepTime
-from elastic_sp.spec import ServeSpec, tiny_arch
 from elastic_sp.weights import NodeWeights, copy_into, digest
 from schedulers.clock import WallClock
 from schedulers.queue import PullQueue
 from schedulers.request import Kind, Request
 from spotlight.config import default_config
+from spotlight.rl.sp_member import serve_spec, tiny_arch
 
-SPEC = ServeSpec(arch=tiny_arch(2), run=default_config({"sampler": {"num_steps": 6}}), timeout_s=30.0)
+SPEC = serve_spec(default_config({"sampler": {"num_steps": 6}}), arch=tiny_arch(2), timeout_s=30.0)
 
 
 def request(rid: str) -> Request:
@@ -105,7 +105,7 @@ def test_member_killed_mid_rollout_resumes_from_its_committed_step_bit_identical
 
 def test_weights_copied_within_a_node_and_over_the_network_equal_the_source(source_weights):
     want = digest(source_weights.tensors)
-    fresh = ServeSpec(arch=tiny_arch(2), run=default_config({"seed": 99})).build_model()
+    fresh = serve_spec(default_config({"seed": 99}), arch=tiny_arch(2)).build_model()
     assert digest(fresh) != want
     copy_into(fresh, source_weights.tensors)  # the intra-node copy itself
     assert digest(fresh) == want

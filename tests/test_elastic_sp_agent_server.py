@@ -8,6 +8,7 @@ gloo groups; nothing is mocked.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import secrets
 import signal
@@ -23,7 +24,7 @@ import torch
 
 from cloud.codec import encode
 from planted_pickle import Payload, pickled
-from elastic_sp.agent_server import READY_LINE, WIRE_TYPES, Hello, Kill, RemoteAgent, Setup, Spawn
+from elastic_sp.agent_server import READY_LINE, WIRE_TYPES, AgentServer, Hello, Kill, RemoteAgent, Setup, Spawn
 from elastic_sp.signed_connection import ProtocolError, connect
 from elastic_sp.coordinator import Coordinator
 from elastic_sp.regroup_policy import UlyssesStepTime
@@ -276,6 +277,24 @@ def test_an_oversized_message_is_refused_unread(server):
     assert any("stalled after 1000 of 1073741823 bytes" in line for line in lines), lines
     assert server.vm_peak_kb() - peak < 256 << 10  # not a GiB reserved, let alone touched
     assert server.proc.poll() is None
+
+
+def test_a_spec_naming_another_builder_is_refused(server):
+    """A coordinator names the module members build from; the server imports only the ones it was
+    started to serve (`--builder`, default `spotlight.rl.sp_member`), and refuses the setup otherwise."""
+    before = len(server.stderr())
+    with pytest.raises(RuntimeError, match="refused the setup: builder 'json' is not one this agent serves"):
+        RemoteAgent.connect(server.address, dataclasses.replace(SPEC, builder="json"), authkey=server.key)
+    time.sleep(0.2)
+    lines = server.stderr()[before:]
+    assert len(lines) == 1 and "refused coordinator" in lines[0] and "'json'" in lines[0], lines
+    assert server.proc.poll() is None
+    with closing(socket.socket()) as sock:  # allowed, but not importable: refused too, not a failed member
+        key = secrets.token_hex(32).encode()
+        problem = AgentServer("n9", sock, key, builders=["no_such.builder"])._builder_problem(
+            dataclasses.replace(SPEC, builder="no_such.builder"))
+        assert AgentServer("n9", sock, key)._builder_problem(SPEC) is None
+    assert problem is not None and problem.startswith("cannot import builder 'no_such.builder'"), problem
 
 
 def test_a_short_key_is_refused_on_both_sides(server, monkeypatch):

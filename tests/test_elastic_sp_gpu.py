@@ -11,8 +11,9 @@ import torch
 
 import elastic_sp
 from elastic_sp.group import Rendezvous, SPGroup
-from elastic_sp.spec import ServeSpec, tiny_arch
+from spotlight.config import default_config
 from spotlight.rl.dit_model import velocity
+from spotlight.rl.sp_member import serve_spec, tiny_arch
 
 pytestmark = [
     pytest.mark.gpu,
@@ -25,7 +26,7 @@ def test_sp_output_on_nccl_equals_single_process():
     import torch.distributed as dist
 
     degree = 2
-    model = ServeSpec(arch=tiny_arch(4)).build_model()
+    model = serve_spec(default_config(), arch=tiny_arch(4)).build_model()
     g = torch.Generator().manual_seed(3)
     x, emb = torch.randn(1, 25, 16, generator=g), torch.randn(1, 8, 32, generator=g)
     sigma, mask = torch.tensor([0.5]), torch.ones(1, 8, dtype=torch.long)

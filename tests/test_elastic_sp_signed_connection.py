@@ -21,7 +21,7 @@ from planted_pickle import Payload, pickled
 from elastic_sp.agent_server import WIRE_TYPES, Relay, Setup
 from elastic_sp.signed_connection import MAGIC, ProtocolError, SignedConnection, accept, connect
 from schedulers.request import Kind, Request
-from spotlight.rl.dit_sampler import SampleState
+from schedulers.sample_state import SampleState
 from tests.test_elastic_sp_agent import SPEC
 
 KEY = secrets.token_hex(32).encode()

@@ -18,8 +18,9 @@ import torch.distributed as dist
 
 import elastic_sp
 from elastic_sp.group import GroupBroken, Rendezvous, SPGroup
-from elastic_sp.spec import ServeSpec, tiny_arch
+from spotlight.config import default_config
 from spotlight.rl.dit_model import velocity
+from spotlight.rl.sp_member import serve_spec, tiny_arch
 
 
 def run_group(degree: int, fn, timeout_s: float = 60.0) -> list:
@@ -58,7 +59,7 @@ def inputs(side: int, batch: int = 2, text: int = 8):
 
 @pytest.fixture(scope="module")
 def model4():
-    return ServeSpec(arch=tiny_arch(4)).build_model()
+    return serve_spec(default_config(), arch=tiny_arch(4)).build_model()
 
 
 @pytest.mark.parametrize("side", [16, 10], ids=["64-tokens", "25-tokens-padded"])
@@ -102,7 +103,7 @@ def test_sp_without_text_mask_and_batch_one(model4):
 
 
 def test_zero_cond_t_model_shards_its_modulation_index():
-    spec = ServeSpec(arch=dict(tiny_arch(2), zero_cond_t=True))
+    spec = serve_spec(default_config(), arch=dict(tiny_arch(2), zero_cond_t=True))
     model = spec.build_model()
     args = inputs(10)
     with torch.no_grad():

@@ -44,7 +44,6 @@ from elastic_sp.agent import NodeAgent
 from elastic_sp.coordinator import Coordinator
 from elastic_sp.fleet_executor import SPExecutor
 from elastic_sp.regroup_policy import MeasuredStepTime
-from elastic_sp.spec import ServeSpec
 from elastic_sp.weights import NodeWeights, save_checkpoint
 from schedulers.clock import ManualClock, WallClock
 from schedulers.fleet import FleetEngine, Node
@@ -54,6 +53,7 @@ from schedulers.request import Kind, Request
 from spotlight.config import RunConfig
 from spotlight.runtime.learner import build_policy
 from spotlight.rl.policy import Rollout
+from spotlight.rl.sp_member import serve_spec
 from spotlight.runtime.rollout_worker import RolloutWorker
 
 CFG = small_dit_config()
@@ -241,7 +241,7 @@ def sp_fleet(cfg: RunConfig, fleet_nodes: list[Node], weights: dict[str, torch.T
              widest: bool = False) -> Fleet:
     clock = WallClock()
     queue = PullQueue(clock, LEASE_S)
-    spec = ServeSpec(run=cfg)
+    spec = serve_spec(cfg)
     checkpoint = save_checkpoint(weights, tmp_path / "weights.safetensors")
     # Width only costs in this model, so the regroup policy forms degree-1 groups (see the module
     # docstring); `widest`: width pays, so it forms one group of every member it can.

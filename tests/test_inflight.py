@@ -16,7 +16,7 @@ from s3_server import s3, s3_server  # noqa: F401 (fixtures)
 from planted_pickle import Payload, pickled, torch_saved
 from cloud.codec import encode
 from cloud.store import LocalStore
-from spotlight.rl.dit_sampler import SampleState
+from schedulers.sample_state import SampleState
 from spotlight.train.inflight import ALLOWED, InflightStore
 from spotlight.rl.policy import Rollout
 from spotlight.rl.prompts import Prompt

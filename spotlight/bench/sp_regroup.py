@@ -39,13 +39,14 @@ from elastic_sp.agent import NodeAgent
 from elastic_sp.agent_server import RemoteAgent
 from elastic_sp.coordinator import Coordinator
 from elastic_sp.regroup_policy import UlyssesStepTime, valid_degrees
-from elastic_sp.spec import ServeSpec, tiny_arch
+from elastic_sp.spec import ServeSpec
 from elastic_sp.weights import NodeWeights, save_checkpoint
 from schedulers.clock import WallClock
 from schedulers.queue import PullQueue
 from schedulers.request import Kind, Request
 from spotlight.config import default_config
 from spotlight.rl.dit_model import velocity
+from spotlight.rl.sp_member import serve_spec, tiny_arch
 
 
 def _request(rid: str) -> Request:
@@ -126,7 +127,7 @@ def run_sp_regroup_bench(world: int = 4, repeats: int = 3, heads: int = 4, steps
     degrees = valid_degrees(heads, world)
     if world not in degrees:
         raise ValueError(f"--world {world} must divide --heads {heads}: the first group has degree {world}")
-    spec = ServeSpec(arch=tiny_arch(heads), run=default_config({"sampler": {"num_steps": steps}}), timeout_s=60.0)
+    spec = serve_spec(default_config({"sampler": {"num_steps": steps}}), arch=tiny_arch(heads), timeout_s=60.0)
     load_before = os.getloadavg()[0]
     # the members up, one group per degree, the rendezvous repeats, the reference sample, the repeats
     # of the in-place regroup and of the restart

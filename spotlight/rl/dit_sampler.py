@@ -1,51 +1,30 @@
 """Resumable, deterministic SDE sampling with per-step log-probs (the DiT rollout).
 
-A `SampleState` is everything a batch of samples needs to continue: the trajectory so far, the
-step reached and the log-probs of the stochastic steps taken. The random stream of sample i at
-step k is `seeding.generator(run_seed, prompt_id_i, seed_i, k)`, so the generator state at a step
+A `SampleState` (defined in `schedulers.sample_state`, beside the requests that carry it, and
+re-exported here) is everything a batch of samples needs to continue: the trajectory so far, the
+step reached and the log-probs of the stochastic steps taken. The random stream of sample i at step
+k is `seeding.generator(run_seed, prompt_id_i, seed_i, k)`, so the generator state at a step
 boundary is a function of (keys, step) and needs no storing. Invariant: stopping after any step and
 resuming from the state gives a bit-identical result to never stopping.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Callable, Sequence
 
 import torch
 
+from schedulers.sample_state import SampleState
 from spotlight.config import SamplerConfig
 from spotlight.rl.flow_sde import ode_step, sde_mean_std
 from spotlight.rl.grpo import gaussian_logprob
 from spotlight.rl.seeding import INITIAL_NOISE, randn
 
+__all__ = ["FlowSDESampler", "SampleState", "VelocityFn"]
+
 VelocityFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 """(x (B, S, C) packed latents, sigma (B,)) -> velocity (B, S, C); the prompt is bound in."""
-
-
-@dataclass(frozen=True)
-class SampleState:
-    """A batch of samples between two denoising steps."""
-
-    prompt_ids: tuple[int, ...]
-    seeds: tuple[int, ...]
-    step: int
-    """Denoising steps completed; `trajectory` holds step + 1 latents."""
-    trajectory: torch.Tensor
-    """(B, step + 1, S, C): x_0 (pure noise) .. x_step."""
-    log_probs: torch.Tensor
-    """(B, stochastic steps completed): log π(x_{k+1} | x_k) for each SDE step k taken so far."""
-
-    @property
-    def latest(self) -> torch.Tensor:
-        return self.trajectory[:, -1]
-
-    def select(self, index: Sequence[int]) -> "SampleState":
-        """The sub-batch of samples at `index` (a sample's state does not depend on its batch)."""
-        idx = torch.as_tensor(list(index), dtype=torch.long)
-        return replace(self, prompt_ids=tuple(self.prompt_ids[i] for i in idx.tolist()),
-                       seeds=tuple(self.seeds[i] for i in idx.tolist()),
-                       trajectory=self.trajectory[idx], log_probs=self.log_probs[idx])
 
 
 class FlowSDESampler:

@@ -34,7 +34,7 @@ import torch
 
 from cloud.codec import DecodeError, decode, encode
 from cloud.store import MissingKey, Store
-from spotlight.rl.dit_sampler import SampleState
+from schedulers.sample_state import SampleState
 from spotlight.rl.policy import Rollout
 from spotlight.rl.prompts import Prompt
 

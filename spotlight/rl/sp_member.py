@@ -1,0 +1,87 @@
+"""The builder of elastic SP members for the DiT policy: what `elastic_sp` serves, seen from spotlight.
+
+`elastic_sp` sits below `spotlight/` and knows only the transformer's attention; a member process
+imports the module its `elastic_sp.spec.ServeSpec` names (`spec.builder`, this one by default) and
+gets from it the transformer, the policy that samples with it, the prompt type and the forward
+(`elastic_sp.spec.Builder`). The run config travels in the spec as YAML text (`spec.config`) and
+is read here only.
+
+Invariant: a member's model and samples are those of the single-process policy of the same run
+config — `build_model` initialises the weights from the run seed exactly as
+`dit_model.build_transformer` does (so the stock tiny arch gives the trainer's initial weights),
+and `build_policy` is the trainer's `DiTPolicy` on the same sampler; with degree-1 groups, results
+are bit-identical to a `RolloutWorker`'s (tests/test_fleet_contract.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+
+from elastic_sp.spec import ServeSpec
+from spotlight.config import RunConfig, config_from_yaml, to_yaml
+from spotlight.rl.dit_model import _MODEL_INIT, QWEN_IMAGE_TRANSFORMER, TINY_TRANSFORMER, PixelDecoder, velocity
+from spotlight.rl.dit_policy import DiTPolicy
+from spotlight.rl.prompt_encoder import HashedWordEncoder
+from spotlight.rl.prompts import Prompt
+from spotlight.rl.seeding import derive_seed
+
+__all__ = ["PRELOAD", "build_model", "build_policy", "prompt", "run_config", "serve_spec", "tiny_arch", "velocity"]
+
+PRELOAD = ["diffusers.models.transformers.transformer_qwenimage"]
+"""What the agent's fork server imports besides this module (which imports torch and the policy):
+the transformer's module, which `build_model` imports lazily — 3.0 s after torch on the 2-core dev
+machine, which a member forked from the server does not pay."""
+
+
+def tiny_arch(heads: int = 2) -> dict[str, Any]:
+    """The tiny CPU transformer (`dit_model.TINY_TRANSFORMER`) with `heads` attention heads of the
+    same size: Ulysses of degree d needs d | heads, and the stock tiny model has only 2.
+    attention_head_dim stays 16 = sum(axes_dims_rope), as Qwen-Image's RoPE requires."""
+    if heads < 1:
+        raise ValueError(f"heads must be >= 1, got {heads}")
+    return dict(TINY_TRANSFORMER, num_attention_heads=heads)
+
+
+def serve_spec(cfg: RunConfig, arch: dict[str, Any] | None = None, device: str = "cpu", host: str = "127.0.0.1",
+               timeout_s: float = 30.0) -> ServeSpec:
+    """The spec that serves run `cfg` on SP members. `arch`: the transformer's keyword arguments
+    (default: the preset's, `TINY_TRANSFORMER` or `QWEN_IMAGE_TRANSFORMER`); `device`, `host`,
+    `timeout_s`: see `ServeSpec`."""
+    if arch is None:
+        arch = dict(TINY_TRANSFORMER if cfg.policy.dit.preset == "tiny" else QWEN_IMAGE_TRANSFORMER)
+    ex = cfg.exploration
+    return ServeSpec(arch=arch, config=to_yaml(cfg), side=cfg.policy.dit.latent_side, num_steps=cfg.sampler.num_steps,
+                     builder=__name__,
+                     explore_num_steps=None if ex.num_steps in (None, cfg.sampler.num_steps) else ex.num_steps,
+                     explore_ode=ex.ode, device=device, host=host, timeout_s=timeout_s)
+
+
+def run_config(spec: ServeSpec) -> RunConfig:
+    """The run config the spec carries."""
+    return config_from_yaml(spec.config, "serve spec config")
+
+
+def build_model(spec: ServeSpec) -> torch.nn.Module:
+    """The transformer of `spec.arch`, randomly initialised from the run seed the way
+    `dit_model.build_transformer` does, eval mode, no gradients."""
+    from diffusers import QwenImageTransformer2DModel
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(derive_seed(run_config(spec).seed, _MODEL_INIT))
+        model = QwenImageTransformer2DModel(**spec.arch)
+    return model.eval().requires_grad_(False)
+
+
+def build_policy(spec: ServeSpec, model: torch.nn.Module, device: str) -> DiTPolicy:
+    """A `DiTPolicy` on `device` sampling with `model` (SP applied or not) and the stand-in text encoder."""
+    cfg = dataclasses.replace(run_config(spec), device=device)
+    encoder = HashedWordEncoder(model.config.joint_attention_dim, cfg.policy.dit.text_tokens)
+    return DiTPolicy(cfg, model, encoder, PixelDecoder())
+
+
+def prompt(prompt_id: int, text: str) -> Prompt:
+    """A request's prompt (`Request.prompt_id`, `Request.prompt_text`) as the policy takes it."""
+    return Prompt(prompt_id, text)
