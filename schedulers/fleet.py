@@ -345,10 +345,6 @@ class FleetEngine:
         """Take in what the executor reports now (workers it just started), without waiting."""
         self._handle(self.executor.wait(self.clock.now()))
 
-    def live(self, spot: bool | None = None) -> list[Worker]:
-        """Workers alive and not noticed (spot or on-demand only, if given)."""
-        return [w for w in self.workers.values() if not w.noticed and (spot is None or w.spot == spot)]
-
     def spot_devices(self) -> int:
         return sum(n.devices for n in self.nodes.values() if n.spot and n.alive)
 
