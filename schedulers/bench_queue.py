@@ -54,7 +54,7 @@ def run_queue_bench(ops: int = 2000) -> dict[str, float | str]:
 
     started = not ray.is_initialized()
     if started:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         seq_actor = QueueActor.remote()
         batch_actor = QueueActor.remote()

@@ -97,6 +97,9 @@ class Node:
     noticed: bool = False
     generation: int = 0
     """How many times the node has joined: worker names carry it."""
+    cluster_id: str | None = None
+    """The cluster's own id for the node (a Ray node id), where the fleet follows a real cluster;
+    None for a fleet replayed on one machine or modelled."""
 
 
 def fleet_nodes(ondemand: int, spot: int, devices: int = 1) -> list[Node]:

@@ -307,6 +307,15 @@ class RuntimeConfig:
     rebalance recommendation), GCP (instance/preempted), SIGTERM to its process. Empty off the cloud."""
     notice_poll_s: float = 5.0
     """Seconds between polls of the notice sources, in (0, 3,600]."""
+    sp_degree: int = 1
+    """Sequence-parallel degree of the DiT's rollout and exploration requests, 1..64: each request
+    is served by a group of this many devices (elastic SP; 1: one device per request)."""
+    spot_wait_s: float = 300.0
+    """On a cluster (`address`): how long the run waits for spot capacity it has none of, in
+    (0, 86,400] s, before it says so and falls back (`spot_fallback`)."""
+    spot_fallback: bool = True
+    """No spot capacity for `spot_wait_s`: start `spot_workers` rollout workers on on-demand nodes
+    in their place (True), or keep waiting for spot nodes, saying so every `spot_wait_s` (False)."""
 
     def __post_init__(self) -> None:
         check(self.spot_workers >= 0, "spot_workers", "an integer >= 0", self.spot_workers)
@@ -318,9 +327,11 @@ class RuntimeConfig:
         check(self.notice_s >= 0, "notice_s", "a number >= 0", self.notice_s)
         check(self.trace_speedup > 0, "trace_speedup", "a number > 0", self.trace_speedup)
         check(self.notice_poll_s > 0, "notice_poll_s", "a number > 0", self.notice_poll_s)
+        check(1 <= self.sp_degree <= 64, "sp_degree", "an integer in 1..64", self.sp_degree)
+        check(self.spot_wait_s > 0, "spot_wait_s", "a number > 0", self.spot_wait_s)
         at_most(self, ("spot_workers", "ondemand_workers"), 4096, " workers")
         at_most(self, ("commit_every",), 1000, " steps")
-        at_most(self, ("lease_s",), 86400, " s")
+        at_most(self, ("lease_s", "spot_wait_s"), 86400, " s")
         at_most(self, ("notice_s", "notice_poll_s"), 3600, " s")
         at_most(self, ("trace_speedup",), 1e9)
 

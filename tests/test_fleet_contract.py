@@ -198,10 +198,10 @@ def reference(weights) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
 def ray_cluster() -> Iterator[None]:
     import ray
 
-    from spotlight.runtime.ray_runtime import SPOT_RESOURCE
+    from spotlight.runtime.ray_cluster import SPOT_RESOURCE
 
     # One torch thread per actor process (ray_runtime.py: oversubscribed OpenMP on 2 cores, 0.9 s -> 21 s).
-    ray.init(num_cpus=2, resources={SPOT_RESOURCE: 1000.0}, include_dashboard=False, log_to_driver=False,
+    ray.init(address="local", num_cpus=2, resources={SPOT_RESOURCE: 1000.0}, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}})
     yield
     ray.shutdown()

@@ -24,8 +24,6 @@ so that is when a preemption costs something), scaled by `runtime.trace_speedup`
 
 from __future__ import annotations
 
-import os
-import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,18 +36,17 @@ from schedulers.fleet import Died, FleetAction, FleetEngine, Node, Ready, Served
 from schedulers.preemption import PreemptionNotice
 from schedulers.queue_actor import QueueActor, QueueClient
 from schedulers.request import Request
-from spotlight.config import ConfigError, RunConfig
+from spotlight.config import RunConfig
 from spotlight.train.exploration import ExplorationSession
 from spotlight.runtime.learner import Learner
 from spotlight.rl.policy import Rollout
 from spotlight.rl.rewards import RewardWorker
 from spotlight.runtime.rollout_worker import RolloutWorker
+from spotlight.runtime import ray_cluster
 from spotlight.runtime.local import Progress, scheduler_stats
+from spotlight.runtime.ray_cluster import SPOT_RESOURCE, SPOT_SLIVER
 from schedulers.traces import ReplayAction
 
-SPOT_RESOURCE = "spot"
-"""Ray custom resource that spot nodes advertise; each spot rollout worker needs a sliver of it."""
-_SPOT_SLIVER = 0.001
 _POLL_S = 0.01
 
 # The actor facades, made once (each `ray.remote` call re-exports the class). num_cpus=0: the
@@ -57,18 +54,6 @@ _POLL_S = 0.01
 LearnerActor = ray.remote(num_cpus=0)(Learner)
 RewardActor = ray.remote(num_cpus=0)(RewardWorker)
 RolloutWorkerActor = ray.remote(num_cpus=0)(RolloutWorker)
-
-
-def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
-    """Fail fast on a `host:port` nobody listens on: ray.init retries such an address for minutes."""
-    host, sep, port = address.rpartition(":")
-    if not sep or not port.isdigit() or "://" in address:
-        return  # "auto", "ray://...": Ray resolves these itself and fails fast
-    try:
-        socket.create_connection((host, int(port)), timeout=timeout_s).close()
-    except OSError as err:
-        raise ConfigError(f"runtime.address: cannot join the Ray cluster at {address!r} "
-                          f"({err.strerror or err})") from None
 
 
 class RayPending:
@@ -100,7 +85,7 @@ class RayExecutor:
 
     def start(self, node: Node, spot: bool) -> list[Worker]:
         name = f"{node.name}.{node.generation}"
-        actor_cls = RolloutWorkerActor.options(resources={SPOT_RESOURCE: _SPOT_SLIVER}) if spot else RolloutWorkerActor
+        actor_cls = RolloutWorkerActor.options(resources={SPOT_RESOURCE: SPOT_SLIVER}) if spot else RolloutWorkerActor
         actor = actor_cls.remote(name, self.cfg, QueueClient(self.queue), commit_every=self.cfg.runtime.commit_every)
         # Actor calls from one caller run in order: build, then the weights, then (later) serve.
         actor.build.remote()
@@ -177,20 +162,7 @@ class RayRuntime:
 
     def build(self, checkpoints: Path) -> dict[str, Any]:
         rt = self.cfg.runtime
-        if not ray.is_initialized():
-            if rt.address:
-                _check_reachable(rt.address)
-                try:
-                    ray.init(address=rt.address, log_to_driver=False)
-                except (ConnectionError, RuntimeError, ray.exceptions.RayError) as err:
-                    first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-                    raise ConfigError(f"runtime.address: cannot join the Ray cluster at {rt.address!r} ({first})") from None
-            else:
-                # Every torch process gets one thread: several 2-thread processes on 2 cores spin
-                # in OpenMP (measured here: a tiny-DiT update went from 0.9 s to 21 s).
-                ray.init(num_cpus=os.cpu_count(), resources={SPOT_RESOURCE: 1000.0}, include_dashboard=False,
-                         log_to_driver=False, runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}})
-            self._started_ray = True
+        self._started_ray = ray_cluster.connect(rt)
         self.clock = WallClock()
         self.queue_actor = QueueActor.remote(lease_s=rt.lease_s)
         self.queue = QueueClient(self.queue_actor)
@@ -264,5 +236,5 @@ class RayRuntime:
     def shutdown(self) -> None:
         self.queue_stats = self.queue.stats()  # the queue's own counters outlive the cluster
         if self._started_ray:
-            ray.shutdown()
+            ray_cluster.shutdown()
             self._started_ray = False
