@@ -240,6 +240,18 @@ class Session(Protocol):
     def record(self, requests: list[Request], rewards: Any) -> None: ...
 
 
+class FleetSource(Protocol):
+    """What tells the engine, while it runs, that the fleet changed — a live cluster's own view of
+    its nodes (`spotlight.runtime.ray_fleet.ClusterFleet`). Polled once per turn of the loop (it
+    rate-limits itself); it applies what happened with `FleetEngine.notice` / `kill` / `add`."""
+
+    def poll(self, engine: "FleetEngine") -> None: ...
+
+    def capacity_may_come(self) -> bool:
+        """True while a node may still join: the engine waits for capacity instead of giving up."""
+        ...
+
+
 class NoCapacity(RuntimeError):
     """Every worker is gone and no capacity is coming back."""
 
@@ -324,6 +336,10 @@ class FleetEngine:
         self.rate = ExplorationRate()
         self.on_fleet: Callable[[], None] | None = None
         """Called after the live fleet changed (the cost meter follows it)."""
+        self.spot_allowed = True
+        """False once the run fell back to on-demand (`use_ondemand`): no spot node joins again."""
+        self.sources: list[FleetSource] = []
+        """Live sources of notices, deaths and joins besides the replayed `actions`."""
         self.on_kill: Callable[[str], None] | None = None
         """Called when a node died, after its workers were lost, before the executor re-plans
         (a restart-from-checkpoint baseline restarts the whole job here)."""
@@ -338,8 +354,11 @@ class FleetEngine:
             self._join(node)
         self._apply_due()
         while True:
+            self.poll_sources()
             starting = any(w.phase is WorkerPhase.STARTING for w in self.workers.values())
-            events = self.executor.wait(None if starting else self.clock.now())
+            # With live sources, wake up now and then to hear of a node that died while starting.
+            until = (self.clock.now() + 1.0 if self.sources else None) if starting else self.clock.now()
+            events = self.executor.wait(until)
             if not events and not starting:
                 return
             self._handle(events)
@@ -376,15 +395,26 @@ class FleetEngine:
             elif a.action == "add":
                 self.add(a.node)
 
-    def add(self, node: str, spot: bool = True, devices: int | None = None) -> None:
+    def add(self, node: str, spot: bool = True, devices: int | None = None, cluster_id: str | None = None) -> None:
         """`node` joins (a replayed trace's add, the cluster reporting a new node); a node seen
         before joins again with its own kind and size. Nothing happens to a node that is alive."""
         n = self.nodes.get(node)
         if n is None:
-            n = self.nodes[node] = Node(node, spot=spot, alive=False,
+            n = self.nodes[node] = Node(node, spot=spot, alive=False, cluster_id=cluster_id,
                                         devices=self.spot_devices_per_node if devices is None else devices)
         if not n.alive:
             self._join(n)
+
+    def restart(self, node: str) -> None:
+        """`node` lives on though a worker of it died (the engine counted the node gone then): end
+        its other workers as lost and join it again with fresh ones (a live cluster's source calls
+        this once the cluster has reported the node alive for a while after the death)."""
+        for w in self._on(node):
+            self._remove(w)
+            self.executor.stop(w, lost=True)
+            self.queue.worker_lost(w.name)
+        self.nodes[node].alive = False
+        self._join(self.nodes[node])
 
     def notice(self, node: str, notice: PreemptionNotice) -> None:
         """`node` will go away: its workers give back at the next step boundary and pull no more."""
@@ -486,6 +516,7 @@ class FleetEngine:
         ones) with fresh workers. A live spot worker is retired, not lost: nothing is in flight
         between phases (whatever it might still lease goes back to the queue all the same)."""
         self.actions = self.actions[:self._next_action]
+        self.spot_allowed = False
         index = sum(not n.spot for n in self.nodes.values())
         for n in [n for n in self.nodes.values() if n.spot]:
             for w in self._on(n.name):
@@ -512,7 +543,12 @@ class FleetEngine:
     # ---- the loop -------------------------------------------------------------------------------
 
     def _more_capacity_coming(self) -> bool:
-        return any(a.action == "add" for a in self.actions[self._next_action:])
+        return (any(a.action == "add" for a in self.actions[self._next_action:])
+                or any(s.capacity_may_come() for s in self.sources))
+
+    def poll_sources(self) -> None:
+        for source in self.sources:
+            source.poll(self)
 
     def _dispatch(self, kinds: Collection[Kind], version: int, spot_only: bool) -> None:
         """Every idle worker allowed (on-demand ones first) serves, while there is work to pull."""
@@ -536,6 +572,8 @@ class FleetEngine:
         # The simulator turns this loop about once per request (4,096 GPUs x 1,000 iterations: ~2M
         # times), so the next action's time is computed once per turn.
         clock = self.clock
+        if self.sources:
+            self.poll_sources()
         due = self._next_due()
         if due is not None and clock.now() >= due:
             self._apply_due()

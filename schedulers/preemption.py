@@ -41,6 +41,8 @@ class Cause(str, Enum):
     - SIGTERM: the process supervisor (Kubernetes, Slurm, SkyPilot, docker) asks us to exit; the
       warning is whatever grace period it grants before SIGKILL.
     - TRACE: a preemption replayed from a recorded trace (simulation and tests).
+    - RAY_DRAIN: the Ray cluster drains the node (`ray drain-node`, or a cloud integration that
+      turns the provider's notice into a drain with a deadline).
     """
 
     AWS_INSTANCE_ACTION = "aws-instance-action"
@@ -48,6 +50,7 @@ class Cause(str, Enum):
     GCP_PREEMPTED = "gcp-preempted"
     SIGTERM = "sigterm"
     TRACE = "trace"
+    RAY_DRAIN = "ray-drain"
 
 
 @dataclass(frozen=True)

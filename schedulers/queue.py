@@ -78,6 +78,7 @@ class PullQueue:
         self._clock = clock
         self._lease_s = lease_s
         self._lock = threading.Lock()
+        self._by_worker: Counter[str] = Counter()
         self._requests: dict[str, Request] = {}
         """Every request put, carrying its last committed state and step."""
         self._status: dict[str, Status] = {}
@@ -227,6 +228,7 @@ class PullQueue:
                 self._queued[self._requests[request_id].kind] -= 1
             self._done[request_id] = len(self._log)
             self._log.append((request_id, result))
+            self._by_worker[worker] += 1
             self._status[request_id] = Status.COMPLETED
             del self._open[self._requests[request_id].kind][request_id]
             self._counts["requests_completed"] += 1
@@ -328,6 +330,11 @@ class PullQueue:
     def is_done(self, ids: Iterable[str]) -> bool:
         """True when every one of `ids` is completed or cancelled."""
         return self.pending(ids) == 0
+
+    def completions_by_worker(self) -> dict[str, int]:
+        """How many requests each worker committed (the commit that counted), since construction."""
+        with self._lock:
+            return dict(self._by_worker)
 
     def stats(self) -> dict[str, int]:
         """Counters since construction and the current queue sizes.

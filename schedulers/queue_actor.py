@@ -84,6 +84,9 @@ class _QueueActor:
     def stats(self) -> dict[str, int]:
         return self._queue.stats()
 
+    def completions_by_worker(self) -> dict[str, int]:
+        return self._queue.completions_by_worker()
+
 
 # num_cpus=0: the queue is bookkeeping (well under a millisecond a call), so it should not take a
 # CPU slot that a rollout worker could use. Ray's default of one call at a time suffices, as each
@@ -148,3 +151,6 @@ class QueueClient:
 
     def stats(self) -> dict[str, int]:
         return ray.get(self.handle.stats.remote())
+
+    def completions_by_worker(self) -> dict[str, int]:
+        return ray.get(self.handle.completions_by_worker.remote())

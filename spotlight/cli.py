@@ -223,6 +223,9 @@ def check_train_inputs(cfg: RunConfig, args: argparse.Namespace, out: Path) -> N
                                   f"CUDA device{'s' if count != 1 else ''} here (expected {have})")
     if args.preemption_trace and cfg.runtime.kind != "ray":
         raise ConfigError("--preemption-trace: replaying preemptions needs --runtime ray")
+    if args.preemption_trace and cfg.runtime.address:
+        raise ConfigError("--preemption-trace: a trace replays on the cluster a run starts for itself; joined to a "
+                          "cluster (--address), the fleet is that cluster's own nodes")
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -239,13 +242,13 @@ def cmd_train(args: argparse.Namespace) -> int:
     from spotlight.runtime.learner import NonFiniteUpdate
     from spotlight.train.trainer import Trainer, make_runtime
 
-    runtime = make_runtime(cfg)
+    log = (lambda msg: print(msg, file=sys.stderr)) if args.json else print
+    runtime = make_runtime(cfg, log)
     if trace is not None:
         from schedulers.traces import replay_schedule
 
         runtime.actions = replay_schedule(trace, cfg.runtime.spot_workers, cfg.runtime.trace_speedup,
                                           cfg.runtime.notice_s)
-    log = (lambda msg: print(msg, file=sys.stderr)) if args.json else print
     try:
         with hub_progress(_progress(args), diffusers=cfg.policy.kind == "dit"):
             summary = Trainer(cfg, out, progress=_progress(args), log=log).build(runtime).train()

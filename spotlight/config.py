@@ -307,6 +307,11 @@ class RuntimeConfig:
     rebalance recommendation), GCP (instance/preempted), SIGTERM to its process. Empty off the cloud."""
     notice_poll_s: float = 5.0
     """Seconds between polls of the notice sources, in (0, 3,600]."""
+    torch_threads: int = 1
+    """CPU threads torch uses in every role — the learner, each rollout worker, and the local
+    runtime's one process — 1..256. The same number everywhere keeps local and Ray runs of a
+    config bit-identical (a float sum's rounding depends on how it is split over threads), and one
+    per process avoids OpenMP spinning when several roles share a node's cores."""
     sp_degree: int = 1
     """Sequence-parallel degree of the DiT's rollout and exploration requests, 1..64: each request
     is served by a group of this many devices (elastic SP; 1: one device per request)."""
@@ -327,6 +332,7 @@ class RuntimeConfig:
         check(self.notice_s >= 0, "notice_s", "a number >= 0", self.notice_s)
         check(self.trace_speedup > 0, "trace_speedup", "a number > 0", self.trace_speedup)
         check(self.notice_poll_s > 0, "notice_poll_s", "a number > 0", self.notice_poll_s)
+        check(1 <= self.torch_threads <= 256, "torch_threads", "an integer in 1..256", self.torch_threads)
         check(1 <= self.sp_degree <= 64, "sp_degree", "an integer in 1..64", self.sp_degree)
         check(self.spot_wait_s > 0, "spot_wait_s", "a number > 0", self.spot_wait_s)
         at_most(self, ("spot_workers", "ondemand_workers"), 4096, " workers")

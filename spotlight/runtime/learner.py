@@ -46,6 +46,7 @@ class Learner:
         the ones skipped are set aside). Returns {"warm_start", "step", "checkpoint", "skipped"}:
         "skipped" holds one line per checkpoint set aside, for the controller to log."""
         cfg = self.cfg
+        torch.set_num_threads(cfg.runtime.torch_threads)  # the same in every role (runtime.torch_threads)
         torch.manual_seed(cfg.seed)  # nothing should draw from it; seeded so that nothing varies if something does
         self.policy = build_policy(cfg)
         warm = apply_warm_start(self.policy, cfg, prompt_set(cfg.prompts, cfg.seed))

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import ray
@@ -44,7 +45,7 @@ from spotlight.rl.rewards import RewardWorker
 from spotlight.runtime.rollout_worker import RolloutWorker
 from spotlight.runtime import ray_cluster
 from spotlight.runtime.local import Progress, scheduler_stats
-from spotlight.runtime.ray_cluster import SPOT_RESOURCE, SPOT_SLIVER
+from spotlight.runtime.ray_fleet import ClusterFleet, placement
 from schedulers.traces import ReplayAction
 
 _POLL_S = 0.01
@@ -69,29 +70,41 @@ class RayPending:
 
 
 class RayExecutor:
-    """Rollout workers as Ray actors, one per node of the fleet (`schedulers.fleet.Executor`).
+    """Rollout workers as Ray actors, one per device of a node of the fleet (`schedulers.fleet.Executor`).
 
-    A worker is a `RolloutWorker` actor named NODE.GENERATION (a restarted node's new actor has a
-    new name, so a zombie's late commits are refused). A spot one needs a sliver of the `spot`
-    resource, which only spot nodes advertise. `serve` is the actor's `serve()` call; it ends when
-    the queue has nothing for the worker or a notice stopped it. A call that fails because the actor
-    died is the worker's death without notice."""
+    A worker is a `RolloutWorker` actor named NODE.GENERATION (NODE.GENERATION#j on a node of
+    several devices; a restarted node's new actors have new names, so a zombie's late commits are
+    refused). Where it runs is `ray_fleet.placement`: pinned to its node where the node is a real
+    one (`Node.cluster_id`), holding a unit of `spot` on a spot node and a GPU on a GPU node.
+    `serve` is the actor's `serve()` call; it ends when the queue has nothing for the worker or a
+    notice stopped it. A call that fails because the actor died is the worker's death without
+    notice, and its node counts as gone (on a cluster, `ClusterFleet` starts it again if Ray says
+    the node lives on)."""
 
-    def __init__(self, cfg: RunConfig, queue: Any, version: int, weights: Any, clock: Any) -> None:
+    def __init__(self, cfg: RunConfig, queue: Any, version: int, weights: Any, clock: Any,
+                 home: str | None = None, gpus: Any = None) -> None:
         self.cfg, self.queue, self.clock = cfg, queue, clock
         self.version, self.weights = version, weights
+        self.home = home
+        """The node a worker of a replayed fleet runs on (the one-node local cluster's)."""
+        self.gpus = gpus or (lambda node_id: 0)
         self._starting: dict[Any, Worker] = {}
         self._serving: dict[Any, Worker] = {}
 
     def start(self, node: Node, spot: bool) -> list[Worker]:
-        name = f"{node.name}.{node.generation}"
-        actor_cls = RolloutWorkerActor.options(resources={SPOT_RESOURCE: SPOT_SLIVER}) if spot else RolloutWorkerActor
-        actor = actor_cls.remote(name, self.cfg, QueueClient(self.queue), commit_every=self.cfg.runtime.commit_every)
-        # Actor calls from one caller run in order: build, then the weights, then (later) serve.
-        actor.build.remote()
-        worker = Worker(name, (node.name,), spot, handle=actor)
-        self._starting[actor.set_weights.remote(self.version, self.weights)] = worker
-        return [worker]
+        local = node.cluster_id is None
+        options = placement(self.home if local else node.cluster_id, spot, self.gpus(node.cluster_id), local)
+        workers = []
+        for j in range(node.devices):
+            name = f"{node.name}.{node.generation}" + (f"#{j}" if node.devices > 1 else "")
+            actor = RolloutWorkerActor.options(**options).remote(
+                name, self.cfg, QueueClient(self.queue), commit_every=self.cfg.runtime.commit_every)
+            # Actor calls from one caller run in order: build, then the weights, then (later) serve.
+            actor.build.remote()
+            worker = Worker(name, (node.name,), spot, handle=actor)
+            self._starting[actor.set_weights.remote(self.version, self.weights)] = worker
+            workers.append(worker)
+        return workers
 
     def serve(self, worker: Worker, kinds: Any, version: int) -> bool:
         self._serving[worker.handle.serve.remote(list(kinds))] = worker
@@ -153,6 +166,7 @@ class RayRuntime:
     cfg: RunConfig
     actions: list[ReplayAction] = field(default_factory=list)
     """Preemption schedule over spot slots (slot k is fleet node `spotK`), in replay seconds (sorted)."""
+    log: Callable[[str], None] = print
 
     def __post_init__(self) -> None:
         self._started_ray = False
@@ -164,16 +178,31 @@ class RayRuntime:
         rt = self.cfg.runtime
         self._started_ray = ray_cluster.connect(rt)
         self.clock = WallClock()
-        self.queue_actor = QueueActor.remote(lease_s=rt.lease_s)
+        # The on-demand roles run where this controller runs: the learner's checkpoints land on the
+        # disk the run folder is on, and a spot node's loss never takes a role the run needs.
+        home = ray.get_runtime_context().get_node_id()
+        pinned = placement(home, spot=False, gpus=0, local=True)
+        # Joined to a cluster, the fleet is the cluster's (`ray_fleet`); a cluster started here has
+        # one node, on which the configured fleet and its replayed trace run.
+        self.cluster = ClusterFleet(rt, self.clock, self.log) if rt.address else None
+        self.queue_actor = QueueActor.options(**pinned).remote(lease_s=rt.lease_s)
         self.queue = QueueClient(self.queue_actor)
-        self.learner = LearnerActor.remote(self.cfg)
-        self.reward = RewardActor.remote(self.cfg.reward)
+        learner_gpus = 1 if self.cluster and self.cluster.gpus(home) and self.cfg.device.startswith("cuda") else 0
+        self.learner = LearnerActor.options(**pinned, num_gpus=learner_gpus).remote(self.cfg)
+        self.reward = RewardActor.options(**pinned).remote(self.cfg.reward)
         info = ray.get(self.learner.build.remote(checkpoints))
         self.version = info["step"]
-        self.executor = RayExecutor(self.cfg, self.queue_actor, self.version, self.learner.weights.remote(), self.clock)
-        self.engine = FleetEngine(self.clock, self.queue, self.executor, fleet_nodes(rt.ondemand_workers, rt.spot_workers),
+        if rt.sp_degree > 1:  # elastic SP groups serve the requests (spotlight/runtime/ray_sp.py)
+            from spotlight.runtime.ray_sp import RaySPExecutor
+        self.executor = (RaySPExecutor if rt.sp_degree > 1 else RayExecutor)(
+            self.cfg, self.queue_actor, self.version, self.learner.weights.remote(),
+            self.clock, home=home, gpus=self.cluster.gpus if self.cluster else None)
+        nodes = self.cluster.nodes() if self.cluster else fleet_nodes(rt.ondemand_workers, rt.spot_workers)
+        self.engine = FleetEngine(self.clock, self.queue, self.executor, nodes,
                                   actions=[FleetAction(a.at_s, f"spot{a.slot}", a.action) for a in self.actions],
                                   poll_s=_POLL_S)
+        if self.cluster:
+            self.engine.sources.append(self.cluster)
         # The first fleet is up before the replay clock starts, so it starts with workers ready to pull.
         self.engine.start()
         return info
@@ -229,12 +258,25 @@ class RayRuntime:
     def save_final(self, path: Path) -> None:
         ray.get(self.learner.save_final.remote(path))
 
-    def stats(self) -> dict[str, int]:
+    def stats(self) -> dict[str, Any]:
         c = self.engine.counters
-        return scheduler_stats(self.queue.stats(), c["notices"], c["workers_lost"])
+        stats: dict[str, Any] = scheduler_stats(self.queue.stats(), c["notices"], c["workers_lost"])
+        # Which node computed how many requests: where the work went (a node's workers are NODE.*).
+        by_node: dict[str, int] = {}
+        for worker, n in self.queue.completions_by_worker().items():
+            node = worker.rsplit(".", 1)[0]
+            by_node[node] = by_node.get(node, 0) + n
+        stats["requests_by_node"] = dict(sorted(by_node.items()))
+        return stats
 
     def shutdown(self) -> None:
-        self.queue_stats = self.queue.stats()  # the queue's own counters outlive the cluster
+        """Stop what this run started. It runs in the trainer's `finally`, often because a role
+        died: a queue that cannot answer keeps the counters it last gave, and raises nothing that
+        would bury the error that ended the run."""
+        try:
+            self.queue_stats = self.queue.stats()  # the queue's own counters outlive the cluster
+        except (AttributeError, ray.exceptions.RayError):
+            pass
         if self._started_ray:
             ray_cluster.shutdown()
             self._started_ray = False

@@ -22,6 +22,8 @@ import dataclasses
 from collections.abc import Collection
 from typing import Any
 
+import torch
+
 from schedulers.preemption import SigtermSource
 from schedulers.request import Kind, Request
 from spotlight.config import RunConfig
@@ -45,6 +47,7 @@ class RolloutWorker:
         self._explorer: Policy | None = None
 
     def build(self) -> "RolloutWorker":
+        torch.set_num_threads(self.cfg.runtime.torch_threads)  # the same in every role (runtime.torch_threads)
         if self.policy is None:
             self.policy = build_policy(self.cfg)
         self._watch()

@@ -36,7 +36,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from cloud.cost import CostControl, Spent, load_spent, save_spent
 from spotlight.train.cost_control import cost_control
@@ -63,12 +63,12 @@ EVAL_DRAW = -1
 """The evaluation prompts are the draw of this (never trained) iteration index."""
 
 
-def make_runtime(cfg: RunConfig) -> Runtime:
+def make_runtime(cfg: RunConfig, log: Callable[[str], None] = print) -> Runtime:
     if cfg.runtime.kind == "local":
         return LocalRuntime(cfg)
     from spotlight.runtime.ray_runtime import RayRuntime
 
-    return RayRuntime(cfg)
+    return RayRuntime(cfg, log=log)
 
 
 def sample_seeds(step: int, group_size: int) -> list[int]:
@@ -136,7 +136,7 @@ class Trainer:
             if cfg.cloud.inflight_every_s > 0:
                 self.inflight = InflightStore(store, self.log)
         self.prompts = prompt_set(cfg.prompts, cfg.seed)
-        self.runtime = runtime if runtime is not None else make_runtime(cfg)
+        self.runtime = runtime if runtime is not None else make_runtime(cfg, self.log)
         trained = self._warm_start()
         roles = time.perf_counter()
         info = self.runtime.build(self.out / "checkpoints")
@@ -170,14 +170,10 @@ class Trainer:
         sat silent for minutes (2400 steps of experiments/tiny_dit.yaml: ~3.5 min). The weights are
         the learner's own, bit for bit: the same seed before the same `build_policy`, the same cache
         key, and the learner loads the file it would have written (tests/test_cli_rough_edges.py).
-        Not on a cluster joined with --address: its learner may sit on another node, whose cache
-        folder is not this one's."""
+        On a cluster joined with --address too: the learner runs on this controller's node
+        (`spotlight.runtime.ray_fleet`), so its cache folder is this one's."""
         cfg = self.cfg
         if cfg.warm_start.steps == 0 or cache_path(cfg).is_file():
-            return None
-        if cfg.runtime.kind == "ray" and cfg.runtime.address:
-            self.log(f"warm start: {plural(cfg.warm_start.steps, 'step')} to train in the learner actor on the "
-                     f"cluster at {cfg.runtime.address} (its progress is not shown here)")
             return None
         import torch
 
@@ -187,11 +183,10 @@ class Trainer:
         with torch.random.fork_rng(devices=[]):  # this process's RNG is left as it was
             torch.manual_seed(cfg.seed)  # as Learner.build seeds before it builds the policy
             policy = build_policy(cfg)
-            if cfg.runtime.kind == "ray":
-                # One thread, as in the learner actor it stands in for (OMP_NUM_THREADS=1 there; and
-                # measured here, 2 cores shared with other work: 60 tiny-DiT steps took 51 s with two
-                # OpenMP threads, 2.9 s with one — bit-identical weights either way).
-                torch.set_num_threads(1)
+            # The learner's threads, as in the actor it stands in for (measured here, 2 cores
+            # shared with other work: 60 tiny-DiT steps took 51 s with two OpenMP threads, 2.9 s
+            # with one).
+            torch.set_num_threads(cfg.runtime.torch_threads)
             try:
                 return apply_warm_start(policy, cfg, self.prompts, progress=self.progress)
             finally:
@@ -351,8 +346,8 @@ class Trainer:
                             "runtime": self.cfg.runtime.kind, "resumed_from": self.start_step,
                             **self.runtime.stats(), **self.cost.summary(), "stop_reason": self.stop_reason})
         finally:
+            save_spent(self.out, self._spent())  # a crashed session's dollars count too, saved first
             self.runtime.shutdown()
-            save_spent(self.out, self._spent())  # a crashed session's dollars count too
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2))
         # A stop's checkpoint, or a push that failed in the loop: with the run folder complete, the
         # store must now hold the newest checkpoint, or the command fails saying so.

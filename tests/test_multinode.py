@@ -1,0 +1,137 @@
+"""`spotlight train` on a real multi-node Ray cluster (tests/ray_cluster.py: `ray start` nodes on
+loopback, each its own process group): on-demand roles stay on the head, spot executors run on
+every spot node, a drained node gives its work back, a SIGKILLed node's work is re-queued, a node
+that joins gets executors and work — and the run ends bit-identical to a local run of the config."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import ray
+import torch
+from safetensors.torch import load_file
+
+from conftest import small_dit_config
+from ray_cluster import LoopbackCluster
+
+STEPS = 4
+
+
+def _config(**runtime):
+    return small_dit_config(
+        train={"steps": STEPS, "prompts_per_step": 6, "group_size": 4, "checkpoint_every": STEPS},
+        sampler={"num_steps": 12},
+        runtime={"kind": "ray", "spot_workers": 2, "ondemand_workers": 1, **runtime},
+    )
+
+
+def _weights(out):
+    (path,) = (out / "final").glob("*.safetensors")
+    return load_file(str(path))
+
+
+def _actor_nodes() -> dict[str, list[str]]:
+    """Class name -> node ids of the alive actors of this cluster (from the GCS's actor table)."""
+    where: dict[str, list[str]] = {}
+    for a in ray._private.state.actors().values():
+        if a["State"] == "ALIVE":
+            where.setdefault(a["ActorClassName"].rsplit(".", 1)[-1], []).append(a["Address"]["NodeID"])
+    return where
+
+
+def _when_leased(runtime, then) -> threading.Thread:
+    """Call `then()` once the queue has a request leased (mid-rollout), from another thread."""
+    def run():
+        deadline = time.monotonic() + 60
+        while runtime.queue.stats()["leased"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        then()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def _until(done, runtime, logs, timeout_s: float = 90.0) -> None:
+    """Let the engine follow the cluster (between phases) until `done()`."""
+    deadline = time.monotonic() + timeout_s
+    while not done():
+        assert time.monotonic() < deadline, logs
+        runtime.engine.poll_sources()
+        runtime.engine.settle()
+        time.sleep(0.05)
+
+
+def _drain(address: str, node_id: str) -> None:
+    """What a cloud integration does with a preemption notice: Ray drains the node."""
+    from ray.core.generated import autoscaler_pb2
+
+    gcs = ray._raylet.GcsClient(address=address)
+    accepted, why = gcs.drain_node(node_id, autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_PREEMPTION"),
+                                   "spot interruption (test)", int(time.time() * 1000) + 30_000)
+    assert accepted, why
+
+
+@pytest.mark.slow
+def test_a_cluster_run_follows_its_nodes_and_ends_bit_identical_to_a_local_run(tmp_path):
+    from spotlight.runtime.ray_runtime import RayRuntime
+    from spotlight.train.trainer import Trainer
+
+    local = Trainer(_config(kind="local"), tmp_path / "local", progress=False).build().train()
+    assert local["requests_lost"] == 0
+
+    with LoopbackCluster() as cluster:
+        spot_a = cluster.add_node({"spot": 1}, name="spot-a")
+        spot_b = cluster.add_node({"spot": 1}, name="spot-b")
+        cfg = _config(address=cluster.address)
+        runtime = RayRuntime(cfg, log=lambda msg: logs.append(msg))
+        logs: list[str] = []
+        seen: dict[str, object] = {}
+        rollout = runtime.rollout
+        calls = []
+
+        def node_id(ip: str) -> str:
+            (nid,) = [n["NodeID"] for n in ray.nodes() if n["Alive"] and n["NodeManagerAddress"] == ip]
+            return nid
+
+        def disturbed_rollout(requests, *args, **kwargs):
+            calls.append(len(calls))
+            it = len(calls) - 1
+            if it == 0:
+                seen["placement"] = _actor_nodes()
+                seen["ids"] = {n.name: node_id(n.ip) for n in (cluster.head, spot_a, spot_b)}
+            elif it == 1:  # a notice first: Ray drains spot-a mid-rollout, which then dies
+                seen["drain"] = _when_leased(runtime, lambda: _drain(cluster.address, seen["ids"]["spot-a"]))
+            elif it == 2:  # a new spot node joins; then spot-b dies without notice mid-rollout
+                seen["drain"].join()
+                _until(lambda: any(n.noticed for n in runtime.engine.nodes.values()), runtime, logs)
+                cluster.kill(spot_a)
+                spot_c = cluster.add_node({"spot": 1}, name="spot-c")
+                _until(lambda: any(w.spot and spot_c.ip in w.nodes[0] and w.phase.value == "idle"
+                                   for w in runtime.engine.workers.values()), runtime, logs)
+                seen["spot_c"] = spot_c
+                seen["kill"] = _when_leased(runtime, lambda: cluster.kill(spot_b))
+            return rollout(requests, *args, **kwargs)
+
+        runtime.rollout = disturbed_rollout
+        summary = Trainer(cfg, tmp_path / "cluster", progress=False, log=logs.append).build(runtime).train()
+        seen["kill"].join()
+
+    ids = seen["ids"]
+    placement = seen["placement"]
+    for role in ("Learner", "_QueueActor", "RewardWorker"):
+        assert placement[role] == [ids["head"]], (role, placement, ids)
+    workers = placement["RolloutWorker"]
+    assert sorted(workers) == sorted([ids["head"], ids["spot-a"], ids["spot-b"]]), (placement, ids)
+
+    assert summary["requests_lost"] == 0 and summary["requests_duplicated"] == 0, summary
+    assert summary["preemptions"] >= 1 and summary["workers_lost"] >= 1, (summary, logs)
+    assert summary["requests_completed"] == local["requests_completed"]
+    by_node = summary["requests_by_node"]
+    assert any(seen["spot_c"].ip in node and n > 0 for node, n in by_node.items()), (by_node, logs)
+    assert any("joined" in line for line in logs) and any("drained" in line for line in logs), logs
+
+    a, b = _weights(tmp_path / "local"), _weights(tmp_path / "cluster")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
