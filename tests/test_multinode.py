@@ -135,3 +135,42 @@ def test_a_cluster_run_follows_its_nodes_and_ends_bit_identical_to_a_local_run(t
 
     a, b = _weights(tmp_path / "local"), _weights(tmp_path / "cluster")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.slow
+def test_no_spot_capacity_is_said_in_one_line_then_falls_back_or_waits_visibly(tmp_path):
+    from spotlight.train.trainer import Trainer
+
+    with LoopbackCluster() as cluster:  # the head alone: nothing advertises `spot`
+        cfg = _config(address=cluster.address, ondemand_workers=0, spot_workers=1, spot_wait_s=2.0,
+                      spot_fallback=True)
+        logs: list[str] = []
+        start = time.monotonic()
+        summary = Trainer(cfg, tmp_path / "fallback", progress=False, log=logs.append).build().train()
+        said = [line for line in logs if line.startswith("no spot capacity")]
+        assert len(said) == 1 and "runtime.spot_fallback" in said[0] and "\n" not in said[0], logs
+        assert summary["requests_lost"] == 0 and summary["steps"] == STEPS
+        assert list(summary["requests_by_node"]) == [next(n for n in summary["requests_by_node"])]
+        assert next(iter(summary["requests_by_node"])).startswith("fallback@127.0.0.2")
+        assert time.monotonic() - start < 120
+
+        # Without the fallback the run waits, saying so every spot_wait_s, until a spot node joins.
+        cfg = _config(address=cluster.address, ondemand_workers=0, spot_workers=1, spot_wait_s=1.0,
+                      spot_fallback=False)
+        logs = []
+        joined = threading.Event()
+
+        def join_when_said():
+            while sum(line.startswith("no spot capacity") for line in logs) < 2:
+                time.sleep(0.05)
+            cluster.add_node({"spot": 1}, name="late-spot")
+            joined.set()
+
+        thread = threading.Thread(target=join_when_said, daemon=True)
+        thread.start()
+        summary = Trainer(cfg, tmp_path / "wait", progress=False, log=logs.append).build().train()
+        thread.join()
+        waited = [line for line in logs if line.startswith("no spot capacity")]
+        assert len(waited) >= 2 and all("waiting for a spot node" in line for line in waited), logs
+        assert joined.is_set() and summary["requests_lost"] == 0 and summary["steps"] == STEPS
+        assert all(node.startswith("spot@127.0.0.3") for node in summary["requests_by_node"]), summary
