@@ -223,6 +223,10 @@ def check_train_inputs(cfg: RunConfig, args: argparse.Namespace, out: Path) -> N
                                   f"CUDA device{'s' if count != 1 else ''} here (expected {have})")
     if args.preemption_trace and cfg.runtime.kind != "ray":
         raise ConfigError("--preemption-trace: replaying preemptions needs --runtime ray")
+    if cfg.runtime.kind == "ray" and cfg.runtime.address:
+        from spotlight.runtime import ray_cluster
+
+        ray_cluster.check(cfg.runtime)  # reachable, and auth that matches: before the warm start, not after
     if args.preemption_trace and cfg.runtime.address:
         raise ConfigError("--preemption-trace: a trace replays on the cluster a run starts for itself; joined to a "
                           "cluster (--address), the fleet is that cluster's own nodes")

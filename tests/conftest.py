@@ -1,7 +1,11 @@
 import os
 
-import pytest
-import torch
+# Ray's auth mode, explicit for every Ray these tests start themselves (`ray.init(address="local")`
+# with it unset turns token auth on and writes ~/.ray/auth_token). Before `import ray`: Ray reads it once.
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 from spotlight.config import default_config
 

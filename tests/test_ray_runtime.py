@@ -13,7 +13,7 @@ from spotlight.runtime.ray_runtime import RayRuntime
 from schedulers.traces import ReplayAction, load_trace, replay_schedule
 from spotlight.train.trainer import Trainer
 
-from conftest import small_dit_config
+from conftest import small_dit_config, small_llm_config
 
 TRACES = Path(__file__).resolve().parents[1] / "experiments" / "traces"
 SPOT = 4
@@ -123,3 +123,40 @@ def test_workers_killed_from_outside_are_detected_and_their_work_resumed(tmp_pat
     assert summary["workers_lost"] == 2, summary
     assert summary["requests_lost"] == 0 and summary["requests_duplicated"] == 0
     _assert_same_weights(weights, base_weights)
+
+
+@pytest.mark.slow
+def test_a_dead_role_surfaces_as_itself_once_and_the_spending_is_saved(tmp_path):
+    """The learner and the queue die mid-run (as on a lost node): the run ends with the learner's
+    own error — not the shutdown's call to the dead queue on top of it — and what it spent is kept."""
+    import ray
+
+    from cloud.cost import SPENT_FILE
+
+    cfg = small_dit_config(train={"steps": 3, "prompts_per_step": 2, "group_size": 2},
+                           runtime={"kind": "ray", "spot_workers": 1, "ondemand_workers": 1})
+    runtime = RayRuntime(cfg)
+    update = runtime.update
+
+    def dying_update(*args, **kwargs):
+        ray.kill(runtime.queue_actor, no_restart=True)
+        ray.kill(runtime.learner, no_restart=True)
+        return update(*args, **kwargs)
+
+    runtime.update = dying_update
+    with pytest.raises(ray.exceptions.RayActorError) as err:
+        Trainer(cfg, tmp_path / "run", progress=False).build(runtime).train()
+    assert err.value.__context__ is None or not isinstance(err.value.__context__, ray.exceptions.RayActorError)
+    assert (tmp_path / "run" / SPENT_FILE).is_file() and not ray.is_initialized()
+
+
+@pytest.mark.slow
+def test_local_and_ray_runs_of_an_llm_config_end_bit_identical(tmp_path):
+    """By default (runtime.torch_threads: 1 in every role and in the local runtime's process)."""
+    runs = {}
+    for kind in ("local", "ray"):
+        cfg = small_llm_config(train={"steps": 3}, runtime={"kind": kind, "spot_workers": 1, "ondemand_workers": 1})
+        Trainer(cfg, tmp_path / kind, progress=False).build().train()
+        (weights,) = (tmp_path / kind / "final").glob("*.safetensors")
+        runs[kind] = load_file(str(weights))
+    _assert_same_weights(runs["local"], runs["ray"])

@@ -160,7 +160,7 @@ class ClusterFleet:
                     engine.restart(name)
         for node_id, deadline_ms in draining_nodes().items():
             name = self.names.get(node_id)
-            if name is not None and node_id not in self._drained and engine.nodes[name].alive:
+            if name in engine.nodes and node_id not in self._drained and engine.nodes[name].alive:
                 self._drained.add(node_id)
                 self.log(f"node {name} is being drained: its rollout executors give their requests back")
                 engine.notice(name, PreemptionNotice(Cause.RAY_DRAIN, None, name,

@@ -49,6 +49,8 @@ from spotlight.runtime.ray_fleet import ClusterFleet, placement
 from schedulers.traces import ReplayAction
 
 _POLL_S = 0.01
+_GONE = (ray.exceptions.RayActorError, ray.exceptions.ActorUnschedulableError)
+"""What a call to a worker raises when its actor is gone, or could not be placed (its node is)."""
 
 # The actor facades, made once (each `ray.remote` call re-exports the class). num_cpus=0: the
 # roles share the node's cores and torch runs one thread in each.
@@ -82,14 +84,17 @@ class RayExecutor:
     the node lives on)."""
 
     def __init__(self, cfg: RunConfig, queue: Any, version: int, weights: Any, clock: Any,
-                 home: str | None = None, gpus: Any = None) -> None:
-        self.cfg, self.queue, self.clock = cfg, queue, clock
+                 home: str | None = None, gpus: Any = None, log: Callable[[str], None] = print) -> None:
+        self.cfg, self.queue, self.clock, self.log = cfg, queue, clock, log
         self.version, self.weights = version, weights
         self.home = home
         """The node a worker of a replayed fleet runs on (the one-node local cluster's)."""
         self.gpus = gpus or (lambda node_id: 0)
         self._starting: dict[Any, Worker] = {}
         self._serving: dict[Any, Worker] = {}
+        self._since: dict[Any, float] = {}
+        """When each starting worker was asked for: one Ray cannot place within
+        `runtime.spot_wait_s` counts as gone (no silent wait on an actor that never starts)."""
 
     def start(self, node: Node, spot: bool) -> list[Worker]:
         local = node.cluster_id is None
@@ -102,7 +107,8 @@ class RayExecutor:
             # Actor calls from one caller run in order: build, then the weights, then (later) serve.
             actor.build.remote()
             worker = Worker(name, (node.name,), spot, handle=actor)
-            self._starting[actor.set_weights.remote(self.version, self.weights)] = worker
+            ref = actor.set_weights.remote(self.version, self.weights)
+            self._starting[ref], self._since[ref] = worker, self.clock.now()
             workers.append(worker)
         return workers
 
@@ -124,6 +130,7 @@ class RayExecutor:
         for refs in (self._starting, self._serving):
             for ref in [r for r, w in refs.items() if w is worker]:
                 del refs[ref]
+                self._since.pop(ref, None)
 
     def publish(self, version: int, weights: Any, workers: list[Worker]) -> None:
         """New weights for every worker (and every worker started from now on)."""
@@ -134,21 +141,33 @@ class RayExecutor:
     def wait(self, until: float | None, pending: Any = ()) -> list[Any]:
         watched = [*self._starting, *self._serving]
         timeout = None if until is None else max(0.0, until - self.clock.now())
+        if self._since:  # wake up when the oldest starting worker runs out of time to start
+            left = max(0.0, min(self._since.values()) + self.cfg.runtime.spot_wait_s - self.clock.now()) + 0.01
+            timeout = left if timeout is None else min(timeout, left)
         if not watched and not pending:
             self.clock.sleep(_POLL_S if timeout is None else timeout)
             return []
         ray.wait(watched + [p.ref for p in pending], num_returns=1, timeout=timeout)
         ready = ray.wait(watched, num_returns=len(watched), timeout=0)[0] if watched else []
         events: list[Any] = []
+        now = self.clock.now()
+        for ref in [r for r, t in self._since.items() if r not in ready and now - t > self.cfg.runtime.spot_wait_s]:
+            worker = self._starting.pop(ref)
+            del self._since[ref]
+            ray.kill(worker.handle, no_restart=True)
+            self.log(f"rollout executor {worker.name} did not start within {self.cfg.runtime.spot_wait_s:.0f} s "
+                     "(runtime.spot_wait_s: Ray could not place it): counted as lost")
+            events.append(Died(worker.name, worker.nodes))
         for ref in ready:
             if ref in self._starting:
                 worker = self._starting.pop(ref)
+                del self._since[ref]
                 events.append(Ready(worker) if self._ended(ref) else Died(worker.name, worker.nodes))
             elif ref in self._serving:
                 worker = self._serving.pop(ref)
                 try:
                     events.append(Served(worker.name, noticed=ray.get(ref)["noticed"]))
-                except ray.exceptions.RayActorError:  # died on its own (node lost): no notice came
+                except _GONE:  # died on its own (node lost): no notice came
                     events.append(Died(worker.name, worker.nodes))
         return events
 
@@ -157,7 +176,7 @@ class RayExecutor:
         try:
             ray.get(ref)
             return True
-        except ray.exceptions.RayActorError:
+        except _GONE:
             return False
 
 
@@ -196,7 +215,7 @@ class RayRuntime:
             from spotlight.runtime.ray_sp import RaySPExecutor
         self.executor = (RaySPExecutor if rt.sp_degree > 1 else RayExecutor)(
             self.cfg, self.queue_actor, self.version, self.learner.weights.remote(),
-            self.clock, home=home, gpus=self.cluster.gpus if self.cluster else None)
+            self.clock, home=home, gpus=self.cluster.gpus if self.cluster else None, log=self.log)
         nodes = self.cluster.nodes() if self.cluster else fleet_nodes(rt.ondemand_workers, rt.spot_workers)
         self.engine = FleetEngine(self.clock, self.queue, self.executor, nodes,
                                   actions=[FleetAction(a.at_s, f"spot{a.slot}", a.action) for a in self.actions],
