@@ -152,6 +152,7 @@ def test_no_spot_capacity_is_said_in_one_line_then_falls_back_or_waits_visibly(t
         assert summary["requests_lost"] == 0 and summary["steps"] == STEPS
         assert list(summary["requests_by_node"]) == [next(n for n in summary["requests_by_node"])]
         assert next(iter(summary["requests_by_node"])).startswith("fallback@127.0.0.2")
+        assert summary["fleet"] == {"ondemand_nodes": 1, "spot_nodes": 0}  # the meter pays for the head alone
         assert time.monotonic() - start < 120
 
         # Without the fallback the run waits, saying so every spot_wait_s, until a spot node joins.

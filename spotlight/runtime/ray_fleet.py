@@ -32,6 +32,7 @@ from typing import Any
 
 import ray
 
+from cloud.cost import Fleet
 from schedulers.clock import Clock
 from schedulers.fleet import FleetEngine, Node
 from schedulers.preemption import Cause, PreemptionNotice
@@ -103,10 +104,11 @@ class ClusterFleet:
         self._polled = clock.now()
         self._drained: set[str] = set()
         self._suspect: dict[str, float] = {}
-        """Node id -> when a node the engine counts gone was first seen alive in Ray."""
+        """Engine node name -> when a node the engine counts gone was first seen alive in Ray."""
         self._no_spot_since: float | None = None if self._spot_nodes() else clock.now()
         self._no_spot_said: float | None = None
-        self.fell_back = False
+        self.fallback: str | None = None
+        """The engine node of the rollout workers started on the controller's node for want of spot."""
 
     # ---- the first fleet --------------------------------------------------------------------
 
@@ -120,6 +122,12 @@ class ClusterFleet:
         fleet = [self._node(n, devices=counts[n.id]) for n in ondemand if counts[n.id]]
         fleet += [self._node(n, devices=n.spot_units) for n in self._spot_nodes()]
         return fleet
+
+    def paid_fleet(self) -> Fleet:
+        """What the cluster bills now: each alive node an instance, on-demand or spot (the cost
+        meter's fleet on a joined cluster, in place of the configured one)."""
+        alive = alive_nodes().values()
+        return Fleet(ondemand=sum(not n.spot for n in alive), spot=sum(n.spot for n in alive))
 
     def gpus(self, node_id: str | None) -> int:
         n = self.known.get(node_id) if node_id else None
@@ -148,16 +156,17 @@ class ClusterFleet:
             if n is None:
                 continue
             if node_id not in alive:
-                self._suspect.pop(node_id, None)
+                self._suspect.pop(name, None)
                 if n.alive:
                     self.log(f"node {name} is gone: its rollout executors are lost, their requests re-queued")
                     engine.kill(name)
             elif not n.alive and not n.noticed:  # a worker of it died, yet Ray says the node lives
-                since = self._suspect.setdefault(node_id, now)
-                if now - since >= RESTART_AFTER_S:
-                    del self._suspect[node_id]
-                    self.log(f"node {name} outlived its rollout executor: starting them again")
-                    engine.restart(name)
+                self._restart_later(engine, name, now)
+            else:
+                self._suspect.pop(name, None)
+        fallback = engine.nodes.get(self.fallback) if self.fallback else None
+        if fallback is not None and self.controller in alive and not fallback.alive:
+            self._restart_later(engine, self.fallback, now)
         for node_id, deadline_ms in draining_nodes().items():
             name = self.names.get(node_id)
             if name in engine.nodes and node_id not in self._drained and engine.nodes[name].alive:
@@ -176,8 +185,16 @@ class ClusterFleet:
             del self.known[node_id]
         self._no_spot(engine, now)
 
+    def _restart_later(self, engine: FleetEngine, name: str, now: float) -> None:
+        """Start node `name`'s executors again once it has outlived them for `RESTART_AFTER_S`."""
+        since = self._suspect.setdefault(name, now)
+        if now - since >= RESTART_AFTER_S:
+            del self._suspect[name]
+            self.log(f"node {name} outlived its rollout executors: starting them again")
+            engine.restart(name)
+
     def _no_spot(self, engine: FleetEngine, now: float) -> None:
-        if self.rt.spot_workers == 0 or self.fell_back or not engine.spot_allowed or any(
+        if self.rt.spot_workers == 0 or self.fallback or not engine.spot_allowed or any(
                 n.spot and n.alive for n in engine.nodes.values()):
             self._no_spot_since = self._no_spot_said = None
             return
@@ -189,13 +206,12 @@ class ClusterFleet:
             return
         self._no_spot_said = now
         if self.rt.spot_fallback:
-            self.fell_back = True
             here = self.known[self.controller]
+            self.fallback = f"fallback@{here.ip}#{here.id[:6]}"
             self.log(f"no spot capacity for {waited:.0f} s (no node advertises `{SPOT_RESOURCE}`): starting "
                      f"{self.rt.spot_workers} rollout worker(s) on the on-demand node {here.ip} in its place "
                      "(runtime.spot_fallback)")
-            engine.add(f"fallback@{here.ip}#{here.id[:6]}", spot=False, devices=self.rt.spot_workers,
-                       cluster_id=here.id)
+            engine.add(self.fallback, spot=False, devices=self.rt.spot_workers, cluster_id=here.id)
         else:
             self.log(f"no spot capacity for {waited:.0f} s (no node advertises `{SPOT_RESOURCE}`): waiting for a "
                      f"spot node to join (runtime.spot_fallback: false; Ctrl-C stops the run)")

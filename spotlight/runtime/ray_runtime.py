@@ -49,6 +49,10 @@ from spotlight.runtime.ray_fleet import ClusterFleet, placement
 from schedulers.traces import ReplayAction
 
 _POLL_S = 0.01
+START_TIMEOUT_S = 300.0
+"""A rollout worker Ray has not placed and started this long after it was asked for counts as
+lost (its node is then started again by `ClusterFleet`): no silent wait on an actor that never
+starts. Starting takes seconds (imports, the policy); a cold node pulling a container, minutes."""
 _GONE = (ray.exceptions.RayActorError, ray.exceptions.ActorUnschedulableError)
 """What a call to a worker raises when its actor is gone, or could not be placed (its node is)."""
 
@@ -93,8 +97,7 @@ class RayExecutor:
         self._starting: dict[Any, Worker] = {}
         self._serving: dict[Any, Worker] = {}
         self._since: dict[Any, float] = {}
-        """When each starting worker was asked for: one Ray cannot place within
-        `runtime.spot_wait_s` counts as gone (no silent wait on an actor that never starts)."""
+        """When each starting worker was asked for (`START_TIMEOUT_S`)."""
 
     def start(self, node: Node, spot: bool) -> list[Worker]:
         local = node.cluster_id is None
@@ -142,7 +145,7 @@ class RayExecutor:
         watched = [*self._starting, *self._serving]
         timeout = None if until is None else max(0.0, until - self.clock.now())
         if self._since:  # wake up when the oldest starting worker runs out of time to start
-            left = max(0.0, min(self._since.values()) + self.cfg.runtime.spot_wait_s - self.clock.now()) + 0.01
+            left = max(0.0, min(self._since.values()) + START_TIMEOUT_S - self.clock.now()) + 0.01
             timeout = left if timeout is None else min(timeout, left)
         if not watched and not pending:
             self.clock.sleep(_POLL_S if timeout is None else timeout)
@@ -151,12 +154,12 @@ class RayExecutor:
         ready = ray.wait(watched, num_returns=len(watched), timeout=0)[0] if watched else []
         events: list[Any] = []
         now = self.clock.now()
-        for ref in [r for r, t in self._since.items() if r not in ready and now - t > self.cfg.runtime.spot_wait_s]:
+        for ref in [r for r, t in self._since.items() if r not in ready and now - t > START_TIMEOUT_S]:
             worker = self._starting.pop(ref)
             del self._since[ref]
             ray.kill(worker.handle, no_restart=True)
-            self.log(f"rollout executor {worker.name} did not start within {self.cfg.runtime.spot_wait_s:.0f} s "
-                     "(runtime.spot_wait_s: Ray could not place it): counted as lost")
+            self.log(f"rollout executor {worker.name} did not start within {START_TIMEOUT_S:.0f} s (Ray could not "
+                     "place or start it): counted as lost")
             events.append(Died(worker.name, worker.nodes))
         for ref in ready:
             if ref in self._starting:

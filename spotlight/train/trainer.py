@@ -140,6 +140,10 @@ class Trainer:
         trained = self._warm_start()
         roles = time.perf_counter()
         info = self.runtime.build(self.out / "checkpoints")
+        cluster = getattr(self.runtime, "cluster", None)
+        if cluster is not None:  # a joined cluster: the meter pays for its nodes as they come and go
+            self.runtime.engine.on_fleet = lambda: self.cost.meter.set_fleet(cluster.paid_fleet())
+            self.runtime.engine.on_fleet()
         self.warm, self.start_step = trained or info["warm_start"], info["step"]
         # Starting the roles, warm-start training aside: what replacing the workers would take.
         self._restart_s = time.perf_counter() - roles - info["warm_start"].get("seconds", 0.0)
