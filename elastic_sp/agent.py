@@ -18,7 +18,8 @@ the `Agent` interface below: it waits on the agent's `waitables()` and reads wha
 `receive()` — the members' reports, and `Lost` for a member that died. `NodeAgent` is the agent
 in the coordinator's own process (one node, or tests); `agent_server.RemoteAgent` is the same
 interface over a connection to an agent that runs as its own long-lived process on its node (a
-signed connection carrying data only: `signed_connection`). Between an agent and its members,
+signed connection carrying data only: `signed_connection`); `ray_agent.RayAgent` is it over Ray
+calls to an agent hosted in a Ray actor on its node (what `spotlight train` uses). Between an agent and its members,
 messages are pickles on pipes (`protocol.Channel`): those pipes join processes the agent itself
 started on the same node and never cross a network.
 """
@@ -106,6 +107,11 @@ class Agent(Protocol):
         """A command to member `name`; a dead member's loss is reported by `receive`, not here."""
         ...
 
+    def publish(self, version: int, state: Any) -> None:
+        """New weights `state` (version `version`) become the node's live copy, and every live
+        member loads them after what it was told before (`agent_server.RemoteAgent`: not supported)."""
+        ...
+
     def kill(self, name: str) -> None: ...
 
     def stop(self, name: str, timeout_s: float = 5.0) -> None: ...
@@ -169,9 +175,10 @@ class NodeAgent:
         from elastic_sp.member import member_main
 
         weights = self.weights.tensors if source == "node" and self.weights is not None else None
+        version = self.weights.version if weights is not None else None
         checkpoint = self.checkpoint if source == "checkpoint" else None
         proc = ctx.Process(target=member_main, name=f"sp-member-{name}", daemon=True,
-                           args=(name, self.spec, theirs, device, weights, checkpoint, started))
+                           args=(name, self.spec, theirs, device, weights, checkpoint, started, version))
         with _child_env():
             proc.start()
         theirs.close()
@@ -184,6 +191,16 @@ class NodeAgent:
         """Keep `tensors` (shared memory a member exported) as the node's live copy."""
         if self.weights is None:
             self.weights = NodeWeights(tensors, version)
+
+    def publish(self, version: int, state: dict[str, Any]) -> None:
+        """New weights: `state` becomes the node's live copy (version `version`), and every live
+        member loads it after whatever it was told before (`protocol.Load`); members started from
+        now on copy it. The previous copy is freed once no member maps it."""
+        self.weights = NodeWeights.share(state, version)
+        for h in self.members.values():
+            if h.alive:
+                with contextlib.suppress(OSError, ValueError):  # its death is reported by receive
+                    h.channel.send(P.Load(version, self.weights.tensors), shared=True)
 
     def send(self, name: str, msg: Any) -> None:
         with contextlib.suppress(OSError, ValueError):  # a closed pipe: its death is reported by receive

@@ -439,6 +439,10 @@ class RemoteAgent:
     def send(self, name: str, msg: Any) -> None:
         self._post(ToMember(name, msg))
 
+    def publish(self, version: int, state: Any) -> None:
+        raise NotImplementedError(f"agent server of node {self.node}: publishing new weights goes through Ray "
+                                  "(elastic_sp.ray_agent); an agent server serves the weights it started with")
+
     def kill(self, name: str) -> None:
         self._post(Kill(name))
 

@@ -17,11 +17,14 @@ A new member's weights come from its node's live copy, else over its first group
 that has them (and it then exports them to its node), and only with no live copy anywhere from
 the checkpoint store.
 
-A group computes one request at a time; it *leases* it from the `PullQueue` under its name and
+A group computes one request at a time; it *leases* it from the pull queue under its name and
 commits after every step (rank 0 reports the step's new trajectory entries and log-probs, which
 the coordinator appends to the committed `SampleState` and checkpoints into the queue), so a group
 that breaks loses at most the step in flight, and the group that resumes the request continues
-bit-identically from the committed step (the sampler's noise is a function of the step).
+bit-identically from the committed step (the sampler's noise is a function of the step). The last
+step completes it with the committed `SampleState`, or with `spec.finish` with what rank 0
+computed from it (the builder's `finish`: what a single-process worker commits). The queue is a
+`GroupQueue`: a `PullQueue` in this process, or the run's queue actor through its client (Ray).
 
 Group lifecycle (`GroupPhase`): FORMING -> READY once every member reported Formed; READY -> BUSY on
 a lease; BUSY -> READY on completion; any -> dissolved (broken, re-planned, or retired).
@@ -38,12 +41,12 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from enum import Enum
 from multiprocessing.connection import wait as wait_any
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -58,13 +61,34 @@ from elastic_sp.regroup_policy import (
 )
 from elastic_sp.spec import ServeSpec
 from schedulers.clock import Clock, WallClock
-from schedulers.queue import Lease, PullQueue
+from schedulers.queue import Lease
 from schedulers.request import Kind
 from schedulers.sample_state import SampleState
 
 BROKEN_GRACE_S = 0.02
 """How long a group that broke by itself waits for the death behind it to be reported (20 ms: a
 SIGKILLed process's sockets reset at exit, its sentinel fires microseconds to milliseconds later)."""
+
+
+class GroupQueue(Protocol):
+    """What the coordinator asks of the pull queue: `schedulers.queue.PullQueue` in this process,
+    or `schedulers.queue_actor.QueueClient`, the same calls on the run's queue actor (Ray)."""
+
+    def pull(self, worker: str, max_requests: int = 1, kinds: Collection[Kind] | None = None,
+             weight_version: int | None = None) -> list[Lease]: ...
+
+    def heartbeat(self, worker: str, progress: dict[str, int] | None = None,
+                  report_cancelled: bool = False) -> Any: ...
+
+    def checkpoint(self, worker: str, request_id: str, state: Any, step: int) -> bool: ...
+
+    def give_back(self, worker: str, request_id: str, state: Any, step: int) -> bool: ...
+
+    def complete(self, worker: str, request_id: str, result: Any) -> bool: ...
+
+    def worker_lost(self, worker: str) -> list[str]: ...
+
+    def stats(self) -> dict[str, int]: ...
 
 
 class MemberFailed(RuntimeError):
@@ -116,7 +140,7 @@ class Event:
 
 
 class Coordinator:
-    def __init__(self, spec: ServeSpec, agents: Sequence[Agent], queue: PullQueue,
+    def __init__(self, spec: ServeSpec, agents: Sequence[Agent], queue: GroupQueue,
                  step_time: StepTimeModel | None = None, clock: Clock | None = None,
                  max_tokens_per_device: int | None = None, auto_regroup: bool = True,
                  weight_version: int | None = None, engine_driven: bool = False) -> None:
@@ -142,6 +166,12 @@ class Coordinator:
         self._generations = itertools.count(1)
         self._replan_at: float | None = None
         """When a deferred re-plan is due (after a group reported itself broken)."""
+        self.regroups: list[float] = []
+        """Seconds of every in-place regroup: a group formed (READY) with a member whose group was
+        dissolved, from that dissolution (the earliest, among its members) — the member's death or
+        notice seen, a re-plan, a cancel — to the new group ready; its process, model and weights stayed."""
+        self._left: dict[str, float] = {}
+        """Member -> when the group it was in was dissolved (until it is in a formed group again)."""
 
     # ---- membership -----------------------------------------------------------------------------
 
@@ -387,6 +417,10 @@ class Coordinator:
                 self._event("formed", group=g.name, generation=g.generation, degree=g.degree,
                             rendezvous_s=max(f.rendezvous_s for f in g.formed.values()),
                             weights_s=max(f.weights_s for f in g.formed.values()))
+                left = [self._left.pop(m) for m in g.members if m in self._left]
+                if left:  # re-formed in place from members of dissolved groups
+                    self.regroups.append(self.clock.now() - min(left))
+                    self._event("regrouped", group=g.name, seconds=self.regroups[-1])
                 self._dispatch()
         elif isinstance(msg, P.Committed):
             self._on_committed(h, msg)
@@ -424,11 +458,12 @@ class Coordinator:
                                         trajectory=torch.cat([g.committed.trajectory, msg.latents], dim=1),
                                         log_probs=torch.cat([g.committed.log_probs, msg.log_probs], dim=1))
         g.committed = state
-        final = msg.step >= self.spec.num_steps
+        final = msg.step >= self.spec.steps(req.kind)
         self._event("committed", group=g.name, generation=g.generation, degree=g.degree, request=req.id,
                     step=msg.step)
         if final:
-            self.queue.complete(g.name, req.id, state)  # refused if cancelled meanwhile: nothing lost
+            # Refused if cancelled meanwhile: nothing lost. With `spec.finish`, rank 0 sent the result.
+            self.queue.complete(g.name, req.id, msg.result if msg.result is not None else state)
             g.lease, g.committed, g.phase = None, None, GroupPhase.READY
             self._event("completed", group=g.name, request=req.id)
         elif g.draining:
@@ -461,6 +496,7 @@ class Coordinator:
         """Member `h` died (its agent has collected it)."""
         h.alive = False
         self.retiring.discard(h.name)
+        self._left.pop(h.name, None)
         self._event("lost", member=h.name, exitcode=h.exitcode)
         g = self.groups.get(self.group_of.get(h.name, ""))
         if g is not None:
@@ -472,6 +508,7 @@ class Coordinator:
         h = self.members[name]
         self.agents[h.node].stop(name)
         self.retiring.discard(name)
+        self._left.pop(name, None)
         self._event("stopped", member=name)
 
     def _dissolve(self, g: GroupState, reason: str, lost: bool = False) -> None:
@@ -481,11 +518,14 @@ class Coordinator:
         if self.groups.pop(g.name, None) is None:
             return
         requeued = self.queue.worker_lost(g.name) if g.lease is not None else []
+        now = self.clock.now()
         for m in g.members:
             if self.group_of.get(m) == g.name:
                 del self.group_of[m]
             if self.members[m].alive:
                 self._send(m, P.Halt(g.generation))
+                if g.phase is not GroupPhase.FORMING:  # a group that never formed was no group to leave
+                    self._left.setdefault(m, now)
         g.store = None
         self._event("dissolved", group=g.name, generation=g.generation, reason=reason, requeued=requeued,
                     lost=lost)

@@ -32,15 +32,17 @@ formed the groups it re-planned (a rendezvous, ~0.08 s at degree 2 on CPU), so t
 look finds them. The ends of groups a re-plan replaced are reported with the new groups, not before
 (`_collect`): the engine never sees a fleet emptier than it is.
 
-Limits (the next issue puts SP groups in `spotlight train`): the members hold the weights they
-started with (`version`): serving another version is an error, there is no publishing yet; an
-exploration request is sampled like a rollout (members have no exploration sampler), so
-`exploration.num_steps` and `exploration.ode` must be left unset (the spec carries them as
-`explore_num_steps`, `explore_ode`); a result is the committed `SampleState` (trajectory and
-log-probs; nothing decoded).
+Weights: `publish(version, state)` hands every live node's agent the new weights (it makes them
+the node's live copy and its members load them after what they were told before: `protocol.Load`),
+and the groups serve that version from then on; serving another version than the one published is
+an error. An exploration request is sampled with the builder's explorer (`exploration.num_steps`,
+`exploration.ode`). A result is the committed `SampleState` (trajectory and log-probs; nothing
+decoded), or with `spec.finish` what the builder's `finish` makes of it (`spotlight train` on Ray:
+`spotlight.runtime.ray_sp`, whose agents are Ray actors, `ray_agent`).
 
 Invariants (tests/test_fleet_contract.py: the contract's scenario beside the in-process, Ray and
-modelled executors; a notice and a death mid-request; regrouping in place as nodes join and die):
+modelled executors; a notice and a death mid-request; regrouping in place as nodes join and die;
+tests/test_sp_train.py: publishing, exploration's own sampler and `spec.finish` in training runs):
 the same engine and queue counters as every other executor; with degree-1 groups results
 bit-identical to a `RolloutWorker`'s, a request given back or re-queued included; a group is
 reported `Ready` once, and ends with one report — `Served(noticed=True)`, `Died` or `Dissolved` —
@@ -50,6 +52,7 @@ unless the engine ended it first (then none).
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Sequence
+from typing import Any
 
 from elastic_sp.agent import Agent
 from elastic_sp.coordinator import Coordinator, GroupPhase
@@ -66,7 +69,7 @@ class SPExecutor:
     at every join: a preempted node's agent went with it)."""
 
     def __init__(self, coordinator: Coordinator, agent_for: Callable[[Node], Agent], version: int = 0,
-                 start_timeout_s: float = 300.0) -> None:
+                 start_timeout_s: float = 300.0, keep_events: bool = True) -> None:
         if not coordinator.engine_driven:
             raise ValueError("SPExecutor needs a coordinator made with engine_driven=True: the engine decides "
                              "when a group serves")
@@ -82,6 +85,11 @@ class SPExecutor:
         """Node -> the members of its current join."""
         self.workers: dict[str, Worker] = {}
         """Groups reported `Ready` and not yet reported ended, by name."""
+        self.spans: dict[str, tuple[str, ...]] = {}
+        """Every group ever reported `Ready` -> the nodes its members ran on (which node computed what)."""
+        self.keep_events = keep_events
+        """Keep the coordinator's event log (tests and benchmarks read it); False: drop what has
+        been translated (a training run commits an event per step for as long as it runs)."""
         self._seen = 0
         """Coordinator events already translated."""
         self._out: list[Event] = []
@@ -109,9 +117,7 @@ class SPExecutor:
     def serve(self, worker: Worker, kinds: Collection[Kind], version: int) -> bool:
         if version != self.version:
             raise RuntimeError(f"SP group {worker.name} holds weights v{self.version}, asked to serve v{version}: "
-                               f"publishing new weights to SP members is not supported yet")
-        if Kind.EXPLORATION in kinds:
-            self._check_exploration()
+                               f"publish them first")
         if worker.name not in self.coord.groups:
             return True  # dissolved since: its Died / Dissolved is on its way and ends it
         return self.coord.serve(worker.name, sorted(kinds), version)
@@ -176,17 +182,25 @@ class SPExecutor:
         out, self._out = self._out, []
         return out
 
+    def publish(self, version: int, state: Any) -> None:
+        """Weight version `version` (`state`: the weights as the agents take them — a state dict, or
+        on Ray its ObjectRef) for every live node's members, after what they were told before; a
+        node that joins later gets it from `agent_for`. Call it between phases (no group computing)."""
+        for name, agent in self.coord.agents.items():
+            node = self.nodes.get(name)
+            if node is not None and node.alive and any(self.coord.members[m].alive for m in self.node_members[name]):
+                agent.publish(version, state)
+        self.version = version
+
+    def stats(self) -> dict[str, float]:
+        """In-place regroups (`Coordinator.regroups`): how many, and their seconds in all."""
+        return {"sp_regroups": len(self.coord.regroups), "sp_regroup_s": sum(self.coord.regroups)}
+
     def close(self) -> None:
         """Stop every member and agent."""
         self.coord.close()
 
     # ---- internals --------------------------------------------------------------------------------
-
-    def _check_exploration(self) -> None:
-        spec = self.coord.spec
-        if spec.explore_num_steps not in (None, spec.num_steps) or spec.explore_ode:
-            raise ValueError("exploration.num_steps / exploration.ode: SP groups sample exploration requests like "
-                             "rollouts (sampler.num_steps, SDE); leave them unset to explore on SP groups")
 
     def _await_formed(self) -> None:
         self.coord.run_until(lambda: not any(g.phase is GroupPhase.FORMING for g in self.coord.groups.values()),
@@ -206,6 +220,7 @@ class SPExecutor:
                 if g is None or g.generation != e.data["generation"]:
                     continue  # dissolved again before anyone was told
                 nodes = tuple(dict.fromkeys(self.coord.members[m].node for m in g.members))
+                self.spans[g.name] = nodes
                 w = Worker(g.name, nodes, any(self.nodes[n].spot for n in nodes), handle=g.name)
                 self.workers[g.name] = w
                 self._out.append(Ready(w))
@@ -219,6 +234,9 @@ class SPExecutor:
                 if w is not None:  # the engine knows it: tell it how it ended
                     self._ended.append(Died(w.name) if e.data["lost"] else Dissolved(w.name))
         self._seen = len(events)
+        if not self.keep_events:
+            del events[:self._seen]
+            self._seen = 0
         # A re-plan dissolves groups at once and reports the groups it forms a rendezvous later: the
         # engine hears of the ends together with the new groups, so it never sees a fleet emptier
         # than it is (with no worker left it would stop the phase for want of capacity). Meanwhile

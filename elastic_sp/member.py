@@ -3,8 +3,10 @@
 It is started once by its node's agent, builds the transformer and its sampler (through the spec's
 builder, `spec.Builder`: elastic_sp knows only the transformer's attention), takes its weights (an
 intra-node copy of the node's shared-memory weights, the checkpoint on a cold start, or later from
-a peer over its first group), and then executes commands: form a group, run a request, one forward,
-export or digest its weights, stop. Regrouping changes only which process group its collectives
+a peer over its first group), and then executes commands: form a group, run a request (an
+exploration request with the builder's explorer; with `spec.finish`, rank 0 completes it with the
+builder's result), one forward, load a new weight version from the node's live copy, export or
+digest its weights, stop. Regrouping changes only which process group its collectives
 use (`ulysses.apply` swaps the group in place): the process, the model and the weights stay.
 
 A reader thread moves commands from the pipe into an inbox. A Form, Halt or Stop that arrives while
@@ -30,6 +32,7 @@ from elastic_sp import protocol as P
 from elastic_sp import ulysses
 from elastic_sp.group import GroupBroken, Rendezvous, SPGroup, timed_form
 from elastic_sp.spec import Builder, ServeSpec
+from schedulers.request import Kind
 from elastic_sp.weights import (
     NodeWeights,
     copy_into,
@@ -87,14 +90,20 @@ class Member:
         self.policy: Any = None
         self.group = SPGroup.local()
         self.group_name = ""
+        self.version: int | None = None
+        """The weight version held, when known (the node's live copy says; from a checkpoint or a
+        peer it is not)."""
+        self._explorer: Any = None
 
-    def build(self, weights: dict[str, torch.Tensor] | None, checkpoint: str | None, started: float) -> None:
-        """Build the model and take weights: the node's live copy, else the checkpoint, else none
-        yet (a peer sends them when the first group forms)."""
+    def build(self, weights: dict[str, torch.Tensor] | None, checkpoint: str | None, started: float,
+              version: int | None = None) -> None:
+        """Build the model and take weights: the node's live copy (weight version `version`), else
+        the checkpoint, else none yet (a peer sends them when the first group forms)."""
         self.builder = self.spec.builder_module()
         self.model = self.builder.build_model(self.spec).to(self.device)
         if weights is not None:
             copy_into(self.model, weights)
+            self.version = version
             source = "node"
         elif checkpoint is not None:
             copy_into(self.model, load_checkpoint(checkpoint))
@@ -133,6 +142,11 @@ class Member:
             if msg.generation == self.group.generation:
                 self.group.abandon()
                 self.group = SPGroup.local(-1, self.device)
+        elif isinstance(msg, P.Load):
+            # Queued behind the request it may arrive during (Load does not interrupt): the new
+            # weights apply from the next request on, and the node's copy is read, never written.
+            copy_into(self.model, msg.tensors)
+            self.version = msg.version
         elif isinstance(msg, P.Export):
             self.channel.send(P.Exported(self.name, NodeWeights.share(self.model.state_dict()).tensors), shared=True)
         elif isinstance(msg, P.Digest):
@@ -167,23 +181,39 @@ class Member:
         next collective or step boundary (GroupBroken)."""
         self._check_generation(msg.generation)
         req = msg.request
+        if self.version is not None and req.weight_version != self.version:
+            raise RuntimeError(f"member {self.name} holds weights v{self.version}, request {req.id} needs "
+                               f"v{req.weight_version}: weights must be published before serving")
+        policy = self._policy_for(req.kind)
         prompts = [self.builder.prompt(req.prompt_id, req.prompt_text)] * len(req.seeds)
-        state = req.state if req.state is not None else self.policy.init_state(prompts, req.seeds)
+        state = req.state if req.state is not None else policy.init_state(prompts, req.seeds)
         reported_x = 0 if req.state is None else state.trajectory.shape[1]
         reported_lp = state.log_probs.shape[1]
-        while state.step < self.policy.num_steps:
+        while state.step < policy.num_steps:
             if self.inbox.pending():
                 raise GroupBroken(f"group generation {self.group.generation}: re-formed by the agent")
-            state = self.policy.advance(prompts, state, state.step + 1)
+            state = policy.advance(prompts, state, state.step + 1)
             if self.group.rank == 0:
+                result = None
+                if self.spec.finish and state.step >= policy.num_steps:
+                    result = self.builder.finish(self.spec, policy, prompts, state, req.kind)
                 self.channel.send(P.Committed(self.name, msg.generation, req.id, state.step,
                                               state.trajectory[:, reported_x:].cpu(),
-                                              state.log_probs[:, reported_lp:].cpu()))
+                                              state.log_probs[:, reported_lp:].cpu(), result))
                 reported_x, reported_lp = state.trajectory.shape[1], state.log_probs.shape[1]
+
+    def _policy_for(self, kind: Kind) -> Any:
+        """The policy a request of `kind` is sampled with (`spec.Builder.explorer` for exploration)."""
+        if kind is not Kind.EXPLORATION or (self.spec.explore_num_steps is None and not self.spec.explore_ode):
+            return self.policy
+        if self._explorer is None:
+            self._explorer = self.builder.explorer(self.spec, self.policy)
+        return self._explorer
 
 
 def member_main(name: str, spec: ServeSpec, conn: Connection, device: str,
-                weights: dict[str, torch.Tensor] | None, checkpoint: str | None, started: float) -> None:
+                weights: dict[str, torch.Tensor] | None, checkpoint: str | None, started: float,
+                version: int | None = None) -> None:
     """Entry point of a member process (see `agent.NodeAgent.spawn`)."""
     # One intra-op thread per member: several members share a node's cores, and oversubscribed
     # OpenMP pools on 2 cores with 4 members are many times slower than 1 thread each.
@@ -191,7 +221,7 @@ def member_main(name: str, spec: ServeSpec, conn: Connection, device: str,
     channel = P.Channel(conn)
     member = Member(name, spec, channel, device)
     try:
-        member.build(weights, checkpoint, started)
+        member.build(weights, checkpoint, started, version)
     except Exception:
         channel.send(P.Failed(name, traceback.format_exc()))
         os._exit(1)

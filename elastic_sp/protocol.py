@@ -3,12 +3,13 @@
 Commands go to a member, reports come back, one pipe per member. On these pipes messages are
 plain pickles of frozen dataclasses — tensors in them are copied inline, which for a latent is
 cheaper than torch's shared-memory handles (a file descriptor passed per tensor) — except
-`Exported`, whose weights travel as shared-memory handles on purpose (`Channel.send(...,
-shared=True)`). Pickles are safe here because a pipe joins the agent and a member process it
-started itself on the same node: it never crosses a network, and whoever could write into it
-already runs code as the agent. Where these messages do cross a network — between a coordinator
-and an agent server — they travel as data (`cloud.codec`, every class here is in
-`agent_server.WIRE_TYPES`) on a signed connection, never as pickles.
+`Exported` and `Load`, whose weights travel as shared-memory handles on purpose
+(`Channel.send(..., shared=True)`). Pickles are safe here because a pipe joins the agent and a
+member process it started itself on the same node: it never crosses a network, and whoever could
+write into it already runs code as the agent. Where these messages do cross a network — between a
+coordinator and an agent server — they travel as data (`cloud.codec`, every class here but `Load`
+is in `agent_server.WIRE_TYPES`: weights are published only to agents on Ray, `ray_agent`) on a
+signed connection, never as pickles.
 
 Every command and report that concerns a group carries its `generation`: a report from a
 generation that has been re-formed since is stale and ignored.
@@ -80,6 +81,15 @@ class Export:
 
 
 @dataclass(frozen=True)
+class Load:
+    """Take weight version `version` from the node's live copy (`tensors`: shared-memory handles,
+    sent with `Channel.send(..., shared=True)`), after whatever command came before it."""
+
+    version: int
+    tensors: dict[str, torch.Tensor]
+
+
+@dataclass(frozen=True)
 class Digest:
     """Report a hash of the member's weights."""
 
@@ -126,6 +136,9 @@ class Committed:
     """(B, new entries, S, C)."""
     log_probs: torch.Tensor
     """(B, new SDE steps)."""
+    result: Any = None
+    """At the last step, with `ServeSpec.finish`: what the request completes with (the builder's
+    `finish`: what a single-process worker commits); None otherwise."""
 
 
 @dataclass(frozen=True)

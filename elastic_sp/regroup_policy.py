@@ -104,6 +104,18 @@ class MeasuredStepTime:
         return self.seconds[degree] * seq_len / self.seq_len
 
 
+@dataclass(frozen=True)
+class TargetDegree:
+    """A configured degree (`runtime.sp_degree`): width pays up to `degree` — t = 1/d, so that the
+    policy's tie-breaks (equal makespan and throughput, then fewer groups) pick groups of `degree`
+    and the remainder as wide as it goes — and a wider group is never worth it."""
+
+    degree: int
+
+    def __call__(self, seq_len: int, degree: int) -> float:
+        return 1.0 / degree if degree <= self.degree else float("inf")
+
+
 def plan_degrees(devices: int, seq_len: int, heads: int, step_time: StepTimeModel, pending: int = 1,
                  max_tokens_per_device: int | None = None) -> list[int]:
     """The degrees of the groups to form from `devices` free devices, largest first (may leave

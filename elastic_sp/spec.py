@@ -27,6 +27,8 @@ from typing import Any, Protocol
 
 import torch
 
+from schedulers.request import Kind
+
 DEFAULT_BUILDER = "spotlight.rl.sp_member"
 """The builder of the DiT policy. A module path is data, not an import: nothing here imports it."""
 
@@ -61,6 +63,16 @@ class Builder(Protocol):
         mask (B, T) -> velocity (B, S, C)."""
         ...
 
+    def explorer(self, spec: ServeSpec, policy: Any) -> Any:
+        """The policy an exploration request is sampled with (`spec.explore_num_steps` steps, ODE
+        when `spec.explore_ode`): `policy` itself when those are the rollout's."""
+        ...
+
+    def finish(self, spec: ServeSpec, policy: Any, prompts: list[Any], state: Any, kind: Kind) -> Any:
+        """What a request of `kind` whose samples reached the last step completes with (with
+        `spec.finish`): what the workload's single-process worker commits for it."""
+        ...
+
 
 @dataclass(frozen=True)
 class ServeSpec:
@@ -77,10 +89,14 @@ class ServeSpec:
     builder: str = DEFAULT_BUILDER
     """Import path of the module that builds what members run (`Builder`)."""
     explore_num_steps: int | None = None
-    """The workload's exploration steps when they differ from `num_steps` (None: the same). Members
-    sample an exploration request like a rollout, so a fleet executor refuses to explore otherwise."""
+    """The workload's exploration steps when they differ from `num_steps` (None: the same): members
+    sample an exploration request with the builder's `explorer`."""
     explore_ode: bool = False
-    """Whether the workload explores with deterministic ODE steps (members sample SDE steps only)."""
+    """Whether the workload explores with deterministic ODE steps (the builder's `explorer`)."""
+    finish: bool = False
+    """Complete a request with the builder's `finish` (rank 0 computes it at the last step: decoded
+    images and all, what a single-process worker commits) instead of the bare committed
+    `SampleState` (a `schedulers.sample_state.SampleState`)."""
     device: str = "cpu"
     """Members' device: cpu (gloo) or cuda (NCCL; member i of a node uses cuda:i)."""
     host: str = "127.0.0.1"
@@ -113,6 +129,12 @@ class ServeSpec:
     @property
     def seq_len(self) -> int:
         return (self.side // 2) ** 2
+
+    def steps(self, kind: Kind) -> int:
+        """Denoising steps of a request of `kind`: it is complete once a group has committed them."""
+        if kind is Kind.EXPLORATION and self.explore_num_steps is not None:
+            return self.explore_num_steps
+        return self.num_steps
 
     def builder_module(self) -> Builder:
         """The builder, imported (once per process: Python caches modules)."""

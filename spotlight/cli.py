@@ -4,7 +4,7 @@
                     [--preemption-trace TRACE] [--trace-speedup F] [--checkpoint-uri URI]
                     [--budget-usd X] [--deadline-h H]
     spotlight prices [--gpu GPU] [--json] [--table CSV] [--refresh aws|sky] [--region R] [--write CSV]
-    spotlight bench throughput|scheduler|sp-regroup [--json] [--agent process|local]
+    spotlight bench throughput|scheduler|sp-regroup|sp-train [--json] [--agent process|local]
     spotlight launch CONFIG [--dryrun] [--out DIR] [--strict] [--name NAME]
     spotlight simulate --trace TRACE [--policy all|NAME] [--gpus N] [--iterations N] [--resolution 512|1280] [--budget-usd X]
                        [--seed S] [--json] [--plot PNG] [--step-times YAML]
@@ -41,9 +41,11 @@ from spotlight.config import ConfigError, RunConfig, default_config, load_config
 from schedulers.input_file import InputError, short
 from spotlight.sim.report import plural
 
-BENCH_LIMITS = {"repeats": (1, 1000), "iterations": (1, 1000), "world": (2, 16), "heads": (1, 64)}
+BENCH_LIMITS = {"repeats": (1, 1000), "iterations": (1, 1000), "world": (2, 16), "heads": (1, 64),
+                "nodes": (1, 8), "devices": (2, 8)}
 """[low, high] of the bench flags: `--world` member processes run on one machine (each holds a
-tiny DiT), `--heads` of the tiny DiT, repetitions and replayed iterations."""
+tiny DiT), `--heads` of the tiny DiT, repetitions and replayed iterations; sp-train's loopback
+cluster of `--nodes` nodes of `--devices` member processes each runs on one machine too."""
 
 
 def _int(low: int | None = None, high: int | None = None):
@@ -223,6 +225,12 @@ def check_train_inputs(cfg: RunConfig, args: argparse.Namespace, out: Path) -> N
                                   f"CUDA device{'s' if count != 1 else ''} here (expected {have})")
     if args.preemption_trace and cfg.runtime.kind != "ray":
         raise ConfigError("--preemption-trace: replaying preemptions needs --runtime ray")
+    if cfg.runtime.sp_degree > 1:
+        if cfg.runtime.kind != "ray":
+            raise ConfigError("runtime.sp_degree: SP groups run on the Ray runtime (--runtime ray), not in one process")
+        from spotlight.runtime.ray_sp import check_sp
+
+        check_sp(cfg)  # before the run folder and the warm start
     if cfg.runtime.kind == "ray" and cfg.runtime.address:
         from spotlight.runtime import ray_cluster
 
@@ -346,6 +354,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
                                           heads=args.heads, agent=args.agent, progress=_progress(args))
         except ValueError as err:  # a flag combination the bench cannot run, named by the error
             raise ConfigError(str(err)) from None
+    elif args.name == "sp-train":
+        from spotlight.bench.sp_train import run_sp_train_bench
+
+        if args.iterations < 2:
+            raise ConfigError(f"--iterations: sp-train needs 2 or more (one to time, the last to lose a member "
+                              f"in), got {args.iterations}")
+        result = run_sp_train_bench(nodes=args.nodes, devices=args.devices, iterations=args.iterations,
+                                    repeats=3 if args.repeats is None else args.repeats, progress=_progress(args))
     else:
         from spotlight.bench.scheduler import run_scheduler_bench
 
@@ -545,19 +561,27 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser("bench", help="benchmarks that print figures",
                            description="Benchmarks: figures of this machine, with ratios to a baseline run alongside.")
-    bench.add_argument("name", choices=["throughput", "scheduler", "sp-regroup"],
+    bench.add_argument("name", choices=["throughput", "scheduler", "sp-regroup", "sp-train"],
                        help="throughput: tiny-DiT denoising steps/s and trained samples/s; scheduler: queue "
                             "operations/s in-process and on Ray, and steps recomputed per preemption when a "
                             "shipped trace is replayed, against restarting requests from step 0; sp-regroup: "
                             "seconds for an SP group to serve again after losing a member (re-formed in place) "
-                            "against a restart from the checkpoint, and SP output error per degree")
+                            "against a restart from the checkpoint, and SP output error per degree; sp-train: "
+                            "on a multi-node loopback Ray cluster, an SP group's in-place regroup inside a "
+                            "training run against a cold restart of the group, and rollout requests/s at SP "
+                            "degree 1 against 2")
     bench.add_argument("--json", action="store_true", help="print one JSON object (and no progress on stderr)")
     bench.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
     bench.add_argument("--repeats", type=_int(*BENCH_LIMITS["repeats"]), default=None,
                        help="throughput: timed repetitions (default 5); sp-regroup: losses per recovery path "
-                            "(default 3); medians reported; 1..1000")
+                            "(default 3); sp-train: cold restarts (default 3); medians reported; 1..1000")
     bench.add_argument("--iterations", type=_int(*BENCH_LIMITS["iterations"]), default=6,
-                       help="scheduler: training iterations per replayed run (1..1000)")
+                       help="scheduler: training iterations per replayed run; sp-train: per training run, 2 or "
+                            "more (1..1000)")
+    bench.add_argument("--nodes", type=_int(*BENCH_LIMITS["nodes"]), default=2,
+                       help="sp-train: nodes of the loopback cluster besides its head (1..8)")
+    bench.add_argument("--devices", type=_int(*BENCH_LIMITS["devices"]), default=2,
+                       help="sp-train: member processes per node (its `spot` units), 2..8")
     bench.add_argument("--world", type=_int(*BENCH_LIMITS["world"]), default=4,
                        help="sp-regroup: member processes (the first group's degree), 2..16")
     bench.add_argument("--heads", type=_int(*BENCH_LIMITS["heads"]), default=4,

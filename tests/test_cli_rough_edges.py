@@ -149,6 +149,7 @@ def test_simulate_draws_a_bar_per_policy_unless_told_not_to(tmp_path, capsys):
     ("throughput", "spotlight.bench.throughput", "run_throughput"),
     ("scheduler", "spotlight.bench.scheduler", "run_scheduler_bench"),
     ("sp-regroup", "spotlight.bench.sp_regroup", "run_sp_regroup_bench"),
+    ("sp-train", "spotlight.bench.sp_train", "run_sp_train_bench"),
 ])
 def test_bench_progress_follows_the_flags(monkeypatch, capsys, bench, module, function):
     """The flag reaches the bench (a recording double: a real bench takes minutes here; the bars

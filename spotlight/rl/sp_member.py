@@ -21,14 +21,17 @@ from typing import Any
 import torch
 
 from elastic_sp.spec import ServeSpec
+from schedulers.request import Kind
 from spotlight.config import RunConfig, config_from_yaml, to_yaml
 from spotlight.rl.dit_model import _MODEL_INIT, QWEN_IMAGE_TRANSFORMER, TINY_TRANSFORMER, PixelDecoder, velocity
 from spotlight.rl.dit_policy import DiTPolicy
+from spotlight.rl.policy import Rollout
 from spotlight.rl.prompt_encoder import HashedWordEncoder
 from spotlight.rl.prompts import Prompt
 from spotlight.rl.seeding import derive_seed
 
-__all__ = ["PRELOAD", "build_model", "build_policy", "prompt", "run_config", "serve_spec", "tiny_arch", "velocity"]
+__all__ = ["PRELOAD", "build_model", "build_policy", "explorer", "finish", "prompt", "run_config", "serve_spec",
+           "tiny_arch", "velocity"]
 
 PRELOAD = ["diffusers.models.transformers.transformer_qwenimage"]
 """What the agent's fork server imports besides this module (which imports torch and the policy):
@@ -46,17 +49,17 @@ def tiny_arch(heads: int = 2) -> dict[str, Any]:
 
 
 def serve_spec(cfg: RunConfig, arch: dict[str, Any] | None = None, device: str = "cpu", host: str = "127.0.0.1",
-               timeout_s: float = 30.0) -> ServeSpec:
+               timeout_s: float = 30.0, finish: bool = False) -> ServeSpec:
     """The spec that serves run `cfg` on SP members. `arch`: the transformer's keyword arguments
     (default: the preset's, `TINY_TRANSFORMER` or `QWEN_IMAGE_TRANSFORMER`); `device`, `host`,
-    `timeout_s`: see `ServeSpec`."""
+    `timeout_s`, `finish`: see `ServeSpec`."""
     if arch is None:
         arch = dict(TINY_TRANSFORMER if cfg.policy.dit.preset == "tiny" else QWEN_IMAGE_TRANSFORMER)
     ex = cfg.exploration
     return ServeSpec(arch=arch, config=to_yaml(cfg), side=cfg.policy.dit.latent_side, num_steps=cfg.sampler.num_steps,
                      builder=__name__,
                      explore_num_steps=None if ex.num_steps in (None, cfg.sampler.num_steps) else ex.num_steps,
-                     explore_ode=ex.ode, device=device, host=host, timeout_s=timeout_s)
+                     explore_ode=ex.ode, finish=finish, device=device, host=host, timeout_s=timeout_s)
 
 
 def run_config(spec: ServeSpec) -> RunConfig:
@@ -76,10 +79,29 @@ def build_model(spec: ServeSpec) -> torch.nn.Module:
 
 
 def build_policy(spec: ServeSpec, model: torch.nn.Module, device: str) -> DiTPolicy:
-    """A `DiTPolicy` on `device` sampling with `model` (SP applied or not) and the stand-in text encoder."""
+    """A `DiTPolicy` on `device` sampling with `model` (SP applied or not) and the stand-in text
+    encoder. The member computes with `runtime.torch_threads` threads, as every role of the run
+    does (a float sum's rounding depends on how it is split over threads)."""
     cfg = dataclasses.replace(run_config(spec), device=device)
+    torch.set_num_threads(cfg.runtime.torch_threads)
     encoder = HashedWordEncoder(model.config.joint_attention_dim, cfg.policy.dit.text_tokens)
     return DiTPolicy(cfg, model, encoder, PixelDecoder())
+
+
+def explorer(spec: ServeSpec, policy: DiTPolicy) -> DiTPolicy:
+    """The policy exploration samples with: `exploration.num_steps` steps, ODE when `exploration.ode`
+    (`DiTPolicy.for_exploration`, as `RolloutWorker.policy_for` does)."""
+    return policy.for_exploration(spec.explore_num_steps, spec.explore_ode)
+
+
+def finish(spec: ServeSpec, policy: DiTPolicy, prompts: list[Prompt], state: Any, kind: Kind) -> Rollout:
+    """What a `RolloutWorker` commits for a finished request (`RolloutWorker.compute`, `_complete`):
+    the policy's rollout of the samples — decoded images, trajectory and log-probs — and for an
+    exploration request only what the reward reads (no trajectories to ship)."""
+    result = policy.finish(prompts, state)
+    if kind is Kind.EXPLORATION:
+        result = dataclasses.replace(result, data={})
+    return result
 
 
 def prompt(prompt_id: int, text: str) -> Prompt:

@@ -284,11 +284,14 @@ class RayRuntime:
         c = self.engine.counters
         stats: dict[str, Any] = scheduler_stats(self.queue.stats(), c["notices"], c["workers_lost"])
         # Which node computed how many requests: where the work went (a node's workers are NODE.*).
+        # An SP group spans nodes: each of them is counted as having computed its requests.
+        nodes_of = getattr(self.executor, "worker_nodes", lambda worker: (worker.rsplit(".", 1)[0],))
         by_node: dict[str, int] = {}
         for worker, n in self.queue.completions_by_worker().items():
-            node = worker.rsplit(".", 1)[0]
-            by_node[node] = by_node.get(node, 0) + n
+            for node in nodes_of(worker):
+                by_node[node] = by_node.get(node, 0) + n
         stats["requests_by_node"] = dict(sorted(by_node.items()))
+        stats.update(getattr(self.executor, "stats", dict)())  # SP: sp_regroups, sp_regroup_s
         return stats
 
     def shutdown(self) -> None:
@@ -299,6 +302,12 @@ class RayRuntime:
             self.queue_stats = self.queue.stats()  # the queue's own counters outlive the cluster
         except (AttributeError, ray.exceptions.RayError):
             pass
+        close = getattr(getattr(self, "executor", None), "close", None)
+        if close is not None:  # SP: the node agents stop their members before Ray goes
+            try:
+                close()
+            except ray.exceptions.RayError:
+                pass
         if self._started_ray:
             ray_cluster.shutdown()
             self._started_ray = False
