@@ -1,9 +1,11 @@
-"""A real multi-node Ray cluster on this machine, on loopback only, for tests and benchmarks.
+"""A real multi-node Ray cluster on this machine, for tests and benchmarks; its traffic stays on loopback.
 
 Every node is a `ray start --block` process in its own process group, with its own loopback
 address (127.0.0.2 for the head, 127.0.0.3.. for the others): Ray rewrites 127.0.0.1 to the
 machine's interface address (`resolve_ip_for_localhost`), any other 127/8 address it keeps, and
-Linux routes all of 127/8 over `lo`. `kill(node)` SIGKILLs everything of a node — its process
+Linux routes all of 127/8 over `lo` (nodes advertise and dial only these addresses; Ray 2.60 still
+binds its GCS, raylets and workers on every interface, whatever the node IP: docs/multi-node.md).
+`kill(node)` SIGKILLs everything of a node — its process
 group (its raylet, its object store) and every process group below it: Ray starts each worker
 process in a group of its own, and what a worker starts (an SP agent's fork server and members)
 stays in the worker's group, so killing the node's group alone left its actors running — a spot
