@@ -40,7 +40,8 @@ def _deliver(watcher: NoticeWatcher, done: threading.Event) -> None:
 
 def test_cause_values_and_notice_seconds_left():
     assert Cause("aws-instance-action") is Cause.AWS_INSTANCE_ACTION
-    assert [c.value for c in Cause] == ["aws-instance-action", "aws-rebalance", "gcp-preempted", "sigterm", "trace"]
+    assert [c.value for c in Cause] == ["aws-instance-action", "aws-rebalance", "gcp-preempted", "sigterm", "trace",
+                                        "ray-drain"]
     clock = ManualClock(100.0)
     notice = PreemptionNotice(Cause.GCP_PREEMPTED, deadline=130.0)
     assert notice.seconds_left(clock) == 30.0

@@ -302,12 +302,6 @@ class RayRuntime:
             self.queue_stats = self.queue.stats()  # the queue's own counters outlive the cluster
         except (AttributeError, ray.exceptions.RayError):
             pass
-        close = getattr(getattr(self, "executor", None), "close", None)
-        if close is not None:  # SP: the node agents stop their members before Ray goes
-            try:
-                close()
-            except ray.exceptions.RayError:
-                pass
         if self._started_ray:
             ray_cluster.shutdown()
             self._started_ray = False
