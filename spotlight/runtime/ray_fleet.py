@@ -124,9 +124,10 @@ class ClusterFleet:
         return fleet
 
     def paid_fleet(self) -> Fleet:
-        """What the cluster bills now: each alive node an instance, on-demand or spot (the cost
-        meter's fleet on a joined cluster, in place of the configured one)."""
-        alive = alive_nodes().values()
+        """What the cluster bills now — each alive node an instance, on-demand or spot — by the
+        node table `poll` last read (the cost meter's fleet on a joined cluster, in place of the
+        configured one)."""
+        alive = self.known.values()
         return Fleet(ondemand=sum(not n.spot for n in alive), spot=sum(n.spot for n in alive))
 
     def gpus(self, node_id: str | None) -> int:
@@ -150,7 +151,8 @@ class ClusterFleet:
         if now - self._polled < self.poll_s:
             return
         self._polled = now
-        alive = alive_nodes()
+        # Ray's view first: the executors started below read a new node's GPUs from it.
+        alive = self.known = alive_nodes()
         for node_id, name in list(self.names.items()):
             n = engine.nodes.get(name)
             if n is None:
@@ -176,13 +178,9 @@ class ClusterFleet:
                                                      detail=f"drain deadline {deadline_ms} ms" if deadline_ms else ""))
         for node_id, n in alive.items():
             if n.spot and node_id not in self.names and engine.spot_allowed:
-                self.known[node_id] = n
                 node = self._node(n, devices=n.spot_units)
                 self.log(f"spot node {node.name} joined: {n.spot_units} rollout executor(s) start on it")
                 engine.add(node.name, spot=True, devices=node.devices, cluster_id=node_id)
-        self.known = {**self.known, **alive}
-        for node_id in [i for i in self.known if i not in alive]:
-            del self.known[node_id]
         self._no_spot(engine, now)
 
     def _restart_later(self, engine: FleetEngine, name: str, now: float) -> None:

@@ -141,6 +141,13 @@ class RayExecutor:
         for w in workers:
             w.handle.set_weights.remote(version, weights)
 
+    def worker_nodes(self, worker: str) -> tuple[str, ...]:
+        """The node queue worker `worker` ran on (its name is NODE.GENERATION[#j])."""
+        return (worker.rsplit(".", 1)[0],)
+
+    def stats(self) -> dict[str, float]:
+        return {}  # one worker per device: nothing regroups
+
     def wait(self, until: float | None, pending: Any = ()) -> list[Any]:
         watched = [*self._starting, *self._serving]
         timeout = None if until is None else max(0.0, until - self.clock.now())
@@ -285,13 +292,12 @@ class RayRuntime:
         stats: dict[str, Any] = scheduler_stats(self.queue.stats(), c["notices"], c["workers_lost"])
         # Which node computed how many requests: where the work went (a node's workers are NODE.*).
         # An SP group spans nodes: each of them is counted as having computed its requests.
-        nodes_of = getattr(self.executor, "worker_nodes", lambda worker: (worker.rsplit(".", 1)[0],))
         by_node: dict[str, int] = {}
         for worker, n in self.queue.completions_by_worker().items():
-            for node in nodes_of(worker):
+            for node in self.executor.worker_nodes(worker):
                 by_node[node] = by_node.get(node, 0) + n
         stats["requests_by_node"] = dict(sorted(by_node.items()))
-        stats.update(getattr(self.executor, "stats", dict)())  # SP: sp_regroups, sp_regroup_s
+        stats.update(self.executor.stats())  # SP: sp_regroups, sp_regroup_s
         return stats
 
     def shutdown(self) -> None:
