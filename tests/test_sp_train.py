@@ -245,7 +245,9 @@ def test_the_sp_train_bench_reports_an_in_place_regroup_against_a_cold_restart(c
 
     out = run_sp_train_bench(address=cluster.address, iterations=2, prompts=4, repeats=1)
     assert out["weights_equal"] is True and out["sp_regroups"] >= 1
-    assert 0 < out["detect_s"] < out["recover_s"] < out["resume_s"]
+    assert 0 < out["detect_s"] < out["recover_s"] and out["detect_s"] < out["resume_s"]
+    if out["resumed_on"] == "the survivor's new group":
+        assert out["recover_s"] < out["resume_s"]
     assert 0 < out["regroup_s"] <= out["recover_s"] < out["cold_restart_s"]
     assert out["cold_restart_over_regroup"] > 1 and out["throughput_sp1_rps"] > 0 and out["throughput_sp2_rps"] > 0
 

@@ -13,7 +13,9 @@ iteration, `sampler_steps` denoising steps, no exploration.
    is SIGKILLed mid-request (`_Killer`). Its survivor re-forms in place: `regroup_s` is the coordinator's
    figure (the loss seen -> the new group ready), `detect_s` the SIGKILL -> the loss seen (the
    report crosses the agent actor's long poll), `recover_s` the SIGKILL -> the new group ready,
-   `resume_s` the SIGKILL -> the interrupted request's next step committed on a new group.
+   `resume_s` the SIGKILL -> the interrupted request's next step committed on another group
+   (`resumed_on`: the survivor's new group, or a group that was idle and pulled it first — then
+   possibly before the survivor has re-formed).
 3. Throughput: rollout requests per second of rollout phase, over the iterations before the last
    (and after the first when there are three or more: the first pays one-off warm-ups), per degree.
 4. cold_restart_s: the same group brought back the restart way — a fresh agent actor on a spot
@@ -152,13 +154,29 @@ class _Killer:
         if self.t is None:
             raise RuntimeError("no degree-2 group was mid-request in the last iteration: nothing was killed")
         ev = [e for e in coord.events if e.t >= self.t]
-        lost = next(e for e in ev if e.kind == "lost" and e.data["member"] == self.victim)
-        regrouped = next(e for e in ev if e.kind == "regrouped")
-        broken = next(e.data["generation"] for e in ev if e.kind == "dissolved" and self.request in e.data["requeued"])
-        resumed = next(e for e in ev if e.kind == "committed" and e.data["request"] == self.request
-                       and e.data["generation"] > broken)
+
+        def first(what: str, match: Callable[[Any], bool]) -> Any:
+            found = next((e for e in ev if match(e)), None)
+            if found is None:
+                seen = "\n".join(f"  {e.t - self.t:+.3f} s {e.kind} {e.data}" for e in ev
+                                 if e.kind not in ("leased", "committed") or e.data.get("request") == self.request)
+                raise RuntimeError(f"after {self.victim} was killed holding {self.request}, the coordinator "
+                                   f"recorded no {what}; its events since the kill:\n{seen}")
+            return found
+
+        lost = first("loss of the victim", lambda e: e.kind == "lost" and e.data["member"] == self.victim)
+        regrouped = first("regroup", lambda e: e.kind == "regrouped")
+        broken = first("dissolution requeueing the request",
+                       lambda e: e.kind == "dissolved" and self.request in e.data["requeued"]).data["generation"]
+        # Whichever group pulls the re-queued request first resumes it: the survivor's new group,
+        # or another group that was idle (then possibly before the survivor has re-formed).
+        resumed = first("commit of the request on another group",
+                        lambda e: e.kind == "committed" and e.data["request"] == self.request
+                        and e.data["generation"] != broken)
         return {"regroup_s": regrouped.data["seconds"], "detect_s": lost.t - self.t,
-                "recover_s": regrouped.t - self.t, "resume_s": resumed.t - self.t}
+                "recover_s": regrouped.t - self.t, "resume_s": resumed.t - self.t,
+                "resumed_on": "the survivor's new group" if resumed.data["group"] == regrouped.data["group"]
+                else "another group"}
 
 
 def _cold_restart(cfg: RunConfig, weights: dict[str, torch.Tensor], folder: Path, node_id: str,
