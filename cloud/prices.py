@@ -1,16 +1,25 @@
-"""The price table: GPU instance types with their on-demand and spot dollars per hour.
+"""The price table: GPU instance types with their on-demand and spot dollars per hour, by region.
 
-A table is a CSV with the columns of `COLUMNS`, one instance type per line; every row names where
-its prices came from (`source`) and when (`date`, YYYY-MM-DD). The shipped table
-(`cloud/prices.csv`) is a snapshot to refresh, not a live price: `refresh_from_aws` replaces spot
-prices with the median of EC2's spot price history, `refresh_from_sky` takes both prices from the
-catalog SkyPilot keeps under ~/.sky/catalogs/. Refreshed rows carry the new source and date.
+A table is a CSV with the columns of `COLUMNS` (required) and `OPTIONAL_COLUMNS`, one instance type
+and region per line; every row names where its prices came from (`source`), when (`date`,
+YYYY-MM-DD) and — because a spot/on-demand ratio means nothing without it — what its on-demand price
+is (`ondemand_basis`: e.g. "aws list price us-east-1 after the 2025-06 P4/P5 cut" or "catalog
+snapshot, pre-June-2025 on-demand"). `region` is where the prices hold; an empty one, or a table
+without the column (the format before regions), means the provider's `DEFAULT_REGION`. The shipped
+table (`cloud/prices.csv`) is a snapshot to refresh, not a live price: `refresh_from_aws` replaces
+spot prices with the median of EC2's spot price history, `refresh_from_sky` takes both prices from
+the catalog SkyPilot keeps under ~/.sky/catalogs/. Refreshed rows carry the new source and date.
 
-Invariants: every row has a non-empty instance type (unique in the table) and GPU name, a positive
-GPU count (at most `MAX_GPUS_PER_ROW`) and finite prices >= 0. Loading a table that breaks one
-raises a `PriceError` whose text is one line naming the file, the line and the column; so does a
-table larger than `MAX_TABLE_BYTES`, one that is not UTF-8 text, or one the csv module cannot read.
-A GPU name the table does not price is a `PriceError` wherever one comes in (`rows`, `node_price`).
+Invariants: every row has a non-empty instance type and GPU name, a positive GPU count (at most
+`MAX_GPUS_PER_ROW`) and finite prices >= 0; an (instance type, region) pair is on one line only.
+Loading a table that breaks one raises a `PriceError` whose text is one line naming the file, the
+line and the column (`tests/test_cloud_cost.py`, `tests/test_prices.py`); so does a table larger
+than `MAX_TABLE_BYTES`, one that is not UTF-8 text, or one the csv module cannot read. A GPU name the
+table does not price is a `PriceError` wherever one comes in (`rows`, `node_price`).
+
+Which row prices a node when an instance type has several regions: the one named by `region=`, else
+its *home* row — the one in the provider's `DEFAULT_REGION` (or with no region), else its first
+line. So extra regions are there for a sensitivity run and change no default figure.
 
 A node of the meter has `cloud.gpus_per_node` GPUs. When no row has exactly that many of the GPU,
 a node is priced at the cheapest row's per-GPU price times `gpus_per_node` (for example a 1-GPU
@@ -20,6 +29,7 @@ H100 node from p5.48xlarge: 55.04 / 8 = $6.88/h) — what a share of a larger in
 from __future__ import annotations
 
 import csv
+import io
 import math
 import statistics
 from collections.abc import Iterable
@@ -32,6 +42,12 @@ from schedulers.input_file import ConfigError
 
 SHIPPED = Path(__file__).with_name("prices.csv")
 COLUMNS = ("provider", "instance_type", "gpu", "gpus", "ondemand_usd_h", "spot_usd_h", "source", "date")
+"""The columns every table has."""
+OPTIONAL_COLUMNS = ("region", "ondemand_basis")
+"""Columns a table may leave out (the format before regions): read as empty."""
+WRITE_ORDER = ("provider", "instance_type", "region", "gpu", "gpus", "ondemand_usd_h", "spot_usd_h",
+               "ondemand_basis", "source", "date")
+"""The order `to_csv` writes the columns in (those of `OPTIONAL_COLUMNS` only when a row fills them)."""
 MAX_TABLE_BYTES = 1 << 20
 """Largest price table read (1 MiB; the shipped one is ~2 KB)."""
 MAX_GPUS_PER_ROW = 64
@@ -54,6 +70,20 @@ class PriceRow:
     spot_usd_h: float
     source: str
     date: str
+    region: str = ""
+    """Where these prices hold; "" means the provider's `DEFAULT_REGION`."""
+    ondemand_basis: str = ""
+    """What the on-demand price is: which list, where, and before or after which price change."""
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """What is unique in a table: (instance type, region)."""
+        return self.instance_type, self.region
+
+    @property
+    def home(self) -> bool:
+        """Priced in the provider's default region (or in no named region)."""
+        return self.region in ("", DEFAULT_REGION.get(self.provider))
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -123,7 +153,8 @@ def _parse_row(raw: dict[str, str], where: str) -> PriceRow:
     return PriceRow(raw["provider"].strip(), raw["instance_type"].strip(), raw["gpu"].strip(), gpus,
                     _number(raw["ondemand_usd_h"], where, "ondemand_usd_h"),
                     _number(raw["spot_usd_h"], where, "spot_usd_h"),
-                    raw["source"].strip(), raw["date"].strip())
+                    raw["source"].strip(), raw["date"].strip(),
+                    raw.get("region", "").strip(), raw.get("ondemand_basis", "").strip())
 
 
 def _parse_table(reader: Any, path: Path) -> list[PriceRow]:
@@ -131,9 +162,10 @@ def _parse_table(reader: Any, path: Path) -> list[PriceRow]:
     header = [h.strip() for h in next(reader, [])]
     missing = [c for c in COLUMNS if c not in header]
     if missing:
-        raise PriceError(f"{path}: line 1: missing column {missing[0]!r} (expected columns {', '.join(COLUMNS)})")
+        raise PriceError(f"{path}: line 1: missing column {missing[0]!r} (expected columns {', '.join(COLUMNS)}; "
+                         f"optional: {', '.join(OPTIONAL_COLUMNS)})")
     rows: list[PriceRow] = []
-    seen: dict[str, int] = {}
+    seen: dict[tuple[str, str], int] = {}
     for fields in reader:
         if not fields:
             continue  # a blank line
@@ -142,10 +174,11 @@ def _parse_table(reader: Any, path: Path) -> list[PriceRow]:
             raise PriceError(f"{where}: expected {len(header)} comma-separated fields ({', '.join(header)}), "
                              f"got {len(fields)}")
         row = _parse_row(dict(zip(header, fields)), where)
-        if row.instance_type in seen:
-            raise PriceError(f"{where}: instance_type: {_quote(row.instance_type)} is already on line "
-                             f"{seen[row.instance_type]}")
-        seen[row.instance_type] = reader.line_num
+        if row.key in seen:
+            in_region = f" in region {_quote(row.region)}" if row.region else ""
+            raise PriceError(f"{where}: instance_type: {_quote(row.instance_type)}{in_region} is already on line "
+                             f"{seen[row.key]}")
+        seen[row.key] = reader.line_num
         rows.append(row)
     if not rows:
         raise PriceError(f"{path}: no price rows (expected one line per instance type after the header)")
@@ -194,48 +227,69 @@ class PriceTable:
         name = self._gpu_name(gpu)
         return [r for r in self._rows if r.gpu == name]
 
-    def row(self, instance_type: str) -> PriceRow:
-        for r in self._rows:
-            if r.instance_type == instance_type:
+    def row(self, instance_type: str, region: str | None = None) -> PriceRow:
+        """The row of `instance_type` in `region`; None: its home row (module docstring)."""
+        mine = [r for r in self._rows if r.instance_type == instance_type]
+        if not mine:
+            raise PriceError(f"unknown instance type {_quote(instance_type)}: not in the price table{self._named()}")
+        if region is None:
+            return next((r for r in mine if r.home), mine[0])
+        for r in mine:
+            if r.region == region or (not r.region and region == DEFAULT_REGION.get(r.provider)):
                 return r
-        raise PriceError(f"unknown instance type {_quote(instance_type)}: not in the price table{self._named()}")
+        raise PriceError(f"instance type {_quote(instance_type)} has no price in region {_quote(region)}: the price "
+                         f"table{self._named()} prices it in {', '.join(r.region or '(default)' for r in mine)}")
 
-    def node_price(self, gpu: str, gpus_per_node: int, instance_type: str | None = None) -> NodePrice:
-        """The price of a node of `gpus_per_node` x `gpu`: from `instance_type`'s row when given,
-        else from the row with exactly that many GPUs and the lowest on-demand price, else from the
-        row with the lowest on-demand price per GPU, scaled (module docstring). Ties: lower spot price."""
+    def regions(self) -> list[str]:
+        """The named regions of the table, sorted."""
+        return sorted({r.region for r in self._rows if r.region})
+
+    def node_price(self, gpu: str, gpus_per_node: int, instance_type: str | None = None,
+                   region: str | None = None) -> NodePrice:
+        """The price of a node of `gpus_per_node` x `gpu` in `region` (None: each instance type's home
+        row): from `instance_type`'s row when given, else from the row with exactly that many GPUs and
+        the lowest on-demand price, else from the row with the lowest on-demand price per GPU, scaled
+        (module docstring). Ties: lower spot price."""
         if gpus_per_node <= 0:
             raise PriceError(f"gpus_per_node: expected a positive integer, got {gpus_per_node!r}")
         candidates = self.rows(gpu)
         if instance_type is not None:
-            row = self.row(instance_type)
-            if row not in candidates:
+            row = self.row(instance_type, region)
+            if row.gpu != candidates[0].gpu:
                 raise PriceError(f"instance type {instance_type!r} has {row.gpu} GPUs, not {gpu}")
         else:
-            exact = [r for r in candidates if r.gpus == gpus_per_node]
-            pool = exact or candidates
-            row = min(pool, key=lambda r: (r.ondemand_usd_h / r.gpus, r.spot_usd_h / r.gpus))
+            if region is None:
+                pool = [self.row(name) for name in dict.fromkeys(r.instance_type for r in candidates)]
+            else:
+                pool = [r for r in candidates if r.region == region
+                        or (not r.region and region == DEFAULT_REGION.get(r.provider))]
+                if not pool:
+                    raise PriceError(f"no {candidates[0].gpu} price in region {_quote(region)} in the price "
+                                     f"table{self._named()}")
+            exact = [r for r in pool if r.gpus == gpus_per_node]
+            row = min(exact or pool, key=lambda r: (r.ondemand_usd_h / r.gpus, r.spot_usd_h / r.gpus))
         share = gpus_per_node / row.gpus
         return NodePrice(row.ondemand_usd_h * share, row.spot_usd_h * share, gpus_per_node, row)
 
-    def replaced(self, new: dict[str, PriceRow]) -> "PriceTable":
-        """This table with the rows named in `new` (by instance type) replaced, order kept."""
-        return PriceTable([new.get(r.instance_type, r) for r in self._rows], self.path)
+    def replaced(self, new: dict[tuple[str, str], PriceRow]) -> "PriceTable":
+        """This table with the rows named in `new` (by `PriceRow.key`) replaced, order kept."""
+        return PriceTable([new.get(r.key, r) for r in self._rows], self.path)
 
     def to_csv(self) -> str:
-        lines = [",".join(COLUMNS)]
+        """The table as `load` reads it: `WRITE_ORDER`, leaving out an optional column no row fills
+        (a table read without regions is written without them)."""
+        columns = [c for c in WRITE_ORDER
+                   if c not in OPTIONAL_COLUMNS or any(getattr(r, c) for r in self._rows)]
+        out = io.StringIO()
+        writer = csv.writer(out, lineterminator="\n")
+        writer.writerow(columns)
         for r in self._rows:
             d = r.to_dict()
-            lines.append(",".join(_csv_field(d[c]) for c in COLUMNS))
-        return "\n".join(lines) + "\n"
+            writer.writerow([f"{d[c]:.6g}" if isinstance(d[c], float) else d[c] for c in columns])
+        return out.getvalue()
 
     def write(self, path: str | Path) -> None:
         Path(path).write_text(self.to_csv())
-
-
-def _csv_field(value: Any) -> str:
-    text = f"{value:.6g}" if isinstance(value, float) else str(value)
-    return f'"{text}"' if any(ch in text for ch in ',"\n') and not text.startswith('"') else text
 
 
 # ---- refreshing ---------------------------------------------------------------------------------
@@ -251,7 +305,8 @@ def refresh_from_aws(table: PriceTable, region: str | None = None, days: float =
     from cloud import aws
 
     region = region or DEFAULT_REGION["aws"]
-    wanted = [r.instance_type for r in table.rows() if r.provider == "aws"]
+    mine = [r for r in table.rows() if r.provider == "aws" and r.region in ("", region)]
+    wanted = list(dict.fromkeys(r.instance_type for r in mine))
     if not wanted:
         return table, ["the table has no aws rows"]
     try:
@@ -263,12 +318,12 @@ def refresh_from_aws(table: PriceTable, region: str | None = None, days: float =
     for point in history:
         points.setdefault(point["instance_type"], []).append(float(point["spot_usd_h"]))
     new, skipped = {}, []
-    for name in wanted:
+    for old in mine:
+        name = old.instance_type
         if not points.get(name):
             skipped.append(f"{name}: no spot price in {region} over the last {days:g} d")
             continue
-        old = table.row(name)
-        new[name] = replace(old, spot_usd_h=statistics.median(points[name]),
+        new[old.key] = replace(old, spot_usd_h=statistics.median(points[name]),
                             source=f"on-demand: {_ondemand_part(old.source)}; spot: aws spot price history "
                                    f"{region} median over {days:g} d ({len(points[name])} points)",
                             date=today())
@@ -292,10 +347,12 @@ def sky_catalog(provider: str, root: Path | None = None) -> Path | None:
 
 def refresh_from_sky(table: PriceTable, root: Path | None = None,
                      region: str | None = None) -> tuple[PriceTable, list[str]]:
-    """Both prices of every row whose instance type SkyPilot's catalog lists in the region (None: the
-    provider's `DEFAULT_REGION`): on-demand as listed, spot as the median over the region's zones.
-    The catalog is read as a file (no `import sky`): columns InstanceType, Price, SpotPrice, Region."""
-    new: dict[str, PriceRow] = {}
+    """Both prices of every row whose instance type SkyPilot's catalog lists in the row's region (a row
+    without one: `region`, else the provider's `DEFAULT_REGION`; with `region` given, only rows in it
+    or without one are refreshed): on-demand as listed, spot as the median over the region's zones.
+    The catalog is read as a file (no `import sky`): columns InstanceType, Price, SpotPrice, Region.
+    The on-demand basis becomes the catalog's, which may predate a provider's price change."""
+    new: dict[tuple[str, str], PriceRow] = {}
     skipped: list[str] = []
     for provider in sorted({r.provider for r in table.rows()}):
         path = sky_catalog(provider, root)
@@ -303,26 +360,29 @@ def refresh_from_sky(table: PriceTable, root: Path | None = None,
         if path is None:
             skipped.append(f"{provider}: no SkyPilot catalog under {root or '~/.sky/catalogs'}")
             continue
-        where = region or DEFAULT_REGION.get(provider)
-        found = _sky_prices(path, {r.instance_type for r in mine}, where)
+        if region is not None:
+            mine = [r for r in mine if r.region in ("", region)]
+        found = _sky_prices(path, {r.instance_type for r in mine})
         for old in mine:
-            if old.instance_type not in found:
+            where = old.region or region or DEFAULT_REGION.get(provider)
+            if (old.instance_type, where) not in found:
                 skipped.append(f"{old.instance_type}: not in {path} for region {where}")
                 continue
-            ondemand, spot = found[old.instance_type]
+            ondemand, spot = found[old.instance_type, where]
             if spot is None:
                 skipped.append(f"{old.instance_type}: {path} has no spot price in {where}; spot price kept")
             version = path.parent.parent.name
-            new[old.instance_type] = replace(
+            new[old.key] = replace(
                 old, ondemand_usd_h=ondemand, spot_usd_h=old.spot_usd_h if spot is None else spot,
                 source=f"skypilot catalog {version}/{provider} {where}"
                        + ("" if spot is None else "; spot: median over zones"),
+                ondemand_basis=f"skypilot catalog {version} list price {where} (as of the catalog's snapshot)",
                 date=today())
     return table.replaced(new), skipped
 
 
-def _sky_prices(path: Path, wanted: set[str], region: str | None) -> dict[str, tuple[float, float | None]]:
-    """{instance type: (on-demand, median spot or None)} for `wanted` in `region` from a catalog CSV."""
+def _sky_prices(path: Path, wanted: set[str]) -> dict[tuple[str, str], tuple[float, float | None]]:
+    """{(instance type, region): (on-demand, median spot or None)} for `wanted` from a catalog CSV."""
     try:
         text = path.read_text()
     except OSError as err:
@@ -332,18 +392,18 @@ def _sky_prices(path: Path, wanted: set[str], region: str | None) -> dict[str, t
     missing = [c for c in need if c not in (reader.fieldnames or [])]
     if missing:
         raise PriceError(f"{path}: line 1: missing column {missing[0]!r} (a SkyPilot catalog has {', '.join(need)})")
-    ondemand: dict[str, list[float]] = {}
-    spot: dict[str, list[float]] = {}
+    ondemand: dict[tuple[str, str], list[float]] = {}
+    spot: dict[tuple[str, str], list[float]] = {}
     for raw in reader:
-        name = raw["InstanceType"]
-        if name not in wanted or (region is not None and raw["Region"] != region):
+        if raw["InstanceType"] not in wanted:
             continue
+        key = (raw["InstanceType"], raw["Region"])
         for column, into in (("Price", ondemand), ("SpotPrice", spot)):
             try:
                 value = float(raw[column])
             except (TypeError, ValueError):
                 continue  # an empty price: not sold that way there
             if math.isfinite(value) and value >= 0:
-                into.setdefault(name, []).append(value)
-    return {name: (min(values), statistics.median(spot[name]) if spot.get(name) else None)
-            for name, values in ondemand.items()}
+                into.setdefault(key, []).append(value)
+    return {key: (min(values), statistics.median(spot[key]) if spot.get(key) else None)
+            for key, values in ondemand.items()}

@@ -14,11 +14,22 @@ may join again later.
   first line. The shipped files repeat each reading over three lines a minute apart, so a reading
   may start before the previous one's repeats end: only the readings that change the count must be
   in time order (and not before the previous change); repeats of the current count are ignored.
-- SkyPilot spot-traces JSON, `{"metadata": {"gap_seconds": N}, "data": [...]}` (the traces of
-  "Can't Be Late", Wu et al., NSDI'24): one value per tick of N seconds. We read a value of **1 as
-  preempted (no spot instance)** and 0 as available, as that simulator does (`"one_means":
-  "available"` in `metadata` flips it). `data` is one instance's 0/1 list (node `sky-0`) or a list
-  of such lists of equal length (nodes `sky-0`, `sky-1`, ...). Errors name the file and the item
+- SkyPilot spot-traces JSON, `{"metadata": {"gap_seconds": N}, "data": [...]}` (skypilot-org/
+  spot-traces, the data of "Can't Be Late", Wu et al., NSDI'24), loaded as published: `data` holds,
+  per tick of N seconds, **the number of instances available** — 0..16 in the 16-node files, 0..4
+  in the 4-node ones, and 0 or 1 in the single-node ones, so **1 = available, 0 = preempted / none
+  to be had**. Counts become events as for GCP (nodes `sky-<k>`). What we checked it against:
+  the repository's README ("each data point is the number of available instances at a specific
+  tick"); andylizf/skynomad-artifact `sky_spot/trace.py` (commit 4dc5ecb), which reads the 16-node
+  files as "count >= gang size: available"; and the simulator behind the paper,
+  Michaelvll/skypilot-spot-strategy, whose own copy of a single-node trace
+  (`data/real/ping_based/us-west-2a_v100_1.txt`, commit 7bb5cf7) is tick for tick the complement of
+  the published `availability/1-node/aws-10-26-2022/us-west-2a_v100_1.json` (commit b266313): that
+  simulator keeps 1 = preempted (`sky_spot/env.py`: `spot_available` is `not trace[tick]`), and the
+  published files were inverted to counts. A file in the simulator's convention says so with
+  `"one_means": "preempted"` in `metadata` (then every value must be 0 or 1). `data` may also be a
+  list of 0/1 lists of equal length, one per instance (nodes `sky-0`, `sky-1`, ...). Every value
+  must be a JSON integer — not a boolean, not 2.5, not negative; errors name the file and the item
   (`FILE: data[3][17]: ...`; JSON has no useful line numbers once parsed, except for syntax errors,
   which give theirs).
 - Spotlight counts CSV (what `spotlight traces synth` writes): a header `t_s,nodes`, then
@@ -83,7 +94,8 @@ _GCP_FIRST_FIELD = re.compile(r"\s*\d{4}-\d{2}-\d{2}\s*,")
 _INTEGER = re.compile(r"[-+]?[0-9]+")
 COUNTS_HEADER = "t_s,nodes"
 COUNTS_EXPECTED = 'a header "t_s,nodes" then lines like "3600,12" (seconds, live node count)'
-SKY_EXPECTED = '{"metadata": {"gap_seconds": N}, "data": [0 or 1 per tick, 1 = preempted]}'
+SKY_EXPECTED = '{"metadata": {"gap_seconds": N}, "data": [instances available per tick, an integer >= 0]}'
+SKY_FLAGS_EXPECTED = '0 or 1 per instance and tick'
 
 
 class TraceError(InputError):
@@ -340,13 +352,14 @@ def _load_sky(path: Path, text: str) -> Trace:
     if isinstance(gap, bool) or not isinstance(gap, (int, float)) or not (0 < gap <= MAX_DURATION_S):
         raise TraceError(f"{path}: metadata.gap_seconds: expected a number of seconds in (0, {MAX_DURATION_S:g}], "
                          f"got {_q(gap)}")
-    one_means = doc["metadata"].get("one_means", "preempted")
+    one_means = doc["metadata"].get("one_means", "available")
     if one_means not in ("preempted", "available"):
         raise TraceError(f"{path}: metadata.one_means: expected preempted or available, got {_q(one_means)}")
     data = doc["data"]
-    series = data if isinstance(data, list) and data and all(isinstance(d, list) for d in data) else [data]
     if not isinstance(data, list) or not data:
-        raise TraceError(f"{path}: data: expected a non-empty list of 0/1 ticks, got {short(data, 40)}")
+        raise TraceError(f"{path}: data: expected a non-empty list of ticks, got {short(data, 40)}")
+    per_instance = all(isinstance(d, list) for d in data)
+    series = data if per_instance else [data]
     if len({len(s) for s in series}) != 1:
         raise TraceError(f"{path}: data: the instances' tick lists differ in length (expected equal lengths)")
     if len(series) > MAX_NODES:
@@ -354,14 +367,17 @@ def _load_sky(path: Path, text: str) -> Trace:
     if len(series[0]) * float(gap) > MAX_DURATION_S:
         raise TraceError(f"{path}: data: {len(series[0]):,} ticks of {gap:g} s is more than ten years "
                          f"(expected at most {MAX_DURATION_S:g} s)")
+    if not per_instance:
+        ticks = [_tick(path, f"data[{i}]", v, one_means) for i, v in enumerate(data)]
+        return _sky_counts(path, ticks if one_means == "available" else [1 - v for v in ticks], float(gap))
     events: list[TraceEvent] = []
     up = [False] * len(series)
     for tick in range(len(series[0])):
         for k, s in enumerate(series):
             v = s[tick]
-            where = f"data[{k}][{tick}]" if len(series) > 1 else f"data[{tick}]"
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or v not in (0, 1):
-                raise TraceError(f"{path}: {where}: {_q(v)} is not 0 or 1 (expected {SKY_EXPECTED})")
+            where = f"data[{k}][{tick}]"
+            if isinstance(v, bool) or not isinstance(v, int) or v not in (0, 1):
+                raise TraceError(f"{path}: {where}: {_q(v)} is not 0 or 1 (expected {SKY_FLAGS_EXPECTED})")
             available = (v == 1) == (one_means == "available")
             if available != up[k]:
                 if len(events) == MAX_EVENTS:
@@ -369,6 +385,30 @@ def _load_sky(path: Path, text: str) -> Trace:
                 events.append(TraceEvent(tick * float(gap), "add" if available else "remove", f"sky-{k}"))
                 up[k] = available
     return Trace(events, str(path), end_s=len(series[0]) * float(gap))
+
+
+def _tick(path: Path, where: str, v: object, one_means: str) -> int:
+    """One value of a flat SkyPilot list: a JSON integer in [0, MAX_NODES], or 0/1 in the 1 = preempted
+    convention (a bool is not one, and 2.0 is refused with 2.5: the published files hold integers)."""
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise TraceError(f"{path}: {where}: {_q(v)} is not an integer (expected {SKY_EXPECTED})")
+    if v < 0:
+        raise TraceError(f"{path}: {where}: {v} is negative (expected {SKY_EXPECTED})")
+    if one_means == "preempted" and v > 1:
+        raise TraceError(f"{path}: {where}: {v} is not 0 or 1 (metadata.one_means is preempted: "
+                         "expected 1 = preempted, 0 = available)")
+    if v > MAX_NODES:  # comparing a big int is cheap; only its quoting is bounded
+        raise TraceError(f"{path}: {where}: {_q(v)} is more than {MAX_NODES:,} instances (expected at most that many)")
+    return v
+
+
+def _sky_counts(path: Path, ticks: list[int], gap_s: float) -> Trace:
+    """A multi-node SkyPilot file: the instances available at each tick, as add/remove events."""
+    counts = _Counts("sky-")
+    for i, count in enumerate(ticks):
+        if count != len(counts.live):
+            counts.set(i * gap_s, count, f"{path}: data[{i}]")
+    return Trace(counts.events, str(path), end_s=len(ticks) * gap_s)
 
 
 @dataclass(frozen=True)

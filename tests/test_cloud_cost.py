@@ -11,7 +11,7 @@ import torch
 from cloud.cost import (BudgetPolicy, CostControl, CostMeter, DeadlinePolicy, Fleet, Forecast, PRIOR_FACTOR,
                         STOP_SLACK_S, Spent, load_spent, save_spent)
 from spotlight.train.iteration_time import iteration_seconds_lower_bound
-from cloud.prices import COLUMNS, PriceError, PriceTable, refresh_from_aws, refresh_from_sky
+from cloud.prices import COLUMNS, OPTIONAL_COLUMNS, PriceError, PriceTable, refresh_from_aws, refresh_from_sky
 from schedulers.clock import ManualClock
 from spotlight.cli import main
 from spotlight.train.cost_control import cost_control, fleet_of
@@ -160,7 +160,7 @@ def test_cli_prices_bad_input_is_one_error_line(tmp_path, capsys):
     bad = _table(tmp_path, ROW_H100, header=HEADER.replace(",gpus", ""))
     assert main(["prices", "--table", str(bad)]) == 2
     assert capsys.readouterr().err == (f"spotlight: error: {bad}: line 1: missing column 'gpus' (expected columns "
-                                       f"{', '.join(COLUMNS)})\n")
+                                       f"{', '.join(COLUMNS)}; optional: {', '.join(OPTIONAL_COLUMNS)})\n")
 
 
 # ---- the meter and the policies -----------------------------------------------------------------

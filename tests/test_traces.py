@@ -160,33 +160,65 @@ def test_replay_bamboo_p3_on_two_slots():
 
 
 
-def test_skypilot_json_one_means_preempted(tmp_path):
-    path = write(tmp_path, _json.dumps({"metadata": {"gap_seconds": 60}, "data": [0, 0, 1, 1, 0]}), "sky.json")
+def test_skypilot_single_node_json_reads_1_as_available(tmp_path):
+    # as published in skypilot-org/spot-traces (schedulers/traces.py says how this was checked)
+    path = write(tmp_path, _json.dumps({"metadata": {"gap_seconds": 60}, "data": [1, 1, 0, 0, 1]}), "sky.json")
     trace = load_trace(path)
-    assert [(e.t_s, e.action, e.node) for e in trace.events] == [(0, "add", "sky-0"), (120, "remove", "sky-0"),
-                                                                   (240, "add", "sky-0")]
+    assert [(e.t_s, e.action, e.node) for e in trace.events] == [(0, "add", "sky-1"), (120, "remove", "sky-1"),
+                                                                   (240, "add", "sky-2")]
     assert trace.duration_s == 300
-    flipped = write(tmp_path, _json.dumps({"metadata": {"gap_seconds": 60, "one_means": "available"},
-                                           "data": [[1, 0], [0, 1]]}), "sky2.json")
-    t2 = load_trace(flipped)
+    # the Can't Be Late simulator's own files say 1 = preempted: metadata.one_means flips it
+    flipped = write(tmp_path, _json.dumps({"metadata": {"gap_seconds": 60, "one_means": "preempted"},
+                                           "data": [0, 0, 1, 1, 0]}), "sky1.json")
+    assert [(e.t_s, e.action) for e in load_trace(flipped).events] == [(0, "add"), (120, "remove"), (240, "add")]
+    per_instance = write(tmp_path, _json.dumps({"metadata": {"gap_seconds": 60}, "data": [[1, 0], [0, 1]]}), "sky2.json")
+    t2 = load_trace(per_instance)
     assert [(e.t_s, e.action, e.node) for e in t2.events] == [(0, "add", "sky-0"), (60, "remove", "sky-0"),
                                                                (60, "add", "sky-1")]
 
 
+def test_skypilot_multi_node_json_is_a_count_trace(tmp_path):
+    # the layout of availability/16-node/*.json: one count of available instances per 300 s tick
+    doc = {"metadata": {"gap_seconds": 300}, "data": [0, 5, 16, 16, 8, 0, 3, 3, 16]}
+    trace = load_trace(write(tmp_path, _json.dumps(doc), "us-west-2a_v100_1.json"))
+    assert trace.live_over_time() == [(300, 5), (600, 16), (1200, 8), (1500, 0), (1800, 3), (2400, 16)]
+    assert trace.max_live == 16 and trace.duration_s == 9 * 300
+    assert trace.preemptions == 8 + 8 and len(trace.nodes) == 16 + 3 + 13  # a drop removes the newest
+    assert summarize(trace)["mean_live"] == pytest.approx((5 + 16 * 2 + 8 + 3 * 2 + 16) / 9)
+
+
 @pytest.mark.parametrize("doc, what", [
     ({"metadata": {"gap_seconds": 0}, "data": [0]}, "metadata.gap_seconds"),
-    ({"metadata": {"gap_seconds": 10}, "data": [0, 2]}, "data[1]: 2 is not 0 or 1"),
+    ({"metadata": {"gap_seconds": 10}, "data": [0, -2]}, "data[1]: -2 is negative (expected "),
+    ({"metadata": {"gap_seconds": 10}, "data": [0, 2.5]}, "data[1]: 2.5 is not an integer (expected "),
+    ({"metadata": {"gap_seconds": 10}, "data": [3.0]}, "data[0]: 3.0 is not an integer"),
+    ({"metadata": {"gap_seconds": 10}, "data": [1, True]}, "data[1]: True is not an integer"),
+    ({"metadata": {"gap_seconds": 10}, "data": [1, "3"]}, "data[1]: '3' is not an integer"),
+    ({"metadata": {"gap_seconds": 10}, "data": [1, 10 ** 30]}, "data[1]: 1000000000000000000000000000000 is more than "
+                                                                "65,536 instances"),
+    ({"metadata": {"gap_seconds": 10, "one_means": "preempted"}, "data": [0, 2]}, "data[1]: 2 is not 0 or 1"),
+    ({"metadata": {"gap_seconds": 10, "one_means": "maybe"}, "data": [0]}, "metadata.one_means"),
+    ({"metadata": {"gap_seconds": 10}, "data": [[0, 2], [0, 1]]}, "data[0][1]: 2 is not 0 or 1"),
     ({"metadata": {"gap_seconds": 10}, "data": [[0, 1], [0]]}, "differ in length"),
+    ({"metadata": {"gap_seconds": 10}, "data": []}, "data: expected a non-empty list"),
     ({"data": [0]}, "metadata and data"),
 ])
 def test_skypilot_json_errors_name_the_file_and_item(tmp_path, doc, what):
     path = write(tmp_path, _json.dumps(doc), "bad.json")
     with pytest.raises(TraceError, match=re.escape(what)) as err:
         load_trace(path)
-    assert str(err.value).startswith(str(path))
+    assert str(err.value).startswith(f"{path}: ") and "\n" not in str(err.value) and len(str(err.value)) < 300
     syntax = write(tmp_path, '{"metadata":\n  {"gap_seconds": 1},\n  "data": [0,]\n}', "syntax.json")
     with pytest.raises(TraceError, match=rf"{syntax}:3: not JSON"):
         load_trace(syntax)
+
+
+def test_skypilot_counts_are_bounded_before_events_are_made(tmp_path):
+    # 60,000 then 0 then 60,000: 180,000 events in 40 bytes would pass MAX_EVENTS only in bulk; a count
+    # that asks for more distinct nodes than MAX_NODES fails at the tick that does
+    doc = {"metadata": {"gap_seconds": 10}, "data": [60000, 0, 60000]}
+    with pytest.raises(TraceError, match=r"data\[2\]: more than 65,536 distinct nodes"):
+        load_trace(write(tmp_path, _json.dumps(doc), "big.json"))
 
 
 def test_counts_csv_and_its_errors(tmp_path):
