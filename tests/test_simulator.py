@@ -5,7 +5,7 @@ import pytest
 
 from spotlight import cli
 from spotlight.sim.progress_model import ProgressModel
-from spotlight.sim.simulator import POLICIES, SimConfig, simulate
+from spotlight.sim.simulator import BASELINES, POLICIES, SimConfig, gpu_prices, simulate
 from spotlight.sim.step_time import StepTimes
 from schedulers.traces import Trace, TraceEvent
 
@@ -36,8 +36,6 @@ def test_no_preemptions_takes_the_time_the_step_model_gives_by_hand():
     assert out["spotlight_noexplore"]["wall_h"] * 3600 == pytest.approx(3 * (request + train + st.weight_sync_s), rel=1e-9)
     assert out["spotlight_noexplore"]["preemptions"] == 0 and out["spotlight_noexplore"]["steps_recomputed"] == 0
     # cost: 4 on-demand GPUs for the whole run, plus 4 spot ones for the spot policy
-    from spotlight.sim.simulator import gpu_prices
-
     od, spot, _ = gpu_prices(small())
     assert out["ondemand"]["total_cost_usd"] == pytest.approx(4 * od * out["ondemand"]["wall_h"])
     assert out["spotlight_noexplore"]["total_cost_usd"] == pytest.approx(
@@ -79,16 +77,26 @@ def test_simulate_cli_json(tmp_path, capsys):
                    "--iterations", "40", "--iterations-scale", "0.1", "--json", "--plot", str(png)])
     assert rc == 0
     out = json.loads(capsys.readouterr().out)
-    assert set(out["policies"]) == {"ondemand", "spot_restart", "spotlight_noexplore", "sync_explore", "spotlight", "oracle"}
+    assert set(out["policies"]) == {"ondemand", "ondemand_total", "spot_restart", "spotlight_noexplore",
+                                    "sync_explore", "spotlight", "oracle"}
+    assert out["config"]["price_source"] and out["config"]["ondemand_total_gpus"] == 4 + 8
     for name, r in out["policies"].items():
         assert set(FIELDS) <= set(r), name
         assert r["time_to_target_h"] > 0 and r["cost_usd"] > 0, name  # the target is reached within 40
         assert 0 < r["gpu_utilization"] <= 1
+        for b in BASELINES:  # every policy against every baseline, all reached the target here
+            assert r[f"speedup_vs_{b}"] > 0 and r[f"cost_ratio_vs_{b}"] > 0, (name, b)
+            assert r[f"speedup_vs_{b}"] == pytest.approx(
+                out["policies"][b]["time_to_target_h"] / r["time_to_target_h"], rel=1e-12)
+            assert r[f"cost_ratio_vs_{b}"] == pytest.approx(r["cost_usd"] / out["policies"][b]["cost_usd"], rel=1e-12)
+    assert out["policies"]["ondemand"]["speedup_vs_ondemand"] == 1.0
+    assert out["policies"]["ondemand"]["cost_ratio_vs_ondemand"] == 1.0
     assert png.stat().st_size > 10_000
     rc = cli.main(["simulate", "--trace", str(trace), "--gpus", "4", "--spot-gpus", "8", "--prompts", "8",
                    "--iterations", "40", "--iterations-scale", "0.1", "--policy", "ondemand,spotlight"])
     text = capsys.readouterr().out
-    assert rc == 0 and "spotlight" in text and "speed-up" in text
+    assert rc == 0 and "spotlight" in text and "cost vs ondemand" in text
+    assert "vs ondemand_total" not in text  # not simulated in this run: no column
 
 
 def test_bad_trace_is_one_error_line_with_file_and_line(tmp_path, capsys):
@@ -140,3 +148,52 @@ def test_a_budget_stops_every_policy_but_the_oracle_before_it_is_exceeded():
     assert {r["stop_reason"] for r in free.values()} == {"iterations"}
     with pytest.raises(Exception, match="budget_usd: expected a number > 0"):
         small(budget_usd=-1.0)
+
+
+def test_baseline_fields_only_for_baselines_simulated_and_null_without_the_target():
+    out = simulate(small(iterations=2, stop_at_target=True), fleet(4), ["spotlight", "ondemand"])["policies"]
+    for r in out.values():  # two iterations reach no target: the ratios are there, and null
+        assert r["time_to_target_h"] is None
+        assert {k for k in r if k.startswith(("speedup_vs_", "cost_ratio_vs_"))} == {
+            "speedup_vs_ondemand", "cost_ratio_vs_ondemand"}
+        assert r["speedup_vs_ondemand"] is None and r["cost_ratio_vs_ondemand"] is None
+
+
+def test_ondemand_total_rents_the_spot_peak_on_demand():
+    # 3 trace nodes at the peak, 8 spot GPUs: blocks of 2, so the spot fleet peaks at 6 GPUs
+    trace = Trace([TraceEvent(0.0, "add", f"n{k}") for k in range(3)] + [TraceEvent(50.0, "remove", "n0")], "handmade")
+    res = simulate(small(spot_gpus=8), trace, ["ondemand", "ondemand_total"])
+    out, od = res["policies"], gpu_prices(small())[0]
+    assert res["config"]["ondemand_total_gpus"] == 4 + 6
+    total = out["ondemand_total"]
+    assert total["preemptions"] == 0 and {n for _, n in total["timeline"]} == {10}  # never preempted
+    assert total["total_cost_usd"] == pytest.approx(10 * od * total["wall_h"], rel=1e-9)  # every GPU on-demand
+    # every GPU rolls out (8 requests on 10 GPUs at degree 1: one round, not ondemand's two) and trains
+    st = StepTimes()
+    t1 = 1e-4 * 1024 + 2e-9 * 1024 ** 2  # as in the first test: degree 1 at 512 px on an H100
+    request = 4 * st.denoise_steps * st.cfg_factor * t1 + 4 * st.reward_s_per_sample
+    train = 8 * 4 * st.trained_steps * st.train_flops_factor * st.cfg_factor * t1 / (10 * st.train_efficiency)
+    assert total["wall_h"] * 3600 == pytest.approx(3 * (request + train + st.weight_sync_s), rel=1e-9)
+
+
+def test_spot_restart_pays_only_for_the_nodes_its_job_holds():
+    st, (od, spot, _) = StepTimes(), gpu_prices(small())
+    # n0 and n1 from the start; n2 joins at 100 s and, with no preemption, is never the job's
+    joins_late = Trace([TraceEvent(0.0, "add", "n0"), TraceEvent(0.0, "add", "n1"), TraceEvent(100.0, "add", "n2")],
+                       "handmade")
+    r = simulate(small(spot_gpus=6, iterations=6), joins_late, ["spot_restart"])["policies"]["spot_restart"]
+    assert r["restarts"] == 0 and r["wall_h"] * 3600 > 100
+    assert r["total_cost_usd"] == pytest.approx((4 * od + 2 * 2 * spot) * r["wall_h"], rel=1e-9)
+    # n0 dies at 200 s: the job restarts (cold start + restore) on n1 and n2, from then on paying for both
+    restart = Trace(joins_late.events + [TraceEvent(200.0, "remove", "n0")], "handmade")
+    r = simulate(small(spot_gpus=6, iterations=12), restart, ["spot_restart"])["policies"]["spot_restart"]
+    assert r["restarts"] == 1
+    back = 200.0 + st.cold_start_s + st.restore_s
+    end = r["wall_h"] * 3600
+    assert end > back
+    spot_gpu_s = 2 * 2 * 200.0 + 1 * 2 * (back - 200.0) + 2 * 2 * (end - back)
+    assert r["total_cost_usd"] == pytest.approx((4 * od * end + spot * spot_gpu_s) / 3600, rel=1e-9)
+    # the paid GPUs it reports (the timeline) are the same ones
+    points = [(t * 3600, n) for t, n in r["timeline"]] + [(end, 0)]
+    paid_gpu_s = sum(n * (t1 - t0) for (t0, n), (t1, _) in zip(points, points[1:]))
+    assert paid_gpu_s == pytest.approx(4 * end + spot_gpu_s, rel=1e-9)

@@ -21,10 +21,14 @@ class Policy:
     """none | critical_path (on the on-demand GPUs before each rollout) | idle_spot (during training)."""
     oracle: bool = False
     """Knows the trace: work is spread over every live GPU as a fluid, nothing lost, no join cost."""
+    all_ondemand: bool = False
+    """Rents the spot fleet's peak as on-demand GPUs too (the same hardware as a spot policy, never
+    preempted, at on-demand prices): every GPU rolls out and trains."""
 
 
 POLICIES = {
     "ondemand": Policy("ondemand", spot=False),
+    "ondemand_total": Policy("ondemand_total", spot=False, all_ondemand=True),
     "spot_restart": Policy("spot_restart", spot=True, elastic=False),
     "spotlight_noexplore": Policy("spotlight_noexplore", spot=True),
     "sync_explore": Policy("sync_explore", spot=False, explore="critical_path"),

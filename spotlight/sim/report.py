@@ -25,30 +25,39 @@ def _vs_ondemand(ratio: float) -> str:
     return f"{ratio:.2f}x ({abs(ratio - 1.0):.0%} {'less' if ratio < 1.0 else 'more'})"
 
 
+TABLE_BASELINES = ("ondemand", "ondemand_total")
+"""The baselines the terminal table compares with (all four are in `--json`): on-demand GRPO on
+the same on-demand GPUs, and on as many GPUs in all, every one on-demand."""
+
+
 def table(result: dict[str, Any]) -> str:
-    """One row per policy, with its speed-up and its cost against `ondemand` when that was simulated:
-    "speed-up" is ondemand's hours to target over the policy's (above 1x: faster), "cost vs
-    ondemand" the policy's dollars to target over ondemand's (below 1x: cheaper), with the
-    difference in words so that neither reads backwards."""
+    """One row per policy, with its speed-up and its cost against each of `TABLE_BASELINES` that was
+    simulated (the `speedup_vs_*` / `cost_ratio_vs_*` fields): above 1x is sooner, below 1x
+    cheaper, with the cost difference in words so that neither reads backwards."""
     pols = result["policies"]
-    base = pols.get("ondemand")
-    head = ["policy"] + [c[1] for c in COLUMNS] + (["speed-up", "cost vs ondemand"] if base else [])
+    bases = [b for b in TABLE_BASELINES if b in pols]
+    head = ["policy"] + [c[1] for c in COLUMNS] + [h for b in bases for h in (f"speed-up vs {b}", f"cost vs {b}")]
     rows = [head]
     for name, r in pols.items():
         cells = [name] + ["-" if r.get(k) is None else fmt.format(r[k]) for k, _, fmt in COLUMNS]
-        if base:
-            ok = r["time_to_target_h"] and base["time_to_target_h"]
-            cells += [f"{base['time_to_target_h'] / r['time_to_target_h']:.2f}x" if ok else "-",
-                      _vs_ondemand(r["cost_usd"] / base["cost_usd"]) if ok else "-"]
+        for b in bases:
+            speedup, cost = r.get(f"speedup_vs_{b}"), r.get(f"cost_ratio_vs_{b}")
+            cells += ["-" if speedup is None else f"{speedup:.2f}x", "-" if cost is None else _vs_ondemand(cost)]
         rows.append(cells)
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
     lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))) for row in rows]
     c = result["config"]
     lines.append(f"({c['gpus']} on-demand + up to {c['spot_gpus_peak']} spot {c['gpu']} GPUs at "
-                 f"${c['price_per_gpu_h']['ondemand']:.2f} / ${c['price_per_gpu_h']['spot']:.2f} per GPU-hour, "
-                 f"{c['resolution']}px, {c['prompts']}x{c['group_size']} samples per iteration; trace {result['trace']}"
-                 + ("; speed-up: ondemand's hours to target / the policy's (above 1x is faster); cost vs ondemand: "
-                    "the policy's cost to target / ondemand's (below 1x is cheaper))" if base else ")"))
+                 f"${c['price_per_gpu_h']['ondemand']:.2f} / ${c['price_per_gpu_h']['spot']:.2f} per GPU-hour "
+                 f"({c['price_per_gpu_h']['priced_from']}: {c['price_source']}), "
+                 f"{c['resolution']}px, {c['prompts']}x{c['group_size']} samples per iteration; trace {result['trace']})")
+    if bases:
+        defined = {"ondemand": f"ondemand: {c['gpus']} on-demand GPUs",
+                   "ondemand_total": f"ondemand_total: {c['ondemand_total_gpus']} on-demand GPUs "
+                                     f"({c['gpus']} + the spot fleet's peak)"}
+        lines.append("(speed-up: the baseline's hours to target / the policy's, above 1x is sooner; cost: the policy's "
+                     "dollars to target / the baseline's, below 1x is cheaper; " + "; ".join(defined[b] for b in bases)
+                     + "; --json also compares with spot_restart and sync_explore when they were simulated)")
     return "\n".join(lines)
 
 

@@ -7,12 +7,21 @@ in one way, which is why it lives in a file of its own: any preemption of a node
 cluster restarts the whole job. Everything the iteration computed is lost (its finished rollout
 requests count as `steps_recomputed`), the fleet is down for a cold start and a restore, and the
 iteration runs again on the capacity live then, grouped afresh (`ModelledExecutor.restart_groups`).
+
+Billing: the job pays for the nodes of its cluster, not for every node the trace has live. Its
+cluster is the spot nodes live at the start, and after each restart the nodes live then; a node
+that joins in between is not the job's until the next restart (a managed job does not rent it),
+so it is not paid for. Survivors of a preemption stay the job's (and paid) through the cold start
+and restore; nodes a restart adds are paid from the moment the job serves on them, which leaves
+their part of the cold start and restore unpaid — in the baseline's favour.
+(`tests/test_simulator.py::test_spot_restart_pays_only_for_the_nodes_its_job_holds`.)
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from cloud.cost import Fleet
 from schedulers.fleet import FleetAction
 from schedulers.request import Kind, Request
 from spotlight.sim.modelled_executor import ModelledExecutor, requests_of
@@ -24,7 +33,7 @@ class RestartSimulation(Simulation):
         super().__init__(*args, **kwargs)
         cfg = self.cfg
         self.executor = ModelledExecutor(self.clock, self.queue, self.st, cfg.resolution, self.seq, cfg.commit_every,
-                                         cfg.join_s, self.requests_per_iteration, cfg.gpus, on_done=self._done,
+                                         cfg.join_s, self.requests_per_iteration, self.ondemand_gpus, on_done=self._done,
                                          elastic=False)
         self.engine.executor = self.executor
         self.engine.on_kill = self._killed
@@ -33,9 +42,22 @@ class RestartSimulation(Simulation):
         self.completed: dict[str, int] = {}
         """This attempt's finished rollout requests, by id: the steps a restart throws away."""
         self.lost_steps = 0
+        self.held: set[str] = set()
+        """The spot nodes of the job's cluster (module docstring): what it pays for."""
 
     def _actions(self) -> list[FleetAction]:
         return [a for a in super()._actions() if a.action != "notice"]  # a managed job ignores notices
+
+    def _fleet_changed(self) -> None:
+        """The meter and the timeline follow the job's cluster, not the trace's live nodes. At time 0
+        every live node is the job's: the executor admits the nodes a trace starts with."""
+        nodes = self.engine.nodes
+        if self.clock.now() == 0.0:
+            self.held.update(name for name, n in nodes.items() if n.spot and n.alive)
+        self.held = {name for name in self.held if nodes[name].alive}  # a dead node leaves the cluster for good
+        spot = sum(nodes[name].devices for name in self.held)
+        self.meter.set_fleet(Fleet(self.ondemand_gpus, spot))
+        self.timeline.append((self.clock.now(), self.ondemand_gpus + spot))
 
     def _done(self, group: Any, request: Request) -> None:
         if request.kind is Kind.ROLLOUT:
@@ -63,6 +85,8 @@ class RestartSimulation(Simulation):
         self.engine.wait(Until(self.clock, self.down_until))
         self.down_until = None
         self.executor.restart_groups(self.engine.nodes["ondemand0"])
+        self.held = {name for name, n in self.engine.nodes.items() if n.spot and n.alive}  # as restart_groups admits
+        self._fleet_changed()
         self.engine.settle()
 
     def _iteration(self, it: int, explored: dict[int, int], train_s: float) -> dict[int, int] | None:

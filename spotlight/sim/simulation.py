@@ -22,6 +22,18 @@ from spotlight.sim.progress_model import ProgressModel, SeedRewards
 from spotlight.sim.step_time import image_tokens
 
 
+def spot_block(cfg: SimConfig, trace: Trace) -> int:
+    """GPUs a trace node stands for: the spot fleet's peak spread over the trace's most live nodes
+    (at least 1, so that a trace with more nodes than spot GPUs still has GPUs on every node)."""
+    return max(1, cfg.peak_spot_gpus // max(trace.max_live, 1))
+
+
+def spot_peak_gpus(cfg: SimConfig, trace: Trace) -> int:
+    """The spot GPUs live at the trace's peak, as simulated (`spot_block` x the most live nodes):
+    what `ondemand_total` rents on demand besides `cfg.gpus`."""
+    return spot_block(cfg, trace) * trace.max_live
+
+
 class Until:
     """A modelled phase of known length (training, a weight sync) as the engine waits on it."""
 
@@ -110,21 +122,24 @@ class Simulation:
         # the live defaults (config.exploration.round_samples and optimism, chunk G/2: spotlight/train/exploration.py)
         self.planner = make_planner(cfg.planner, **({"round_samples": 64, "chunk": max(1, cfg.group_size // 2),
                                                      "seed": cfg.seed} if cfg.planner == "bandit" else {}))
-        self.block = max(1, cfg.peak_spot_gpus // max(trace.max_live, 1)) if policy.spot else 0
-        self.meter = CostMeter(self.clock, prices[0], prices[1], Fleet(cfg.gpus, 0))
+        self.block = spot_block(cfg, trace) if policy.spot else 0
+        self.ondemand_gpus = cfg.gpus + (spot_peak_gpus(cfg, trace) if policy.all_ondemand else 0)
+        """On-demand GPUs: `cfg.gpus`, and for `ondemand_total` the spot fleet's peak besides."""
+        self.meter = CostMeter(self.clock, prices[0], prices[1], Fleet(self.ondemand_gpus, 0))
         self.timeline: list[tuple[float, int]] = []
         self.explored_samples = 0
         self.busy_gpu_s = 0.0
         self._stats: dict[str, int] = {}
         """Counters of the queues of earlier iterations (`_new_queue`)."""
-        peak = cfg.gpus + (self.block * trace.max_live if policy.spot else 0)
+        peak = self.ondemand_gpus + (self.block * trace.max_live if policy.spot else 0)
         self.samples_per_request = cfg.samples_per_request or request_size(
             peak, cfg.prompts, cfg.group_size, self.seq, st, cfg.resolution)
         self.requests_per_iteration = cfg.prompts * math.ceil(cfg.group_size / self.samples_per_request)
         self.executor = ModelledExecutor(self.clock, self.queue, st, cfg.resolution, self.seq, cfg.commit_every,
-                                         cfg.join_s, self.requests_per_iteration, cfg.gpus, on_done=self._done)
+                                         cfg.join_s, self.requests_per_iteration, self.ondemand_gpus,
+                                         on_done=self._done)
         self.engine = FleetEngine(self.clock, self.queue, self.executor,
-                                  [Node("ondemand0", spot=False, devices=cfg.gpus)], self._actions(),
+                                  [Node("ondemand0", spot=False, devices=self.ondemand_gpus)], self._actions(),
                                   replay_phases=("rollout", "train", "idle"), spot_devices=self.block)
         self.engine.on_fleet = self._fleet_changed
 
@@ -140,8 +155,8 @@ class Simulation:
 
     def _fleet_changed(self) -> None:
         spot = self.engine.spot_devices()
-        self.meter.set_fleet(Fleet(self.cfg.gpus, spot))
-        self.timeline.append((self.clock.now(), self.cfg.gpus + spot))
+        self.meter.set_fleet(Fleet(self.ondemand_gpus, spot))
+        self.timeline.append((self.clock.now(), self.ondemand_gpus + spot))
 
     def start_planner(self, budget: int) -> SeedPool:
         """A fresh seed pool of the planned prompts' candidates, the planner started on it with
@@ -186,7 +201,7 @@ class Simulation:
         self._fleet_changed()
         self.engine.start()
         gain, progress, reached_at, cost_at, explored = 0.0, [(0.0, self.progress.score(0.0))], None, None, {}
-        train_s = st.train_s(cfg.resolution, cfg.prompts * cfg.group_size, cfg.gpus)
+        train_s = st.train_s(cfg.resolution, cfg.prompts * cfg.group_size, self.ondemand_gpus)
         cost = self._cost_control(train_s)
         stop_reason = "iterations"
         it = 0
@@ -200,7 +215,7 @@ class Simulation:
             nxt = self._iteration(it, explored, train_s)
             if nxt is None:
                 continue
-            self.busy_gpu_s += cfg.gpus * train_s
+            self.busy_gpu_s += self.ondemand_gpus * train_s
             gain += self.progress.gain(self._signal(it, explored))
             explored = nxt
             progress.append((self.clock.now(), self.progress.score(gain)))
@@ -235,7 +250,7 @@ class Simulation:
         reserve_s = 0.0 if self.policy.elastic else st.cold_start_s + st.restore_s
         forecast = Forecast(train_s + st.weight_sync_s, 0.0, reserve_s=reserve_s)
         budget = BudgetPolicy(cfg.budget_usd, forecast) if cfg.budget_usd is not None else None
-        peak = Fleet(cfg.gpus, cfg.peak_spot_gpus if self.policy.spot else 0)
+        peak = Fleet(self.ondemand_gpus, cfg.peak_spot_gpus if self.policy.spot else 0)
         return CostControl(self.clock, self.meter, peak, forecast, budget, peak_fleet=peak)
 
     def _before_iteration(self) -> None:

@@ -10,8 +10,8 @@ a `SeedPool`), and the cost meter and budget policy (`cloud.cost`) priced from `
 What is *modelled*: how long a request takes (`spotlight.sim.step_time.StepTimes`), and what the
 learning signal of a chosen group is (`spotlight.sim.progress_model`).
 
-Policies that differ only in configuration run here: `ondemand` (no spot nodes),
-`spotlight_noexplore` (spot nodes), `sync_explore` (exploration on the critical path before each
+Policies that differ only in configuration run here: `ondemand` (no spot nodes), `ondemand_total`
+(no spot nodes, the spot fleet's peak rented on demand instead), `spotlight_noexplore` (spot nodes), `sync_explore` (exploration on the critical path before each
 rollout), `spotlight` (spot nodes, exploring on idle spot workers while the learner trains). Two
 baselines behave differently and live in files of their own: `spot_restart` (any preemption
 restarts the job from the iteration's checkpoint: `spotlight.sim.restart`) and the clairvoyant
@@ -24,6 +24,9 @@ by the trace (it runs through every phase here); a trace node stands for a block
 `spot_gpus / max_live` GPUs; a removed node gets its notice `notice_s` before and a joining node
 serves after `join_s`. After the trace ends the fleet stays as it was at its end.
 
+Every policy is compared with the four baselines simulated in the same run (`BASELINES`,
+`compare`): `speedup_vs_<baseline>` and `cost_ratio_vs_<baseline>` in its result.
+
 Determinism: no wall clock; every draw comes from generators seeded by (seed, iteration, prompt);
 ties in the event heap break by insertion order. Same config and trace -> same result.
 """
@@ -32,15 +35,23 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from cloud.prices import NodePrice, PriceTable
 from schedulers.traces import Trace
 from spotlight.config import ConfigError
 from spotlight.sim.config import POLICIES, Policy, SimConfig
 from spotlight.sim.oracle import OracleSimulation
 from spotlight.sim.progress_model import ProgressModel
 from spotlight.sim.restart import RestartSimulation
-from spotlight.sim.simulation import Simulation
+from spotlight.sim.simulation import Simulation, spot_peak_gpus
 
-__all__ = ["POLICIES", "Policy", "SimConfig", "Simulation", "gpu_prices", "make_simulation", "simulate"]
+__all__ = ["BASELINES", "POLICIES", "Policy", "SimConfig", "Simulation", "compare", "gpu_prices", "make_simulation",
+           "simulate"]
+
+BASELINES = ("ondemand", "ondemand_total", "spot_restart", "sync_explore")
+"""What every policy is compared with (docs/simulator.md#baselines): on-demand GRPO on the same
+on-demand GPUs, on-demand GRPO on as many GPUs in all (on-demand + the spot fleet's peak),
+restart-from-checkpoint on the same spot fleet (paying only for the nodes its job holds), and
+exploration on the critical path on the on-demand GPUs."""
 
 
 def make_simulation(cfg: SimConfig, policy: Policy, trace: Trace, progress: ProgressModel,
@@ -55,14 +66,38 @@ def make_simulation(cfg: SimConfig, policy: Policy, trace: Trace, progress: Prog
 
 def gpu_prices(cfg: SimConfig) -> tuple[float, float, str]:
     """(on-demand, spot) dollars per GPU-hour from the price table, and the row used."""
-    from cloud.prices import PriceTable
+    price = _gpu_price(cfg)
+    return price.ondemand_usd_h, price.spot_usd_h, price.row.instance_type
 
+
+def _gpu_price(cfg: SimConfig) -> NodePrice:
+    """One GPU's prices and the table row they come from (its `source` and `date` go into the result)."""
     table = PriceTable.load(cfg.prices)
     gpu = cfg.price_gpu or cfg.step_times.gpu
     if cfg.price_gpu is None and gpu == "tiny-cpu":  # the measured CPU profile: no table prices a CPU
         gpu = "H100"
-    price = table.node_price(gpu, 1)  # an unknown GPU: a PriceError naming the GPUs the table prices
-    return price.ondemand_usd_h, price.spot_usd_h, price.row.instance_type
+    return table.node_price(gpu, 1)  # an unknown GPU: a PriceError naming the GPUs the table prices
+
+
+def compare(policies: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Each result with `speedup_vs_<b>` (b's hours to target / the policy's: above 1, sooner) and
+    `cost_ratio_vs_<b>` (the policy's dollars to target / b's: below 1, cheaper) for every baseline
+    b in `BASELINES` among `policies`; None where either did not reach the target. The fields go
+    before the long `timeline` and `progress` lists, so that a reader of the JSON sees them."""
+    out = {}
+    for name, r in policies.items():
+        ratios: dict[str, float | None] = {}
+        for b in BASELINES:
+            base = policies.get(b)
+            if base is None:
+                continue  # not simulated in this run: no field rather than a made-up one
+            hours, base_hours = r["time_to_target_h"], base["time_to_target_h"]
+            reached = hours is not None and base_hours is not None and hours > 0
+            ratios[f"speedup_vs_{b}"] = base_hours / hours if reached else None
+            ratios[f"cost_ratio_vs_{b}"] = r["cost_usd"] / base["cost_usd"] if reached and base["cost_usd"] > 0 else None
+        lists = {k: r[k] for k in ("timeline", "progress") if k in r}
+        out[name] = {**{k: v for k, v in r.items() if k not in lists}, **ratios, **lists}
+    return out
 
 
 def simulate(cfg: SimConfig, trace: Trace, policies: list[str] | None = None,
@@ -75,16 +110,19 @@ def simulate(cfg: SimConfig, trace: Trace, policies: list[str] | None = None,
         if n not in POLICIES:
             raise ConfigError(f"--policy: unknown policy {n!r} (expected all or one of {', '.join(POLICIES)})")
     progress = progress or ProgressModel.calibrated(iterations_scale=cfg.iterations_scale)
-    od, spot, row = gpu_prices(cfg)
+    price = _gpu_price(cfg)
+    od, spot, row = price.ondemand_usd_h, price.spot_usd_h, price.row
     out = {name: make_simulation(cfg, POLICIES[name], trace, progress, (od, spot),
                                  None if on_iteration is None else lambda it, name=name: on_iteration(name, it)).run()
            for name in names}
     return {
-        "policies": out,
+        "policies": compare(out),
         "trace": trace.source,
-        "config": {"gpus": cfg.gpus, "spot_gpus_peak": cfg.peak_spot_gpus if trace.max_live else 0,
+        "config": {"gpus": cfg.gpus, "spot_gpus_peak": spot_peak_gpus(cfg, trace),
+                   "ondemand_total_gpus": cfg.gpus + spot_peak_gpus(cfg, trace),
                    "iterations": cfg.iterations, "resolution": cfg.resolution, "prompts": cfg.prompts,
                    "group_size": cfg.group_size, "seed": cfg.seed, "gpu": cfg.step_times.gpu,
-                   "price_per_gpu_h": {"ondemand": od, "spot": spot, "priced_from": row}},
+                   "price_per_gpu_h": {"ondemand": od, "spot": spot, "priced_from": row.instance_type},
+                   "price_source": row.source, "price_row": row.to_dict(), "baselines": list(BASELINES)},
         "progress_model": progress.to_dict(),
     }
