@@ -154,7 +154,9 @@ Event = Ready | Served | Died | Dissolved
 
 
 class Pending(Protocol):
-    """Something the engine waits on besides the workers: the learner's update."""
+    """Something the engine waits on besides the workers: the learner's update. One the fleet
+    computes (`schedulers.update.FleetUpdate`) also names the request kinds its workers serve for
+    it (`kinds`); `done()` may move it on (put its next round)."""
 
     def done(self) -> bool: ...
 
@@ -550,25 +552,28 @@ class FleetEngine:
         for source in self.sources:
             source.poll(self)
 
-    def _dispatch(self, kinds: Collection[Kind], version: int, spot_only: bool) -> None:
-        """Every idle worker allowed (on-demand ones first) serves, while there is work to pull."""
-        if not (self._idle[True] or (self._idle[False] and not spot_only)) or not self.queue.queued(kinds):
-            return
-        for spot in ((True,) if spot_only else (False, True)):
+    def _dispatch(self, kinds: Collection[Kind], ondemand_kinds: Collection[Kind], version: int) -> None:
+        """Every idle worker (on-demand ones first) serves its kinds — `kinds` on a spot worker,
+        `ondemand_kinds` on an on-demand one — while there is work of them to pull."""
+        for spot, ks in ((False, ondemand_kinds), (True, kinds)):
             idle = self._idle[spot]
+            if not idle or not ks or not self.queue.queued(ks):
+                continue
             while idle:
                 name = next(iter(idle))
                 w = self.workers[name]
-                if not self.executor.serve(w, kinds, version):
+                if not self.executor.serve(w, ks, version):
                     return
                 del idle[name]
                 w.phase = WorkerPhase.SERVING
 
     def _step(self, done: Callable[[], bool], kinds: Collection[Kind] = (), version: int = 0,
-              spot_only: bool = False, pending: Sequence[Pending] = ()) -> bool:
+              spot_only: bool = False, pending: Sequence[Pending] = (),
+              ondemand_kinds: Collection[Kind] | None = None) -> bool:
         """One turn of every phase: apply the actions due; return True if `done()` then holds;
-        else let idle workers serve `kinds` (none: only wait) and wait for the next thing to
-        happen — a worker's report, a `pending` done, an action due — and return False."""
+        else let idle workers serve `kinds` (none: only wait; on-demand workers serve
+        `ondemand_kinds` where given, else `kinds` unless `spot_only`) and wait for the next thing
+        to happen — a worker's report, a `pending` done, an action due — and return False."""
         # The simulator turns this loop about once per request (4,096 GPUs x 1,000 iterations: ~2M
         # times), so the next action's time is computed once per turn.
         clock = self.clock
@@ -580,8 +585,10 @@ class FleetEngine:
             due = self._next_due()
         if done():
             return True
-        if kinds:
-            self._dispatch(kinds, version, spot_only)
+        if ondemand_kinds is None:
+            ondemand_kinds = () if spot_only else kinds
+        if kinds or ondemand_kinds:
+            self._dispatch(kinds, ondemand_kinds, version)
             if not self.workers and not self._more_capacity_coming():
                 # An executor may report workers late (an SP re-plan's groups form after a death
                 # ended the old ones): take in what it has before giving up, then dispatch them.
@@ -677,9 +684,14 @@ class FleetEngine:
                     self.settle()  # workers reported late (see `_step`)
                     if not self.workers:
                         raise NoCapacity("no worker left to finish exploration (exploration.budget_source: samples)")
+                # While the update runs, its own work (a fleet update's gradients) comes first on
+                # every worker, and exploration only on spot ones: the on-demand ones are the
+                # learner's (every worker explores on a fleet without spot nodes).
+                work = tuple(getattr(update, "kinds", ())) if updating else ()
+                explorers = (*work, Kind.EXPLORATION)
                 self._step(lambda: not self.queue.open(Kind.EXPLORATION) or (updating and update.done()),
-                           (Kind.EXPLORATION,), version, spot_only=updating and spot_fleet,
-                           pending=[update] if updating else ())
+                           explorers, version, pending=[update] if updating else (),
+                           ondemand_kinds=work if updating and spot_fleet else explorers)
         finally:
             self._phase("idle")
         seconds = self.clock.now() - start
@@ -688,18 +700,19 @@ class FleetEngine:
         if update is None:
             return exploration_stats(session, seconds)
         if updating:  # exploration ran out before the update did
-            self.wait(update)
+            self.wait(update, version)
             self.rate.update_s = self.clock.now() - start
             return {**exploration_stats(session, seconds), "time_publish_wait_s": 0.0}
         # How long the new weights waited for exploration after the update was done.
         return {**exploration_stats(session, seconds), "time_publish_wait_s": self.clock.now() - updated}
 
-    def wait(self, pending: Pending) -> None:
+    def wait(self, pending: Pending, version: int = 0) -> None:
         """Wait for `pending` (the learner's update) while the fleet lives on: notices, deaths
-        and joins are handled, workers only idle."""
+        and joins are handled; workers compute the update's own work (`pending.kinds`, a fleet
+        update's gradients at weight `version`) or idle."""
         self._phase("train")
         try:
-            while not self._step(pending.done, pending=[pending]):
+            while not self._step(pending.done, tuple(getattr(pending, "kinds", ())), version, pending=[pending]):
                 pass
         finally:
             self._phase("idle")

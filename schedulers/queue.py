@@ -33,7 +33,9 @@ from schedulers.clock import Clock
 from schedulers.request import Kind, Request
 
 
-_ALL_KINDS = tuple(sorted(Kind))
+_ALL_KINDS = tuple(sorted(Kind, key=lambda k: k.rank))
+_RELEASED = object()
+"""What a result released by `PullQueue.results(..., release=True)` is replaced with."""
 
 
 class Status(Enum):
@@ -69,6 +71,10 @@ class Lease(NamedTuple):
     deadline: float
 
 
+def _by_rank(kinds: Collection[Kind]) -> Collection[Kind]:
+    return kinds if len(kinds) == 1 else sorted(set(kinds), key=lambda k: k.rank)
+
+
 class PullQueue:
     """Requests served by priority (`Request.priority`, then put order), leased for `lease_s`."""
 
@@ -78,7 +84,7 @@ class PullQueue:
         self._clock = clock
         self._lease_s = lease_s
         self._lock = threading.Lock()
-        self._by_worker: Counter[str] = Counter()
+        self._by_worker: Counter[tuple[str, Kind]] = Counter()
         self._requests: dict[str, Request] = {}
         """Every request put, carrying its last committed state and step."""
         self._status: dict[str, Status] = {}
@@ -141,7 +147,7 @@ class PullQueue:
                 return []
             deadline = self._clock.now() + self._lease_s
             leases: list[Lease] = []
-            for kind in _ALL_KINDS if kinds is None else kinds if len(kinds) == 1 else sorted(set(kinds)):
+            for kind in _ALL_KINDS if kinds is None else _by_rank(kinds):
                 heap = self._heaps[kind]
                 skipped: list[tuple[int, int, str]] = []
                 while heap and len(leases) < max_requests:
@@ -228,7 +234,7 @@ class PullQueue:
                 self._queued[self._requests[request_id].kind] -= 1
             self._done[request_id] = len(self._log)
             self._log.append((request_id, result))
-            self._by_worker[worker] += 1
+            self._by_worker[worker, self._requests[request_id].kind] += 1
             self._status[request_id] = Status.COMPLETED
             del self._open[self._requests[request_id].kind][request_id]
             self._counts["requests_completed"] += 1
@@ -279,10 +285,17 @@ class PullQueue:
         with self._lock:
             return self._result(request_id)
 
-    def results(self, ids: Iterable[str]) -> list[Any]:
-        """Committed results in the order of `ids`; KeyError if any is not completed."""
+    def results(self, ids: Iterable[str], release: bool = False) -> list[Any]:
+        """Committed results in the order of `ids`; KeyError if any is not completed. With
+        `release`, the queue keeps them no longer (they stay completed; reading them again is a
+        KeyError): an update's gradients are consumed once, and would otherwise pile up."""
         with self._lock:
-            return [self._result(request_id) for request_id in ids]
+            ids = list(ids)
+            out = [self._result(request_id) for request_id in ids]
+            if release:
+                for request_id in ids:
+                    self._log[self._done[request_id]] = (request_id, _RELEASED)
+            return out
 
     def committed(self, ids: Iterable[str]) -> tuple[dict[str, Any], dict[str, tuple[int, Any]]]:
         """What is committed of requests `ids`: (results of the completed ones, {id: (step, state)}
@@ -331,10 +344,15 @@ class PullQueue:
         """True when every one of `ids` is completed or cancelled."""
         return self.pending(ids) == 0
 
-    def completions_by_worker(self) -> dict[str, int]:
-        """How many requests each worker committed (the commit that counted), since construction."""
+    def completions_by_worker(self, kind: Kind | None = None) -> dict[str, int]:
+        """How many requests (of `kind`; default all) each worker committed (the commit that
+        counted), since construction."""
         with self._lock:
-            return dict(self._by_worker)
+            out: Counter[str] = Counter()
+            for (worker, k), n in self._by_worker.items():
+                if kind is None or k is kind:
+                    out[worker] += n
+            return dict(out)
 
     def stats(self) -> dict[str, int]:
         """Counters since construction and the current queue sizes.
@@ -371,7 +389,10 @@ class PullQueue:
     def _result(self, request_id: str) -> Any:
         if request_id not in self._done:
             raise KeyError(f"request {request_id!r} is {self._status_of(request_id).value}, not completed")
-        return self._log[self._done[request_id]][1]
+        result = self._log[self._done[request_id]][1]
+        if result is _RELEASED:
+            raise KeyError(f"request {request_id!r}'s result was released after it was read")
+        return result
 
     def _holds(self, worker: str, request_id: str) -> bool:
         self._status_of(request_id)  # an unknown id is a caller bug, not a stale worker

@@ -60,8 +60,8 @@ class _QueueActor:
     def result(self, request_id: str) -> Any:
         return self._queue.result(request_id)
 
-    def results(self, ids: Iterable[str]) -> list[Any]:
-        return self._queue.results(ids)
+    def results(self, ids: Iterable[str], release: bool = False) -> list[Any]:
+        return self._queue.results(ids, release)
 
     def committed(self, ids: Iterable[str]) -> tuple[dict[str, Any], dict[str, tuple[int, Any]]]:
         return self._queue.committed(ids)
@@ -84,8 +84,8 @@ class _QueueActor:
     def stats(self) -> dict[str, int]:
         return self._queue.stats()
 
-    def completions_by_worker(self) -> dict[str, int]:
-        return self._queue.completions_by_worker()
+    def completions_by_worker(self, kind: Kind | None = None) -> dict[str, int]:
+        return self._queue.completions_by_worker(kind)
 
 
 # num_cpus=0: the queue is bookkeeping (well under a millisecond a call), so it should not take a
@@ -146,11 +146,11 @@ class QueueClient:
     def queued(self, kinds: Collection[Kind] | None = None) -> int:
         return ray.get(self.handle.queued.remote(kinds))
 
-    def results(self, ids: Iterable[str]) -> list[Any]:
-        return ray.get(self.handle.results.remote(ids))
+    def results(self, ids: Iterable[str], release: bool = False) -> list[Any]:
+        return ray.get(self.handle.results.remote(ids, release))
 
     def stats(self) -> dict[str, int]:
         return ray.get(self.handle.stats.remote())
 
-    def completions_by_worker(self) -> dict[str, int]:
-        return ray.get(self.handle.completions_by_worker.remote())
+    def completions_by_worker(self, kind: Kind | None = None) -> dict[str, int]:
+        return ray.get(self.handle.completions_by_worker.remote(kind))

@@ -16,10 +16,36 @@ from typing import Any
 
 
 class Kind(IntEnum):
-    """What a request is for; the lower value is served first (rollout outranks exploration)."""
+    """What a request is for. Served in `rank` order: the rollout, then the update's gradient work
+    (it is on the critical path: the next rollout waits for the new weights), then exploration
+    (it fills what is left)."""
 
     ROLLOUT = 0
     EXPLORATION = 1
+    TRAIN = 2
+    """One micro-batch of the update's gradient (`GradientWork`)."""
+
+    @property
+    def rank(self) -> int:
+        return _RANK[self]
+
+
+_RANK = {Kind.ROLLOUT: 0, Kind.TRAIN: 1, Kind.EXPLORATION: 2}
+
+
+@dataclass(frozen=True)
+class GradientWork:
+    """What a `Kind.TRAIN` request computes: micro-batch `index` of update round `round` (one
+    optimiser step of the iteration's update), over the iteration's rollout and advantages
+    (`data`). Round 0 uses the weights of the rollout (the request's `weight_version`, which
+    every worker already holds); a later round uses `weights`, the learner's weights after the
+    round before. `data` and `weights` are whatever the runtime hands around: the objects
+    themselves in one process, object-store references on Ray."""
+
+    round: int
+    index: int
+    data: Any
+    weights: Any = None
 
 
 @dataclass(frozen=True)
@@ -38,7 +64,9 @@ class Request:
     """Last committed partial state; None means start from scratch."""
     step: int = 0
     """Denoising steps the committed state has completed (0 with no state)."""
+    work: GradientWork | None = None
+    """A `Kind.TRAIN` request's micro-batch (None for every other kind)."""
 
     @property
     def priority(self) -> tuple[int, int]:
-        return (int(self.kind), self.order)
+        return (self.kind.rank, self.order)

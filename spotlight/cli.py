@@ -7,7 +7,7 @@
     spotlight bench throughput|scheduler|sp-regroup|sp-train [--json] [--agent process|local]
     spotlight launch CONFIG [--dryrun] [--out DIR] [--strict] [--name NAME]
     spotlight simulate --trace TRACE [--policy all|NAME] [--gpus N] [--iterations N] [--resolution 512|1280] [--budget-usd X]
-                       [--seed S] [--json] [--plot PNG] [--step-times YAML]
+                       [--seed S] [--json] [--plot PNG] [--step-times YAML] [--prices CSV]
     spotlight traces show|synth TRACE [--plot PNG] [--json] [--out FILE]
 
 Bad input (a config, a trace, a flag value) ends with one `spotlight: error: ...` line and exit
@@ -261,6 +261,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 
         runtime.actions = replay_schedule(trace, cfg.runtime.spot_workers, cfg.runtime.trace_speedup,
                                           cfg.runtime.notice_s)
+        if cfg.train.update_on == "fleet":  # spot workers compute the update too: a preemption then costs
+            runtime.replay_phases = ("rollout", "train")
     try:
         with hub_progress(_progress(args), diffusers=cfg.policy.kind == "dit"):
             summary = Trainer(cfg, out, progress=_progress(args), log=log).build(runtime).train()
@@ -430,7 +432,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     fields = {k: v for k, v in (("gpus", args.gpus), ("spot_gpus", args.spot_gpus), ("iterations", args.iterations),
                                 ("resolution", args.resolution), ("seed", args.seed), ("prompts", args.prompts),
                                 ("iterations_scale", args.iterations_scale), ("notice_s", args.notice_s),
-                                ("budget_usd", args.budget_usd))
+                                ("budget_usd", args.budget_usd), ("prices", args.prices))
               if v is not None}
     steps = StepTimes.profile(args.profile)
     if args.step_times:
@@ -446,6 +448,13 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     except ConfigError as err:  # name the flag that set the field: --notice-s for notice_s
         field = str(err).partition(":")[0]
         raise ConfigError(f"--{field.replace('_', '-')}: {err}" if field in fields else str(err)) from None
+    if args.prices:  # a bad table is named by its flag, not blamed on --gpu
+        from cloud.prices import PriceTable
+
+        try:
+            PriceTable.load(args.prices)
+        except ConfigError as err:
+            raise ConfigError(f"--prices: {err}") from None
     try:
         gpu_prices(cfg)  # a GPU the price table does not price: refused before the trace is read
     except ConfigError as err:
@@ -633,6 +642,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="step-time profile (default qwen-image)")
     sim.add_argument("--gpu", help="GPU type for step times and prices (default H100)")
     sim.add_argument("--step-times", metavar="YAML", help="override step-time fields (spotlight/sim/step_time.py)")
+    sim.add_argument("--prices", metavar="CSV",
+                     help="price table to run with (default cloud/prices.csv): a sensitivity run, e.g. with "
+                          "another region's or basis' spot price (docs/cost.md)")
     sim.add_argument("--no-stop", action="store_true", help="run every --iterations even after the target")
     sim.add_argument("--json", action="store_true", help="print one JSON object (and no progress on stderr)")
     sim.add_argument("--no-progress", action="store_true", help="no progress bars on stderr (one per policy)")

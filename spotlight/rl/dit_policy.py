@@ -22,7 +22,7 @@ from spotlight.rl.dit_model import PixelDecoder, QwenVAEDecoder, build_transform
 from spotlight.rl.dit_sampler import FlowSDESampler, SampleState
 from spotlight.rl.flow_sde import qwen_image_sigmas, sde_mean_std
 from spotlight.rl.grpo import gaussian_kl_same_std, gaussian_logprob, ppo_clip_loss
-from spotlight.rl.policy import Rollout
+from spotlight.rl.policy import Rollout, sum_stats
 from spotlight.rl.prompt_encoder import HashedWordEncoder, PromptEncoder, QwenPromptEncoder
 from spotlight.rl.prompts import Prompt
 from spotlight.rl.seeding import generator
@@ -47,6 +47,7 @@ class DiTPolicy:
         self.encoder = encoder
         self.decoder = decoder
         self.ref_model = None
+        self._conditioned: tuple | None = None
         dit = cfg.policy.dit
         self.side = dit.latent_side
         self.channels = model.config.out_channels
@@ -139,44 +140,62 @@ class DiTPolicy:
 
     # ---- the GRPO update --------------------------------------------------------------------
 
-    def backward(self, rollout: Rollout, advantages: torch.Tensor) -> dict[str, float]:
-        """Accumulate the gradient of the mean PPO-clip loss over all (sample, SDE step) pairs.
+    def update_parts(self, rollout: Rollout) -> int:
+        """How many micro-batches `backward_part` splits the update of `rollout` into: its (sample,
+        SDE step) pairs, `train.micro_batch` at a time."""
+        return -(-len(rollout) * len(self.sampler.sde_steps) // self.cfg.train.micro_batch)
 
-        The pairs are flattened and processed `micro_batch` rows at a time; each row carries its own
-        sigma, so one forward covers several denoising steps."""
+    def backward_part(self, rollout: Rollout, advantages: torch.Tensor, index: int) -> dict[str, float]:
+        """Accumulate the gradient of micro-batch `index` of the mean PPO-clip loss over all (sample,
+        SDE step) pairs; returns its share of the stats (the stats of the whole update are the
+        sums of the parts').
+
+        The pairs are flattened sample-major; each row carries its own sigma, so one forward
+        covers several denoising steps."""
         g = self.cfg.grpo
         traj, old = rollout.data["trajectory"], rollout.data["log_probs"]
         steps = list(self.sampler.sde_steps)
         n, k = len(rollout), len(steps)
-        sample_idx = torch.arange(n).repeat_interleave(k)
-        step_pos = torch.arange(k).repeat(n)
-        step_idx = torch.tensor(steps)[step_pos]
+        total, mb = n * k, self.cfg.train.micro_batch
+        rows = torch.arange(index * mb, min((index + 1) * mb, total))
+        if not 0 <= index or not len(rows):
+            raise IndexError(f"micro-batch {index} of an update of {self.update_parts(rollout)}")
+        si, sp = rows // k, rows % k
+        st = torch.tensor(steps)[sp]
         sigmas = self.sampler.sigmas.to(traj.device)
-        emb, mask = self._conditioning([p.text for p in rollout.prompts])
+        emb, mask = self._rollout_conditioning(rollout)
+        emb, mask = emb[si], mask[si]
         adv = advantages.to(traj.device)
-        total = n * k
-        sums = {"loss": 0.0, "clip_frac": 0.0, "kl": 0.0, "ratio_dev": 0.0}
-        for lo in range(0, total, self.cfg.train.micro_batch):
-            si, sp, st = (t[lo:lo + self.cfg.train.micro_batch] for t in (sample_idx, step_pos, step_idx))
-            x, x_next = traj[si, st], traj[si, st + 1]
-            sigma, sigma_next = sigmas[st], sigmas[st + 1]
-            v = velocity(self.model, x, sigma, emb[si], mask[si], self.side)
-            mean, std = sde_mean_std(x, v, sigma, sigma_next, self.cfg.sampler.noise_level, float(sigmas[1]))
-            logp = gaussian_logprob(x_next, mean, std)
-            loss_el, clipped = ppo_clip_loss(logp, old[si, sp], adv[si], g.clip_low, g.clip_high)
-            loss = loss_el.sum()
-            if g.kl_beta > 0 and self.ref_model is not None:
-                with torch.no_grad():
-                    v_ref = velocity(self.ref_model, x, sigma, emb[si], mask[si], self.side)
-                    ref_mean, _ = sde_mean_std(x, v_ref, sigma, sigma_next, self.cfg.sampler.noise_level, float(sigmas[1]))
-                kl = gaussian_kl_same_std(mean, ref_mean, std)
-                loss = loss + g.kl_beta * kl.sum()
-                sums["kl"] += kl.detach().sum().item()
-            (loss / total).backward()
-            sums["loss"] += loss.detach().item()
-            sums["clip_frac"] += clipped.sum().item()
-            sums["ratio_dev"] += (logp.detach() - old[si, sp]).abs().sum().item()
-        return {key: val / total for key, val in sums.items()}
+        x, x_next = traj[si, st], traj[si, st + 1]
+        sigma, sigma_next = sigmas[st], sigmas[st + 1]
+        v = velocity(self.model, x, sigma, emb, mask, self.side)
+        mean, std = sde_mean_std(x, v, sigma, sigma_next, self.cfg.sampler.noise_level, float(sigmas[1]))
+        logp = gaussian_logprob(x_next, mean, std)
+        loss_el, clipped = ppo_clip_loss(logp, old[si, sp], adv[si], g.clip_low, g.clip_high)
+        loss = loss_el.sum()
+        kl_sum = 0.0
+        if g.kl_beta > 0 and self.ref_model is not None:
+            with torch.no_grad():
+                v_ref = velocity(self.ref_model, x, sigma, emb, mask, self.side)
+                ref_mean, _ = sde_mean_std(x, v_ref, sigma, sigma_next, self.cfg.sampler.noise_level, float(sigmas[1]))
+            kl = gaussian_kl_same_std(mean, ref_mean, std)
+            loss = loss + g.kl_beta * kl.sum()
+            kl_sum = kl.detach().sum().item()
+        (loss / total).backward()
+        return {"loss": loss.detach().item() / total, "clip_frac": clipped.sum().item() / total,
+                "kl": kl_sum / total, "ratio_dev": (logp.detach() - old[si, sp]).abs().sum().item() / total}
+
+    def _rollout_conditioning(self, rollout: Rollout) -> tuple[torch.Tensor, torch.Tensor]:
+        """The prompts' conditioning of the whole rollout, encoded together (as the rollout was:
+        the padding, hence every number, is the batch's) and kept for its next micro-batch."""
+        if self._conditioned is None or self._conditioned[0] is not rollout:
+            self._conditioned = (rollout, *self._conditioning([p.text for p in rollout.prompts]))
+        return self._conditioned[1], self._conditioned[2]
+
+    def backward(self, rollout: Rollout, advantages: torch.Tensor) -> dict[str, float]:
+        """Accumulate the gradient of the mean PPO-clip loss over all (sample, SDE step) pairs, one
+        micro-batch (`backward_part`) after the other."""
+        return sum_stats(self.backward_part(rollout, advantages, i) for i in range(self.update_parts(rollout)))
 
     def set_reference(self) -> None:
         self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)

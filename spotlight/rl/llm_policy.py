@@ -30,7 +30,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 from spotlight.rl.char_tokenizer import build_char_tokenizer
 from spotlight.config import ConfigError, LLMConfig, RunConfig
 from spotlight.rl.grpo import kl_k3, masked_mean, ppo_clip_loss
-from spotlight.rl.policy import Rollout
+from spotlight.rl.policy import Rollout, sum_stats
 from spotlight.rl.prompts import ARITHMETIC_OPERAND_MAX, Prompt, arithmetic_answer
 from spotlight.rl.seeding import generator
 
@@ -240,38 +240,50 @@ class LLMPolicy:
         """Freeze a copy of the current weights as the KL reference."""
         self.reference = copy.deepcopy(self.model).eval().requires_grad_(False)
 
-    def backward(self, rollout: Rollout, advantages: torch.Tensor) -> dict[str, float]:
-        """Accumulate the gradient of the token-level GRPO loss over the rollout; the caller steps.
+    def update_parts(self, rollout: Rollout) -> int:
+        """Micro-batches of the update over `rollout`: `train.micro_batch` samples each."""
+        return -(-len(rollout) // self.cfg.train.micro_batch)
 
-        advantages: (N,) one per sample. Loss = mean over all completion tokens of the rollout of
-        ppo_clip(token) + kl_beta * k3(token).
-        """
+    def backward_part(self, rollout: Rollout, advantages: torch.Tensor, index: int) -> dict[str, float]:
+        """Accumulate the gradient of micro-batch `index` (samples [index*mb, (index+1)*mb)) of the
+        token-level GRPO loss over the whole rollout; the part's share of the stats ("tokens": its
+        completion tokens)."""
         d = rollout.data
         beta = self.cfg.grpo.kl_beta
         if beta > 0 and self.reference is None:
             raise RuntimeError("grpo.kl_beta > 0 needs a reference policy: call set_reference() first")
+        mb = self.cfg.train.micro_batch
+        i = index * mb
+        if index < 0 or i >= len(rollout):
+            raise IndexError(f"micro-batch {index} of an update of {self.update_parts(rollout)}")
         T = d["completion_mask"].shape[1]
         total = d["completion_mask"].sum().clamp_min(1.0)
         adv = advantages.to(device=self.device, dtype=torch.float32)
-        mb = self.cfg.train.micro_batch
-        sums = {"loss": 0.0, "clip_frac": 0.0, "kl": 0.0}
-        for i in range(0, len(rollout), mb):
-            ids, attn = d["input_ids"][i:i + mb], d["attention_mask"][i:i + mb]
-            m = d["completion_mask"][i:i + mb]
-            logp = token_logprobs(self.model, ids, attn, T, self.llm.temperature)
-            loss, clipped = ppo_clip_loss(logp, d["old_logp"][i:i + mb], adv[i:i + mb, None],
-                                          self.cfg.grpo.clip_low, self.cfg.grpo.clip_high)
-            if beta > 0:
-                with torch.no_grad():
-                    ref_logp = token_logprobs(self.reference, ids, attn, T, self.llm.temperature)
-                kl = kl_k3(logp, ref_logp)
-                loss = loss + beta * kl
-                sums["kl"] += float((kl.detach() * m).sum() / total)
-            part = (loss * m).sum() / total
-            part.backward()
-            sums["loss"] += float(part.detach())
-            sums["clip_frac"] += float((clipped * m).sum() / total)
-        return {**sums, "tokens": float(total)}
+        ids, attn = d["input_ids"][i:i + mb], d["attention_mask"][i:i + mb]
+        m = d["completion_mask"][i:i + mb]
+        logp = token_logprobs(self.model, ids, attn, T, self.llm.temperature)
+        loss, clipped = ppo_clip_loss(logp, d["old_logp"][i:i + mb], adv[i:i + mb, None],
+                                      self.cfg.grpo.clip_low, self.cfg.grpo.clip_high)
+        kl_part = 0.0
+        if beta > 0:
+            with torch.no_grad():
+                ref_logp = token_logprobs(self.reference, ids, attn, T, self.llm.temperature)
+            kl = kl_k3(logp, ref_logp)
+            loss = loss + beta * kl
+            kl_part = float((kl.detach() * m).sum() / total)
+        part = (loss * m).sum() / total
+        part.backward()
+        return {"loss": float(part.detach()), "clip_frac": float((clipped * m).sum() / total), "kl": kl_part,
+                "tokens": float(m.sum())}
+
+    def backward(self, rollout: Rollout, advantages: torch.Tensor) -> dict[str, float]:
+        """Accumulate the gradient of the token-level GRPO loss over the rollout, one micro-batch
+        (`backward_part`) after the other; the caller steps.
+
+        advantages: (N,) one per sample. Loss = mean over all completion tokens of the rollout of
+        ppo_clip(token) + kl_beta * k3(token).
+        """
+        return sum_stats(self.backward_part(rollout, advantages, i) for i in range(self.update_parts(rollout)))
 
     # ---- warm start ----------------------------------------------------------------------------
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Callable, Iterable, Protocol, Sequence
 
 import torch
 
@@ -55,6 +55,15 @@ class Rollout:
                        images=images, completions=completions, data=data)
 
 
+def sum_stats(parts: Iterable[dict[str, float]]) -> dict[str, float]:
+    """The stats of an update from its micro-batches' (`Policy.backward_part`), added in order."""
+    total: dict[str, float] = {}
+    for stats in parts:
+        for key, value in stats.items():
+            total[key] = total.get(key, 0.0) + value
+    return total
+
+
 class Policy(Protocol):
     model: torch.nn.Module
     resumable: bool
@@ -77,6 +86,16 @@ class Policy(Protocol):
     def backward(self, rollout: Rollout, advantages: torch.Tensor) -> dict[str, float]:
         """Accumulate gradients of the GRPO loss over the whole rollout (in micro-batches);
         returns scalar stats (loss, clip_frac, kl, ...)."""
+        ...
+
+    def update_parts(self, rollout: Rollout) -> int:
+        """How many micro-batches the update over `rollout` has (`backward_part`'s indices)."""
+        ...
+
+    def backward_part(self, rollout: Rollout, advantages: torch.Tensor, index: int) -> dict[str, float]:
+        """Accumulate the gradient of micro-batch `index` of the loss `backward` takes over the whole
+        rollout (the same loss: its gradient is the sum of the parts' gradients); returns the
+        part's share of the stats (`sum_stats` of every part's are `backward`'s)."""
         ...
 
     def warm_start(self, prompts: Sequence[Prompt], steps: int, batch_size: int, lr: float, seed: int,

@@ -15,6 +15,7 @@ import torch
 
 from spotlight.train import checkpoint
 from spotlight.config import RunConfig
+from spotlight.rl.gradient import GradientSum, Gradients, part_gradient
 from spotlight.rl.policy import Policy, Rollout
 from spotlight.rl.prompts import prompt_set
 from spotlight.rl.warm_start import apply_warm_start
@@ -67,24 +68,47 @@ class Learner:
 
     def update(self, parts: list[Rollout], advantages: torch.Tensor) -> dict[str, float]:
         """`train.updates_per_step` optimiser steps over the rollout made of per-request `parts`
-        (in request order); bumps the version."""
+        (in request order), every micro-batch computed here; bumps the version."""
         rollout = self.policy.merge(parts)
         stats: dict[str, float] = {}
-        params = self.policy.model.parameters
-        n = self.cfg.train.updates_per_step
-        for u in range(n):
-            self.optimizer.zero_grad(set_to_none=True)
-            stats = self.policy.backward(rollout, advantages)
-            stats["grad_norm"] = torch.nn.utils.clip_grad_norm_(params(), self.cfg.train.grad_clip).item()
-            # One NaN step poisons every weight it touches (Adam spreads it through its moments), and
-            # every later checkpoint would carry it: stop before the step instead.
-            bad = next(((k, v) for k, v in stats.items() if isinstance(v, float) and not math.isfinite(v)), None)
-            if bad is not None:
-                raise NonFiniteUpdate(f"iteration {self.version}: {bad[0]} is {bad[1]} in update {u + 1} of {n}: "
-                                      "training diverged (a smaller train.lr or grad_clip may help)")
-            self.optimizer.step()
-        self.version += 1
+        for u in range(self.cfg.train.updates_per_step):
+            total = GradientSum(self.policy.update_parts(rollout))
+            for i in range(total.parts):
+                total.add(i, *part_gradient(self.policy, rollout, advantages, i))
+            stats = self.step(u, total)
         return stats
+
+    def update_parts(self, parts: list[Rollout]) -> int:
+        """Micro-batches in each round of the update over `parts` (the fleet computes them as
+        `Kind.TRAIN` requests; `step` takes their sum)."""
+        return self.policy.update_parts(self.policy.merge(parts))
+
+    def step(self, round: int, total: GradientSum) -> dict[str, float]:
+        """Round `round` of the update: one optimiser step with the summed gradient `total`; the
+        last round (`train.updates_per_step`) bumps the version. The stats of the round."""
+        n = self.cfg.train.updates_per_step
+        self.optimizer.zero_grad(set_to_none=True)
+        total.apply_to(self.policy.model)
+        stats = total.stats()
+        stats["grad_norm"] = torch.nn.utils.clip_grad_norm_(self.policy.model.parameters(),
+                                                            self.cfg.train.grad_clip).item()
+        # One NaN step poisons every weight it touches (Adam spreads it through its moments), and
+        # every later checkpoint would carry it: stop before the step instead.
+        bad = next(((k, v) for k, v in stats.items() if isinstance(v, float) and not math.isfinite(v)), None)
+        if bad is not None:
+            raise NonFiniteUpdate(f"iteration {self.version}: {bad[0]} is {bad[1]} in update {round + 1} of {n}: "
+                                  "training diverged (a smaller train.lr or grad_clip may help)")
+        self.optimizer.step()
+        if round == n - 1:
+            self.version += 1
+        return stats
+
+    def step_with(self, round: int, results: list[tuple[Gradients, dict[str, float]]]) -> dict[str, float]:
+        """`step` with the fleet's micro-batch results, in index order."""
+        total = GradientSum(len(results))
+        for i, (grads, stats) in enumerate(results):
+            total.add(i, grads, stats)
+        return self.step(round, total)
 
     def save_checkpoint(self, root: Path) -> str:
         return str(checkpoint.save(Path(root), self.version, self.policy.model, self.optimizer).path)

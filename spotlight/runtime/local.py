@@ -25,7 +25,8 @@ from schedulers.clock import WallClock
 from schedulers.fleet import FleetEngine, Node, Ready, Served, Worker, fleet_nodes
 from schedulers.preemption import PreemptionNotice
 from schedulers.queue import PullQueue
-from schedulers.request import Request
+from schedulers.request import Kind, Request
+from schedulers.update import Done, FleetUpdate
 from spotlight.config import RunConfig
 from spotlight.runtime.learner import Learner
 from spotlight.rl.policy import Rollout
@@ -90,6 +91,16 @@ class Runtime(Protocol):
         ...
 
     def shutdown(self) -> None: ...
+
+
+def gradient_split(engine: FleetEngine, queue: Any, before: dict[str, int]) -> dict[str, int]:
+    """Per-iteration metrics of a fleet update: micro-batches computed since `before` (the TRAIN
+    completions by worker before the update), and how many of them by spot workers (a worker is
+    NODE.GENERATION[#j]: its node says)."""
+    after = queue.completions_by_worker(Kind.TRAIN)
+    new = {w: n - before.get(w, 0) for w, n in after.items() if n > before.get(w, 0)}
+    spot = sum(n for w, n in new.items() if getattr(engine.nodes.get(w.rsplit(".", 1)[0]), "spot", False))
+    return {"gradient_parts": sum(new.values()), "gradient_parts_spot": spot}
 
 
 def scheduler_stats(queue_stats: dict[str, int], preemptions: int, workers_lost: int) -> dict[str, int]:
@@ -197,7 +208,17 @@ class LocalRuntime:
             until = self.clock.now() + rate.update_s if exploration.time_bounded and rate.update_s else None
             explored = self.engine.explore(exploration, self._score, self.version, until=until)
         start = self.clock.now()
-        stats = self.learner.update(parts, advantages)
+        if self.cfg.train.update_on == "fleet":  # through the queue, as on a fleet (here: one worker)
+            learner, queue = self.learner, self.queue
+            before = queue.completions_by_worker(Kind.TRAIN)
+            update = FleetUpdate(queue, self.version, self.version, self.cfg.train.updates_per_step,
+                                 learner.update_parts(parts), (parts, advantages),
+                                 lambda r, ids: Done(learner.step_with(r, queue.results(ids, release=True))),
+                                 weights=learner.weights)
+            self.engine.wait(update, self.version)
+            stats = {**update.last_step.value, **gradient_split(self.engine, queue, before)}
+        else:
+            stats = self.learner.update(parts, advantages)
         self.engine.rate.update_s = self.clock.now() - start
         self.executor.publish(self.learner.version, list(self.engine.workers.values()))
         return {**stats, **explored}

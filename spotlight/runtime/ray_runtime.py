@@ -36,7 +36,8 @@ from schedulers.clock import WallClock
 from schedulers.fleet import Died, FleetAction, FleetEngine, Node, Ready, Served, Worker, fleet_nodes
 from schedulers.preemption import PreemptionNotice
 from schedulers.queue_actor import QueueActor, QueueClient
-from schedulers.request import Request
+from schedulers.request import Kind, Request
+from schedulers.update import FleetUpdate
 from spotlight.config import RunConfig
 from spotlight.train.exploration import ExplorationSession
 from spotlight.runtime.learner import Learner
@@ -44,7 +45,7 @@ from spotlight.rl.policy import Rollout
 from spotlight.rl.rewards import RewardWorker
 from spotlight.runtime.rollout_worker import RolloutWorker
 from spotlight.runtime import ray_cluster
-from spotlight.runtime.local import Progress, scheduler_stats
+from spotlight.runtime.local import Progress, gradient_split, scheduler_stats
 from spotlight.runtime.ray_fleet import ClusterFleet, placement
 from schedulers.traces import ReplayAction
 
@@ -154,10 +155,12 @@ class RayExecutor:
         if self._since:  # wake up when the oldest starting worker runs out of time to start
             left = max(0.0, min(self._since.values()) + START_TIMEOUT_S - self.clock.now()) + 0.01
             timeout = left if timeout is None else min(timeout, left)
-        if not watched and not pending:
+        # A fleet update between steps has nothing in flight on the learner (its `ref` is None).
+        refs = watched + [p.ref for p in pending if p.ref is not None]
+        if not refs:
             self.clock.sleep(_POLL_S if timeout is None else timeout)
             return []
-        ray.wait(watched + [p.ref for p in pending], num_returns=1, timeout=timeout)
+        ray.wait(refs, num_returns=1, timeout=timeout)
         ready = ray.wait(watched, num_returns=len(watched), timeout=0)[0] if watched else []
         events: list[Any] = []
         now = self.clock.now()
@@ -196,6 +199,9 @@ class RayRuntime:
     actions: list[ReplayAction] = field(default_factory=list)
     """Preemption schedule over spot slots (slot k is fleet node `spotK`), in replay seconds (sorted)."""
     log: Callable[[str], None] = print
+    replay_phases: tuple[str, ...] = ("rollout",)
+    """The phases the schedule's clock runs in (`FleetEngine.replay_phases`): the rollout, where a
+    preemption used to cost something; add "train" when the fleet computes the update too."""
 
     def __post_init__(self) -> None:
         self._started_ray = False
@@ -229,7 +235,7 @@ class RayRuntime:
         nodes = self.cluster.nodes() if self.cluster else fleet_nodes(rt.ondemand_workers, rt.spot_workers)
         self.engine = FleetEngine(self.clock, self.queue, self.executor, nodes,
                                   actions=[FleetAction(a.at_s, f"spot{a.slot}", a.action) for a in self.actions],
-                                  poll_s=_POLL_S)
+                                  poll_s=_POLL_S, replay_phases=self.replay_phases)
         if self.cluster:
             self.engine.sources.append(self.cluster)
         # The first fleet is up before the replay clock starts, so it starts with workers ready to pull.
@@ -260,14 +266,29 @@ class RayRuntime:
     def update(self, parts: list[Rollout], advantages: torch.Tensor,
                exploration: ExplorationSession | None = None) -> dict[str, float]:
         start = self.clock.now()
-        ref = self.learner.update.remote(parts, advantages)
+        update: Any
+        if self.cfg.train.update_on == "fleet":  # the fleet computes the gradient (schedulers/update.py)
+            learner, queue = self.learner, self.queue_actor
+            before = self.queue.completions_by_worker(Kind.TRAIN)
+
+            def step(round: int, ids: list[str]) -> RayPending:  # the gradients go queue -> learner directly
+                return RayPending(learner.step_with.remote(round, queue.results.remote(ids, True)))
+
+            update = FleetUpdate(self.queue, self.version, self.version, self.cfg.train.updates_per_step,
+                                 ray.get(learner.update_parts.remote(parts)), (parts, advantages), step,
+                                 weights=lambda: learner.weights.remote())
+        else:
+            update = RayPending(self.learner.update.remote(parts, advantages))
         if exploration is not None:
-            explored = self.engine.explore(exploration, self._score, self.version, update=RayPending(ref))
+            explored = self.engine.explore(exploration, self._score, self.version, update=update)
         else:
             explored = {}
-            self.engine.wait(RayPending(ref))
+            self.engine.wait(update, self.version)
             self.engine.rate.update_s = self.clock.now() - start
-        stats = ray.get(ref)
+        if isinstance(update, FleetUpdate):
+            stats = {**ray.get(update.last_step.ref), **gradient_split(self.engine, self.queue, before)}
+        else:
+            stats = ray.get(update.ref)
         self.version += 1
         self.executor.publish(self.version, self.learner.weights.remote(), list(self.engine.workers.values()))
         return {**stats, **explored}

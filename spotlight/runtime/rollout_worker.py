@@ -18,6 +18,7 @@ the worker learns it from its next heartbeat and drops the request at once.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from collections.abc import Collection
 from typing import Any
@@ -28,8 +29,27 @@ from schedulers.preemption import SigtermSource
 from schedulers.request import Kind, Request
 from spotlight.config import RunConfig
 from spotlight.runtime.learner import build_policy
+from spotlight.rl.gradient import part_gradient
 from spotlight.rl.policy import Policy, Rollout
 from spotlight.rl.prompts import Prompt
+
+
+def _resolve(handle: Any) -> Any:
+    """What a `GradientWork` handle stands for: the object itself in one process; on Ray, the
+    object an ObjectRef names (fetched once per worker: callers keep it, and compare handles with `_same`)."""
+    if type(handle).__name__ == "ObjectRef":
+        import ray
+
+        return ray.get(handle)
+    return handle
+
+
+def _same(a: Any, b: Any) -> bool:
+    """The same handle: the same object here; on Ray, refs naming the same object (each request
+    arrives with its own copy of the ref)."""
+    if type(a).__name__ == "ObjectRef" and type(b).__name__ == "ObjectRef":
+        return a.binary() == b.binary()
+    return a is b
 
 
 class RolloutWorker:
@@ -45,6 +65,10 @@ class RolloutWorker:
         self.sources: list[Any] = []
         self.watcher: Any = None
         self._explorer: Policy | None = None
+        self._update_data: tuple[Any, Rollout] | None = None
+        """(the update's rollout handle, the rollout merged): the iteration's, for its parts."""
+        self._updater: tuple[Any, Policy] | None = None
+        """(the weights handle loaded, a copy of the policy holding them): a later round's."""
 
     def build(self) -> "RolloutWorker":
         torch.set_num_threads(self.cfg.runtime.torch_threads)  # the same in every role (runtime.torch_threads)
@@ -126,6 +150,8 @@ class RolloutWorker:
         if req.weight_version != self.version:
             raise RuntimeError(f"worker {self.name} holds weights v{self.version}, request {req.id} needs "
                                f"v{req.weight_version}: the runtime must publish weights before serving")
+        if req.kind is Kind.TRAIN:
+            return self._gradient(req)
         prompts = [Prompt(req.prompt_id, req.prompt_text)] * len(req.seeds)
         policy = self.policy_for(req.kind)
         if not policy.resumable:
@@ -148,6 +174,31 @@ class RolloutWorker:
             if state.step < last and state.step % self.commit_every == 0:
                 self.queue.checkpoint(self.name, req.id, state, state.step)
         return self._complete(req, policy.finish(prompts, state))
+
+    def _gradient(self, req: Request) -> bool | None:
+        """A micro-batch of the update (`GradientWork`): its gradient and stats, on the CPU (they
+        go to the learner), computed as the learner computes its own (`part_gradient`). A part is
+        one unit: a notice before it starts gives it back; once started it is finished."""
+        stop = self._stop(req, 0)
+        if stop == "notice":
+            self.queue.give_back(self.name, req.id, None, 0)
+        if stop:
+            return None if stop == "cancelled" else False
+        work = req.work
+        parts, advantages = work.data
+        if self._update_data is None or not _same(self._update_data[0], parts):
+            self._update_data = (parts, self.policy.merge(_resolve(parts)))
+        policy = self.policy
+        if work.weights is not None:  # a later round: the learner's weights after the round before
+            if self._updater is None:
+                self._updater = (None, copy.deepcopy(self.policy))
+            if not _same(self._updater[0], work.weights):
+                self._updater[1].model.load_state_dict(_resolve(work.weights))
+                self._updater = (work.weights, self._updater[1])
+            policy = self._updater[1]
+        result = part_gradient(policy, self._update_data[1], advantages, work.index, device="cpu")
+        self.queue.complete(self.name, req.id, result)
+        return True
 
     def _stop(self, req: Request, step: int) -> str | None:
         """Heartbeat; "notice" if this worker must stop, "cancelled" if `req` was cancelled, else None."""

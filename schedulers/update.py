@@ -1,0 +1,85 @@
+"""The learner's update as the fleet computes it: rounds of gradient requests through the pull queue.
+
+An update is `rounds` optimiser steps (`train.updates_per_step`); each step's gradient is `parts`
+micro-batches. Round r puts one `Kind.TRAIN` request per micro-batch; any worker holding the
+weights computes them (round 0 needs the rollout's weights, which every worker holds; a later
+round carries the learner's weights after the round before). When every request of the round is
+complete, `step(r, ids)` hands their results, in micro-batch order, to the learner, which sums them
+in that order and steps (`spotlight.rl.gradient`): who computed a part never changes the sum.
+A worker lost mid-part has its request re-queued by the queue like any other; a notice gives it
+back; nothing here knows about workers.
+
+It is what `FleetEngine.explore` / `wait` take as the update they wait for (a `Pending` with
+`kinds`: the request kinds the fleet serves for it), so the train phase is one loop in the engine
+whether the update runs on the learner alone (a plain `Pending`) or on the fleet.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from schedulers.request import GradientWork, Kind, Request
+
+
+class Done:
+    """A step taken at once (in this process), as a `Pending`; `value` is what it returned."""
+
+    deadline = None
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def done(self) -> bool:
+        return True
+
+
+class FleetUpdate:
+    kinds = (Kind.TRAIN,)
+    deadline = None
+
+    def __init__(self, queue: Any, iteration: int, version: int, rounds: int, parts: int, data: Any,
+                 step: Callable[[int, list[str]], Any], weights: Callable[[], Any]) -> None:
+        """`data`: the rollout and advantages as the workers resolve them; `step(round, ids)`
+        starts the learner's step on the round's results and returns a `Pending`; `weights()`
+        the learner's weights after the last step (as the workers resolve them)."""
+        if rounds < 1 or parts < 1:
+            raise ValueError(f"an update needs rounds >= 1 and parts >= 1, got {rounds} and {parts}")
+        self.queue, self.iteration, self.version = queue, iteration, version
+        self.rounds, self.parts, self.data = rounds, parts, data
+        self._step, self._weights = step, weights
+        self.round = 0
+        self.stepping: Any = None
+        self.last_step: Any = None
+        """The `Pending` of the last step taken: the runtime reads the update's stats from it."""
+        self.finished = False
+        self.ids = self._put(None)
+
+    def _put(self, weights: Any) -> list[str]:
+        requests = [Request(f"it{self.iteration}/u{self.round}/m{i}", Kind.TRAIN, 0, "", (), self.version, order=i,
+                            work=GradientWork(self.round, i, self.data, weights))
+                    for i in range(self.parts)]
+        self.queue.put(requests)
+        return [r.id for r in requests]
+
+    @property
+    def ref(self) -> Any:
+        """What a Ray executor waits on besides its workers: the learner's step in flight."""
+        return getattr(self.stepping, "ref", None)
+
+    def done(self) -> bool:
+        """Move the update on as far as it can go now; True once the last round has stepped."""
+        while not self.finished:
+            if self.stepping is None:
+                if self.queue.open(Kind.TRAIN):
+                    return False
+                self.stepping = self._step(self.round, self.ids)
+            if not self.stepping.done():
+                return False
+            self.last_step, self.stepping = self.stepping, None
+            self.round += 1
+            if self.round == self.rounds:
+                self.finished = True
+            else:
+                self.ids = self._put(self._weights())
+        return True

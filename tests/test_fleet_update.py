@@ -1,0 +1,126 @@
+"""The update's gradient as work for the fleet (`train.update_on: fleet`): micro-batches pulled from
+the queue as TRAIN requests by any worker, summed by the learner in micro-batch order — so the
+weights never depend on who computed what, or on preemptions during the update."""
+
+import random
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from schedulers.clock import ManualClock
+from schedulers.queue import PullQueue
+from schedulers.request import GradientWork, Kind, Request
+from schedulers.traces import ReplayAction
+from schedulers.update import Done, FleetUpdate
+from spotlight.rl.gradient import GradientSum
+from spotlight.train.trainer import Trainer
+
+from conftest import small_dit_config, small_llm_config
+
+CONFIGS = {"dit": small_dit_config, "llm": small_llm_config}
+
+
+def _config(kind, update_on, runtime="local", **train):
+    return CONFIGS[kind](
+        train={"steps": 3, "prompts_per_step": 4, "group_size": 4, "checkpoint_every": 3, "micro_batch": 4,
+               "update_on": update_on, **train},
+        runtime={"kind": runtime, "spot_workers": 2, "ondemand_workers": 1})
+
+
+def _run(cfg, out, runtime=None):
+    summary = Trainer(cfg, out, progress=False).build(runtime).train()
+    (weights,) = (out / "final").glob("*.safetensors")
+    rows = [__import__("json").loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return summary, load_file(str(weights)), rows
+
+
+def _assert_same_weights(a, b):
+    assert a.keys() == b.keys()
+    assert [k for k in a if not torch.equal(a[k], b[k])] == []
+
+
+def test_a_gradient_sum_is_the_same_whatever_order_its_parts_arrive_in():
+    g = torch.Generator().manual_seed(0)
+    parts = [({"w": torch.randn(64, generator=g) * 10 ** (i % 5)}, {"loss": float(i)}) for i in range(7)]
+    in_order, shuffled = GradientSum(7), GradientSum(7)
+    for i, (grads, stats) in enumerate(parts):
+        in_order.add(i, grads, stats)
+    for i in random.Random(1).sample(range(7), 7):
+        shuffled.add(i, *parts[i])
+    assert shuffled.complete and torch.equal(in_order.grads["w"], shuffled.grads["w"])
+    assert shuffled.stats() == {"loss": 21.0}
+    # Not trivially so: adding the same parts in another order gives other floats.
+    reverse = parts[0][0]["w"].clone() * 0
+    for grads, _ in reversed(parts):
+        reverse += grads["w"]
+    assert not torch.equal(reverse, in_order.grads["w"])
+    with pytest.raises(ValueError, match="added twice"):
+        shuffled.add(3, *parts[3])
+
+
+def test_a_fleet_update_puts_its_rounds_one_after_the_other():
+    queue = PullQueue(ManualClock(), 30.0)
+    steps = []
+    update = FleetUpdate(queue, iteration=5, version=5, rounds=2, parts=3, data="rollout",
+                         step=lambda r, ids: steps.append((r, ids)) or Done(f"stats{r}"), weights=lambda: "w1")
+    assert not update.done() and queue.open(Kind.TRAIN) == 3 and steps == []
+    leases = queue.pull("a", 3, [Kind.TRAIN, Kind.EXPLORATION], weight_version=5)
+    assert [lease.request.work for lease in leases] == [GradientWork(0, i, "rollout") for i in range(3)]
+    for lease in leases:
+        queue.complete("a", lease.request.id, lease.request.work.index)
+    assert not update.done() and steps == [(0, ["it5/u0/m0", "it5/u0/m1", "it5/u0/m2"])]
+    # Round 1 carries the learner's weights after round 0.
+    leases = queue.pull("b", 3)
+    assert [lease.request.work.weights for lease in leases] == ["w1"] * 3
+    for lease in leases:
+        queue.complete("b", lease.request.id, None)
+    assert update.done() and update.last_step.value == "stats1" and [r for r, _ in steps] == [0, 1]
+
+
+def test_gradient_work_is_served_before_exploration_and_after_the_rollout():
+    queue = PullQueue(ManualClock(), 30.0)
+    queue.put([Request("x", Kind.EXPLORATION, 0, "", (1,), 0), Request("t", Kind.TRAIN, 0, "", (), 0),
+               Request("r", Kind.ROLLOUT, 0, "", (1,), 0)])
+    assert [lease.request.id for lease in queue.pull("w", 3)] == ["r", "t", "x"]
+
+
+@pytest.mark.parametrize("kind", ["dit", "llm"])
+def test_the_local_runtime_updating_through_the_queue_ends_bit_identical(tmp_path, kind):
+    _, alone, _ = _run(_config(kind, "learner"), tmp_path / "learner")
+    _, fleet, rows = _run(_config(kind, "fleet"), tmp_path / "fleet")
+    _assert_same_weights(alone, fleet)
+    assert all(r["gradient_parts"] > 0 and r["gradient_parts_spot"] == 0 for r in rows)
+
+
+def test_fleet_update_refuses_what_its_workers_cannot_compute():
+    from schedulers.input_file import ConfigError
+
+    with pytest.raises(ConfigError, match="grpo.kl_beta"):
+        small_dit_config(train={"update_on": "fleet"}, grpo={"kl_beta": 0.01})
+    with pytest.raises(ConfigError, match="update_on"):
+        small_dit_config(train={"update_on": "spot"})
+
+
+def _preemptions_in_updates():
+    """On the train phases' replay clock: spot0 gets a notice then dies, spot1 dies without one,
+    both come back."""
+    return [ReplayAction(0.05, 0, "notice"), ReplayAction(0.2, 0, "kill"), ReplayAction(0.35, 1, "kill"),
+            ReplayAction(0.7, 1, "add"), ReplayAction(0.8, 0, "add")]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["dit", "llm"])
+def test_spot_workers_killed_during_updates_change_no_weight(tmp_path, kind):
+    from spotlight.runtime.ray_runtime import RayRuntime
+
+    _, alone, _ = _run(_config(kind, "learner"), tmp_path / "learner")
+    cfg = _config(kind, "fleet", runtime="ray")
+    runtime = RayRuntime(cfg, actions=_preemptions_in_updates(), replay_phases=("train",))
+    summary, weights, rows = _run(cfg, tmp_path / "ray", runtime)
+    assert summary["preemptions"] >= 1 and summary["workers_lost"] >= 1, summary
+    assert summary["requests_lost"] == 0 and summary["requests_duplicated"] == 0, summary
+    # The spot workers computed part of the updates, and each update had all its parts.
+    assert sum(r["gradient_parts_spot"] for r in rows) > 0, rows
+    assert len({r["gradient_parts"] for r in rows}) == 1
+    _assert_same_weights(alone, weights)
