@@ -36,7 +36,6 @@ class Done:
 
 class FleetUpdate:
     kinds = (Kind.TRAIN,)
-    deadline = None
 
     def __init__(self, queue: Any, iteration: int, version: int, rounds: int, parts: int, data: Any,
                  step: Callable[[int, list[str]], Any], weights: Callable[[], Any]) -> None:
@@ -61,6 +60,11 @@ class FleetUpdate:
                     for i in range(self.parts)]
         self.queue.put(requests)
         return [r.id for r in requests]
+
+    @property
+    def deadline(self) -> float | None:
+        """When the learner's step in flight ends, where that is known (a modelled step)."""
+        return getattr(self.stepping, "deadline", None)
 
     @property
     def ref(self) -> Any:

@@ -26,14 +26,20 @@ def small(**kw) -> SimConfig:
 
 
 def test_no_preemptions_takes_the_time_the_step_model_gives_by_hand():
-    st = StepTimes()
+    from dataclasses import replace
+
+    st = replace(StepTimes(), update_round_s=0.5)  # short enough that spotlight_noexplore trains on the fleet
     t1 = 1e-4 * 1024 + 2e-9 * 1024 ** 2  # UlyssesStepTime at 512 px (1024 tokens), degree 1, on an H100
     request = 4 * st.denoise_steps * st.cfg_factor * t1 + 4 * st.reward_s_per_sample  # 4 samples per request
     train = 8 * 4 * st.trained_steps * st.train_flops_factor * st.cfg_factor * t1 / (4 * st.train_efficiency)
-    out = simulate(small(), fleet(4), ["ondemand", "spotlight_noexplore"])["policies"]
+    out = simulate(small(step_times=st), fleet(4), ["ondemand", "spotlight_noexplore"])["policies"]
     # 8 requests: on 4 on-demand GPUs (degree 1) two rounds, with 4 more spot GPUs one round
     assert out["ondemand"]["wall_h"] * 3600 == pytest.approx(3 * (2 * request + train + st.weight_sync_s), rel=1e-9)
-    assert out["spotlight_noexplore"]["wall_h"] * 3600 == pytest.approx(3 * (request + train + st.weight_sync_s), rel=1e-9)
+    # Its update on the fleet: 8 micro-batches of 4 samples' work, one on each GPU, the spot ones at
+    # fleet_update_efficiency, then the learner's gather-and-step.
+    fleet_train = train * 4 / 8 / st.fleet_update_efficiency + st.update_round_s
+    assert out["spotlight_noexplore"]["wall_h"] * 3600 == pytest.approx(3 * (request + fleet_train + st.weight_sync_s),
+                                                                        rel=1e-9)
     assert out["spotlight_noexplore"]["preemptions"] == 0 and out["spotlight_noexplore"]["steps_recomputed"] == 0
     # cost: 4 on-demand GPUs for the whole run, plus 4 spot ones for the spot policy
     od, spot, _ = gpu_prices(small())
@@ -78,7 +84,7 @@ def test_simulate_cli_json(tmp_path, capsys):
     assert rc == 0
     out = json.loads(capsys.readouterr().out)
     assert set(out["policies"]) == {"ondemand", "ondemand_total", "spot_restart", "spotlight_noexplore",
-                                    "sync_explore", "spotlight", "oracle"}
+                                    "sync_explore", "spotlight_learner_update", "spotlight", "oracle"}
     assert out["config"]["price_source"] and out["config"]["ondemand_total_gpus"] == 4 + 8
     for name, r in out["policies"].items():
         assert set(FIELDS) <= set(r), name
@@ -169,7 +175,9 @@ def test_ondemand_total_rents_the_spot_peak_on_demand():
     assert total["preemptions"] == 0 and {n for _, n in total["timeline"]} == {10}  # never preempted
     assert total["total_cost_usd"] == pytest.approx(10 * od * total["wall_h"], rel=1e-9)  # every GPU on-demand
     # every GPU rolls out (8 requests on 10 GPUs at degree 1: one round, not ondemand's two) and trains
-    st = StepTimes()
+    from dataclasses import replace
+
+    st = replace(StepTimes(), update_round_s=0.5)  # short enough that spotlight_noexplore trains on the fleet
     t1 = 1e-4 * 1024 + 2e-9 * 1024 ** 2  # as in the first test: degree 1 at 512 px on an H100
     request = 4 * st.denoise_steps * st.cfg_factor * t1 + 4 * st.reward_s_per_sample
     train = 8 * 4 * st.trained_steps * st.train_flops_factor * st.cfg_factor * t1 / (10 * st.train_efficiency)
@@ -197,3 +205,24 @@ def test_spot_restart_pays_only_for_the_nodes_its_job_holds():
     points = [(t * 3600, n) for t, n in r["timeline"]] + [(end, 0)]
     paid_gpu_s = sum(n * (t1 - t0) for (t0, n), (t1, _) in zip(points, points[1:]))
     assert paid_gpu_s == pytest.approx(4 * end + spot_gpu_s, rel=1e-9)
+
+
+def test_spot_gpus_computing_the_update_shorten_every_iteration_and_the_oracle_bounds_it():
+    from dataclasses import replace
+
+    cfg = small(iterations=6, spot_gpus=12, prompts=16, step_times=replace(StepTimes(), update_round_s=0.5))
+    out = simulate(cfg, fleet(4, remove_at=150.0), ["spotlight_learner_update", "spotlight", "oracle"])["policies"]
+    alone, fleet_update, oracle = (out[p] for p in ("spotlight_learner_update", "spotlight", "oracle"))
+    assert fleet_update["wall_h"] < alone["wall_h"]
+    assert oracle["wall_h"] <= fleet_update["wall_h"]
+    # Nodes removed mid-run (during updates too): every micro-batch counted once, none lost.
+    assert fleet_update["preemptions"] == 4 and fleet_update["requests_duplicated"] == 0
+    assert fleet_update["iterations"] == 6
+
+
+def test_the_fleet_computes_the_update_only_where_that_is_sooner():
+    # A short update next to the learner's gather-and-step (update_round_s: 10 s): the on-demand
+    # GPUs alone are sooner, so every iteration trains as spotlight_learner_update does.
+    out = simulate(small(iterations=4, spot_gpus=12), fleet(4), ["spotlight_learner_update", "spotlight"])
+    alone, fleet_update = out["policies"]["spotlight_learner_update"], out["policies"]["spotlight"]
+    assert fleet_update["wall_h"] == pytest.approx(alone["wall_h"], rel=1e-9)

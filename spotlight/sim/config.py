@@ -24,16 +24,20 @@ class Policy:
     all_ondemand: bool = False
     """Rents the spot fleet's peak as on-demand GPUs too (the same hardware as a spot policy, never
     preempted, at on-demand prices): every GPU rolls out and trains."""
+    fleet_update: bool = False
+    """The update's micro-batches are TRAIN requests every live worker pulls, spot ones included
+    (`train.update_on: fleet`); else the update runs on the on-demand GPUs alone."""
 
 
 POLICIES = {
     "ondemand": Policy("ondemand", spot=False),
     "ondemand_total": Policy("ondemand_total", spot=False, all_ondemand=True),
     "spot_restart": Policy("spot_restart", spot=True, elastic=False),
-    "spotlight_noexplore": Policy("spotlight_noexplore", spot=True),
+    "spotlight_noexplore": Policy("spotlight_noexplore", spot=True, fleet_update=True),
     "sync_explore": Policy("sync_explore", spot=False, explore="critical_path"),
-    "spotlight": Policy("spotlight", spot=True, explore="idle_spot"),
-    "oracle": Policy("oracle", spot=True, explore="idle_spot", oracle=True),
+    "spotlight_learner_update": Policy("spotlight_learner_update", spot=True, explore="idle_spot"),
+    "spotlight": Policy("spotlight", spot=True, explore="idle_spot", fleet_update=True),
+    "oracle": Policy("oracle", spot=True, explore="idle_spot", oracle=True, fleet_update=True),
 }
 
 

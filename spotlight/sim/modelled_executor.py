@@ -49,6 +49,8 @@ class Group:
     start: float = 0.0
     """When it began computing the leased request (from `lease.step`)."""
     step_s: float = 0.0
+    busy_s: float = 0.0
+    """GPU-seconds per member of the leased request (a TRAIN micro-batch: of the whole group)."""
     gen: int = 0
     """Bumped whenever a scheduled end becomes void (given back, cancelled, dissolved)."""
     kinds: Collection[Kind] = ()
@@ -112,7 +114,7 @@ class ModelledExecutor:
         g: Group = worker.handle
         self.queue.notify(worker.name, notice)
         g.retiring = True
-        if g.lease is not None:
+        if g.lease is not None and g.lease.kind is not Kind.TRAIN:  # a micro-batch started is finished
             reached = self._reached(g)
             if reached + 1 < self.st.denoise_steps:
                 self._push(g.start + (reached - g.lease.step + 1) * g.step_s, _GIVEBACK, (worker.name, g.gen))
@@ -185,7 +187,13 @@ class ModelledExecutor:
             return False
         r = leases[0].request
         g.lease, g.start, g.gen = r, self.clock.now(), g.gen + 1
+        if r.kind is Kind.TRAIN:  # a micro-batch of the update: `work.data` GPU-seconds at full efficiency
+            g.step_s = 0.0
+            g.busy_s = r.work.data / (self.st.train_efficiency * (self.st.fleet_update_efficiency if worker.spot else 1.0))
+            self._push(g.start + g.busy_s / len(g.members), _DONE, (worker.name, g.gen))
+            return True
         g.step_s = len(r.seeds) * g.step_s_per_sample
+        g.busy_s = len(r.seeds) * (self.st.denoise_steps * g.step_s_per_sample + self.st.reward_s_per_sample)
         end = g.start + (self.st.denoise_steps - r.step) * g.step_s + len(r.seeds) * self.st.reward_s_per_sample
         self._push(end, _DONE, (worker.name, g.gen))
         return True
@@ -213,8 +221,7 @@ class ModelledExecutor:
         g: Group = w.handle
         r = g.lease
         if self.queue.complete(name, r.id, None):
-            self.busy_gpu_s += len(g.members) * len(r.seeds) * (self.st.denoise_steps * g.step_s_per_sample
-                                                                + self.st.reward_s_per_sample)
+            self.busy_gpu_s += len(g.members) * g.busy_s if r.kind is not Kind.TRAIN else g.busy_s
             if self.on_done is not None:
                 self.on_done(g, r)
         g.lease = None

@@ -1,7 +1,9 @@
 """The clairvoyant bound of the simulator (`--policy oracle`): it knows the trace.
 
-Rollout and exploration are a fluid spread over every live GPU at the most efficient SP degree:
-nothing is lost to a preemption, no node waits to join, no request has a tail. It does not run the
+Rollout and exploration are a fluid spread over every live GPU at the most efficient SP degree,
+and so is the update with `fleet_update` (spot GPUs at `fleet_update_efficiency`; they explore
+while the learner steps): nothing is lost to a preemption, no node waits to join, no request has
+a tail. It does not run the
 fleet engine — there is no scheduling to do when the future is known — which is why it lives in a
 file of its own; it shares the rest (prices, timeline, the planner and the progress model) with
 `spotlight.sim.simulator.Simulation`.
@@ -29,11 +31,12 @@ class OracleSimulation(Simulation):
         if self.timeline[0][0] > 0:
             self.timeline.insert(0, (0.0, cfg.gpus))
 
-        def fluid(t: float, work: float, base: int) -> float:
-            """When `work` GPU-seconds are done from `t` on `base` + the live spot GPUs."""
+        def fluid(t: float, work: float, base: int, spot_weight: float = 1.0) -> float:
+            """When `work` GPU-seconds are done from `t` on `base` + the live spot GPUs (each worth
+            `spot_weight` of a base GPU)."""
             i = max((k for k, (tt, _) in enumerate(steps) if tt <= t), default=-1)
             while True:
-                rate = base + (steps[i][1] if i >= 0 else 0)
+                rate = base + (steps[i][1] if i >= 0 else 0) * spot_weight
                 nxt = steps[i + 1][0] if i + 1 < len(steps) else math.inf
                 if rate > 0 and t + work / rate <= nxt:
                     return t + work / rate
@@ -52,11 +55,24 @@ class OracleSimulation(Simulation):
         progress, reached_at = [(0.0, self.progress.score(0.0))], None
         while it < cfg.iterations:
             t = fluid(t, cfg.prompts * cfg.group_size * per_gpu_s, cfg.gpus)
-            self.busy_gpu_s += cfg.prompts * cfg.group_size * per_gpu_s + cfg.gpus * train_s
-            budget = int(spot_gpu_s(t, t + train_s) / per_gpu_s / self.copies)
+            self.busy_gpu_s += cfg.prompts * cfg.group_size * per_gpu_s
+            work = st.train_gpu_s(cfg.resolution, cfg.prompts * cfg.group_size) / st.train_efficiency
+            if self.policy.fleet_update and fluid(t, work, cfg.gpus, st.fleet_update_efficiency) + st.update_round_s < t + train_s:
+                # The update a fluid over every live GPU (spot ones at fleet_update_efficiency);
+                # the spot GPUs explore while the learner gathers and steps (update_round_s). Only
+                # where that is sooner than the on-demand GPUs alone.
+                updated = fluid(t, work, cfg.gpus, st.fleet_update_efficiency)
+                self.busy_gpu_s += work
+                idle = (updated, updated + st.update_round_s)
+                t_next = updated + st.update_round_s
+            else:
+                self.busy_gpu_s += cfg.gpus * train_s
+                idle = (t, t + train_s)
+                t_next = t + train_s
+            budget = int(spot_gpu_s(*idle) / per_gpu_s / self.copies)
             nxt = self._explore_free(it + 1, budget) if it + 1 < cfg.iterations else {}
             self.busy_gpu_s += sum(nxt.values()) * self.copies * per_gpu_s
-            t += train_s + st.weight_sync_s
+            t = t_next + st.weight_sync_s
             gain += self.progress.gain(self._signal(it, explored))
             explored, it = nxt, it + 1
             if self.on_iteration is not None:

@@ -16,6 +16,7 @@ from schedulers.fleet import FleetAction, FleetEngine, Node
 from schedulers.queue import PullQueue
 from schedulers.request import Kind, Request
 from schedulers.traces import Trace, replay_schedule
+from schedulers.update import FleetUpdate
 from spotlight.sim.config import Policy, SimConfig
 from spotlight.sim.modelled_executor import ModelledExecutor, request_size, requests_of
 from spotlight.sim.progress_model import ProgressModel, SeedRewards
@@ -32,6 +33,12 @@ def spot_peak_gpus(cfg: SimConfig, trace: Trace) -> int:
     """The spot GPUs live at the trace's peak, as simulated (`spot_block` x the most live nodes):
     what `ondemand_total` rents on demand besides `cfg.gpus`."""
     return spot_block(cfg, trace) * trace.max_live
+
+
+UPDATE_PART_SAMPLES = 4
+"""Samples' worth of the update per TRAIN micro-batch in the simulator (live: `train.micro_batch`
+(sample, SDE step) rows): fine enough that a fleet of hundreds of workers shares the update
+evenly, coarse enough that 1,000 iterations stay cheap."""
 
 
 class Until:
@@ -129,6 +136,8 @@ class Simulation:
         self.timeline: list[tuple[float, int]] = []
         self.explored_samples = 0
         self.busy_gpu_s = 0.0
+        self.fleet_updated = False
+        """The last iteration's update ran on the fleet (`_fleet_update`), not on the on-demand GPUs alone."""
         self._stats: dict[str, int] = {}
         """Counters of the queues of earlier iterations (`_new_queue`)."""
         peak = self.ondemand_gpus + (self.block * trace.max_live if policy.spot else 0)
@@ -187,14 +196,37 @@ class Simulation:
             explored.update(session.explored())
         self.engine.rollout(requests_of(it, cfg.prompts, cfg.group_size, self.samples_per_request), it)
         nxt: dict[int, int] = {}
+        fleet = self.policy.fleet_update and self._fleet_update_s() < train_s
+        update = self._fleet_update(it) if fleet else Until(self.clock, self.clock.now() + train_s)
+        self.fleet_updated = fleet
         if self.policy.explore == "idle_spot" and it + 1 < cfg.iterations:
             session = SimExploration(self, it + 1, it, False, None)
-            self.engine.explore(session, self._score, it, update=Until(self.clock, self.clock.now() + train_s))
+            self.engine.explore(session, self._score, it, update=update)
             nxt = session.explored()
         else:
-            self.engine.wait(Until(self.clock, self.clock.now() + train_s))
+            self.engine.wait(update, it)
         self.engine.wait(Until(self.clock, self.clock.now() + self.st.weight_sync_s))
         return nxt
+
+    def _fleet_update_s(self) -> float:
+        """What the update would take on the fleet live now (the on-demand GPUs and the spot ones
+        at `fleet_update_efficiency`, plus the learner's gather-and-step): the fleet computes it
+        only when that is sooner than the on-demand GPUs alone — never with no spot GPU alive,
+        rarely when the update is short next to `update_round_s`."""
+        cfg, st = self.cfg, self.st
+        rate = (self.ondemand_gpus + self.engine.spot_devices() * st.fleet_update_efficiency) * st.train_efficiency
+        return st.train_gpu_s(cfg.resolution, cfg.prompts * cfg.group_size) / rate + st.update_round_s
+
+    def _fleet_update(self, it: int) -> FleetUpdate:
+        """The update as the live `train.update_on: fleet` runs it (`schedulers.update`): micro-batches
+        of `update_part_samples` samples' work each, pulled by every live worker (a spot one at
+        `fleet_update_efficiency`), then the learner's gather-and-step (`update_round_s`)."""
+        cfg, st, clock = self.cfg, self.st, self.clock
+        samples = cfg.prompts * cfg.group_size
+        parts = math.ceil(samples / UPDATE_PART_SAMPLES)
+        work = st.train_gpu_s(cfg.resolution, samples) / parts
+        return FleetUpdate(self.queue, it, it, 1, parts, work, lambda r, ids: Until(clock, clock.now() + st.update_round_s),
+                           weights=lambda: None)
 
     def run(self) -> dict[str, Any]:
         cfg, st = self.cfg, self.st
@@ -215,7 +247,8 @@ class Simulation:
             nxt = self._iteration(it, explored, train_s)
             if nxt is None:
                 continue
-            self.busy_gpu_s += self.ondemand_gpus * train_s
+            if not self.fleet_updated:  # else the executor counted the update's micro-batches
+                self.busy_gpu_s += self.ondemand_gpus * train_s
             gain += self.progress.gain(self._signal(it, explored))
             explored = nxt
             progress.append((self.clock.now(), self.progress.score(gain)))

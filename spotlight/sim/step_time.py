@@ -34,6 +34,7 @@ LIMITS: dict[str, tuple[float, float]] = {
     "cfg_factor": (0, 16), "train_flops_factor": (0, 100), "train_efficiency": (1e-6, 1),
     "reward_s_per_sample": (0, 86400), "weight_sync_s": (0, 86400), "regroup_s": (0, 86400),
     "cold_start_s": (0, 86400), "restore_s": (0, 86400), "denoise_step_s": (1e-9, 86400),
+    "fleet_update_efficiency": (1e-6, 1), "update_round_s": (0, 86400),
 }
 """[low, high] of every numeric field: counts bound the loops over SP degrees and steps, seconds
 are at most a day, and the update's efficiency is a fraction (it divides)."""
@@ -67,6 +68,14 @@ class StepTimes:
     """A trained step costs forward + backward = 3 forwards."""
     train_efficiency: float = 0.8
     """Data-parallel (FSDP) efficiency of the update over the trainer's GPUs."""
+    fleet_update_efficiency: float = 0.8
+    """A spot executor's throughput on the update's micro-batches (`train.update_on: fleet`), as a
+    fraction of a trainer GPU's (`train_efficiency` applies to both): its gradients travel to the
+    learner instead of an all-reduce inside the trainer's fabric, and it reloads weights it lacks.
+    `spotlight bench update` measures it (docs/measurements.md)."""
+    update_round_s: float = 10.0
+    """What an update spread over the fleet adds per iteration besides the micro-batches: the
+    learner gathering and summing the gradients in order and stepping, before the weights go out."""
     reward_s_per_sample: float = 0.05
     """OCR / GenEval reward models score an image in ~50 ms on one GPU (a VLM or detector forward);
     computed by the worker right after its group."""
@@ -168,8 +177,12 @@ class StepTimes:
         """One sample's denoising step (all its CFG passes) on a group of `degree` GPUs."""
         return self.cfg_factor * self.step_model(resolution)(image_tokens(resolution), degree)
 
+    def train_gpu_s(self, resolution: int, samples: int) -> float:
+        """The update's work on `samples` samples (each trained on `trained_steps` steps), in
+        seconds of one GPU at full efficiency."""
+        return samples * (self.trained_steps * self.train_flops_factor * self.cfg_factor
+                          * self.step_model(resolution)(image_tokens(resolution), 1))
+
     def train_s(self, resolution: int, samples: int, gpus: int) -> float:
-        """The update on `samples` samples (each trained on `trained_steps` steps) over `gpus` GPUs."""
-        per_sample = (self.trained_steps * self.train_flops_factor * self.cfg_factor
-                      * self.step_model(resolution)(image_tokens(resolution), 1))
-        return samples * per_sample / (max(gpus, 1) * self.train_efficiency)
+        """The update on `samples` samples over the trainer's `gpus` GPUs."""
+        return self.train_gpu_s(resolution, samples) / (max(gpus, 1) * self.train_efficiency)
