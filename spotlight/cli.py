@@ -4,7 +4,8 @@
                     [--preemption-trace TRACE] [--trace-speedup F] [--checkpoint-uri URI]
                     [--budget-usd X] [--deadline-h H]
     spotlight prices [--gpu GPU] [--json] [--table CSV] [--refresh aws|sky] [--region R] [--write CSV]
-    spotlight bench throughput|scheduler|sp-regroup|sp-train [--json] [--agent process|local]
+    spotlight bench throughput|scheduler|sp-regroup|sp-train|update [--json] [--agent process|local]
+                    [--executors 1,2,4]
     spotlight launch CONFIG [--dryrun] [--out DIR] [--strict] [--name NAME]
     spotlight simulate --trace TRACE [--policy all|NAME] [--gpus N] [--iterations N] [--resolution 512|1280] [--budget-usd X]
                        [--seed S] [--json] [--plot PNG] [--step-times YAML] [--prices CSV]
@@ -42,10 +43,11 @@ from schedulers.input_file import InputError, short
 from spotlight.sim.report import plural
 
 BENCH_LIMITS = {"repeats": (1, 1000), "iterations": (1, 1000), "world": (2, 16), "heads": (1, 64),
-                "nodes": (1, 8), "devices": (2, 8)}
+                "nodes": (1, 8), "devices": (2, 8), "executors": (1, 16)}
 """[low, high] of the bench flags: `--world` member processes run on one machine (each holds a
 tiny DiT), `--heads` of the tiny DiT, repetitions and replayed iterations; sp-train's loopback
-cluster of `--nodes` nodes of `--devices` member processes each runs on one machine too."""
+cluster of `--nodes` nodes of `--devices` member processes each runs on one machine too; so do
+update's `--executors` rollout workers, each holding a tiny DiT."""
 
 
 def _int(low: int | None = None, high: int | None = None):
@@ -59,6 +61,18 @@ def _int(low: int | None = None, high: int | None = None):
             span = "" if low is None else f" in [{low}, {high}]" if high is not None else f" >= {low}"
             raise argparse.ArgumentTypeError(f"expected an integer{span}, got {short(text)}")
         return value
+    return parse
+
+
+def _int_list(low: int, high: int):
+    """An argparse type: comma-separated integers, each within [low, high] (at most 16 of them)."""
+    one = _int(low, high)
+
+    def parse(text: str) -> tuple[int, ...]:
+        items = text.split(",") if len(text) <= 200 else []
+        if not 1 <= len(items) <= 16:
+            raise argparse.ArgumentTypeError(f"expected 1 to 16 comma-separated integers, got {short(text)}")
+        return tuple(one(item.strip()) for item in items)
     return parse
 
 
@@ -364,6 +378,18 @@ def cmd_bench(args: argparse.Namespace) -> int:
                               f"in), got {args.iterations}")
         result = run_sp_train_bench(nodes=args.nodes, devices=args.devices, iterations=args.iterations,
                                     repeats=3 if args.repeats is None else args.repeats, progress=_progress(args))
+    elif args.name == "update":
+        from spotlight.bench.update import run_update_bench
+
+        if args.iterations < 5:
+            raise ConfigError(f"--iterations: update needs 5 or more (a warm-up, an undisturbed update, the "
+                              f"killed one, the replacement's two updates later), got {args.iterations}")
+        try:
+            result = run_update_bench(executors=args.executors, iterations=args.iterations,
+                                      repeats=1 if args.repeats is None else args.repeats, progress=_progress(args))
+        except RuntimeError as err:  # the kill missed its update: a run that could not be timed, not bad input
+            print(f"spotlight: error: bench update: {err}", file=sys.stderr)
+            return 1
     else:
         from spotlight.bench.scheduler import run_scheduler_bench
 
@@ -570,7 +596,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser("bench", help="benchmarks that print figures",
                            description="Benchmarks: figures of this machine, with ratios to a baseline run alongside.")
-    bench.add_argument("name", choices=["throughput", "scheduler", "sp-regroup", "sp-train"],
+    bench.add_argument("name", choices=["throughput", "scheduler", "sp-regroup", "sp-train", "update"],
                        help="throughput: tiny-DiT denoising steps/s and trained samples/s; scheduler: queue "
                             "operations/s in-process and on Ray, and steps recomputed per preemption when a "
                             "shipped trace is replayed, against restarting requests from step 0; sp-regroup: "
@@ -578,15 +604,21 @@ def build_parser() -> argparse.ArgumentParser:
                             "against a restart from the checkpoint, and SP output error per degree; sp-train: "
                             "on a multi-node loopback Ray cluster, an SP group's in-place regroup inside a "
                             "training run against a cold restart of the group, and rollout requests/s at SP "
-                            "degree 1 against 2")
+                            "degree 1 against 2; update: seconds of the tiny DiT's update with its gradient "
+                            "computed by 1, 2, 4 rollout workers (train.update_on: fleet) against the learner "
+                            "alone, the per-executor efficiency, and the cost of a worker killed mid-update")
     bench.add_argument("--json", action="store_true", help="print one JSON object (and no progress on stderr)")
     bench.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
     bench.add_argument("--repeats", type=_int(*BENCH_LIMITS["repeats"]), default=None,
                        help="throughput: timed repetitions (default 5); sp-regroup: losses per recovery path "
-                            "(default 3); sp-train: cold restarts (default 3); medians reported; 1..1000")
+                            "(default 3); sp-train: cold restarts (default 3); update: runs per setting "
+                            "(default 1); medians reported; 1..1000")
     bench.add_argument("--iterations", type=_int(*BENCH_LIMITS["iterations"]), default=6,
                        help="scheduler: training iterations per replayed run; sp-train: per training run, 2 or "
-                            "more (1..1000)")
+                            "more; update: per training run, 5 or more (1..1000)")
+    bench.add_argument("--executors", type=_int_list(*BENCH_LIMITS["executors"]), default=(1, 2, 4),
+                       help="update: comma-separated numbers of gradient executors (rollout workers), each "
+                            "1..16 (default 1,2,4)")
     bench.add_argument("--nodes", type=_int(*BENCH_LIMITS["nodes"]), default=2,
                        help="sp-train: nodes of the loopback cluster besides its head (1..8)")
     bench.add_argument("--devices", type=_int(*BENCH_LIMITS["devices"]), default=2,

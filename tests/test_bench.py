@@ -37,3 +37,24 @@ def test_scheduler_benchmark_reports_queue_rates_and_recomputation_against_resta
         assert run["steps_recomputed"] <= run["steps_recomputed_restart_baseline"]
         assert run["steps_recomputed_per_given_back_request"] <= 1.0  # with a notice: at most one step
     assert r["without_notice"]["preemptions"] == 0 and r["without_notice"]["workers_lost"] > 0
+
+
+@pytest.mark.slow
+def test_update_benchmark_reports_fleet_update_seconds_efficiency_and_kill_cost():
+    from spotlight.bench.update import run_update_bench
+
+    # The toy shape: 2 prompts x 4 samples x 4 SDE steps = 32 rows, 8 per part: 4 parts per round.
+    r = run_update_bench(executors=(2,), iterations=5, prompts=2, group_size=4, sampler_steps=4, micro_batch=8,
+                         resolution=16)
+    assert r["weights_equal"] is True
+    assert r["gradient_parts"] == 2 * 4  # 2 rounds (train.updates_per_step) of 4 parts
+    n2 = r["fleet"]["n2"]
+    for key in ("update_s", "speedup", "efficiency"):
+        assert n2[key] > 0, key
+    assert n2["efficiency"] == pytest.approx(r["learner_update_s"] / n2["update_s"] / 2)
+    assert n2["efficiency_bound"] == min(2, r["machine"]["cpus"]) / 2
+    assert r["learner_update_s"] > 0 and r["kill_update_s"] > 0 and r["kill_undisturbed_update_s"] > 0
+    assert r["kill_cost_s"] == r["kill_update_s"] - r["kill_undisturbed_update_s"]
+    assert r["kill_workers_lost"] == 1 and r["kill_requests_lost"] == 0
+    assert 1 <= r["kill_iteration"] < r["kill_replacement_iteration"] and r["kill_undisturbed_iterations"] >= 1
+    assert r["machine"]["cpus"] >= 1 and r["machine"]["torch"]

@@ -268,7 +268,7 @@ def test_the_summary_line_counts_in_words_and_says_its_dollars_are_a_notional_fl
     last = proc.stdout.strip().splitlines()[-1]
     summary = json.loads((out / "summary.json").read_text())
     assert last.startswith(f"2 iterations: reward {summary['reward_first']:.3f} -> {summary['reward_last']:.3f}; "
-                           f"${summary['cost_usd']:.2f} for 2 on-demand H100s at $6.88/h + 2 spot at $3.10/h "
+                           f"${summary['cost_usd']:.2f} for 2 on-demand H100s at $6.88/h + 2 spot at $3.35/h "
                            "(a notional fleet: this run used the CPU); outputs in ")
 
 

@@ -124,10 +124,13 @@ class StepTimes:
             # The tiny DiT on 2 CPU cores (docs/measurements.md): 3676 denoising steps/s micro-batched
             # (0.27 ms per sample-step), 229 trained samples/s at 8 SDE steps (0.55 ms per
             # sample-step, forward + backward); regroup 0.078 s, cold start 7.1 s; 4 heads.
+            # The update on the fleet: one rollout worker computes the gradient at 0.77 of the
+            # learner's rate (`spotlight bench update`: its Ray calls and gradient transfers are
+            # in that figure, so nothing more per iteration).
             return cls(gpu="tiny-cpu", heads=4, gpus_per_node=1, denoise_steps=8, trained_steps=8,
                        train_flops_factor=0.55 / 0.27, train_efficiency=1.0, cfg_factor=1.0, reward_s_per_sample=1e-5,
                        weight_sync_s=0.01, regroup_s=0.078, cold_start_s=7.1, restore_s=0.02,
-                       denoise_step_s=0.27e-3)
+                       denoise_step_s=0.27e-3, fleet_update_efficiency=0.77, update_round_s=0.0)
         raise ConfigError(f"unknown step-time profile {short(name)} (expected qwen-image or tiny-cpu)")
 
     @classmethod
