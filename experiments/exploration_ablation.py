@@ -8,7 +8,7 @@ Arms (all with `exploration.enabled`, in-process `runtime: local`, so every run 
 
     python -m experiments.exploration_ablation [--models dit,llm] [--arms random,uniform,bandit]
         [--seeds 0,1,2] [--steps N] [--samples-per-step N] [--out DIR] [--fresh] [--quick] [--json]
-        [--no-progress]
+        [--no-progress] [--no-explore-first]
 
 Writes OUT/<model>/<arm>/seed<k>/ (one Trainer run each; a finished run with the same config is
 reused, so re-running after a crash is cheap), OUT/results.json, OUT/table.md and OUT/ablation.png.
@@ -58,15 +58,18 @@ def _err(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def arm_overrides(model: str, arm: str, base: RunConfig, samples: int) -> dict[str, Any]:
+def arm_overrides(model: str, arm: str, base: RunConfig, samples: int, explore_first: bool = True) -> dict[str, Any]:
     """The exploration section of one arm. Candidates per prompt C = max(G, 2 S / (N P)): twice
     what the uniform planner spends per candidate prompt (S / (N P)), so neither the uniform nor the
-    bandit arm is capped by C — the bandit may put up to twice the uniform share on one prompt."""
+    bandit arm is capped by C — the bandit may put up to twice the uniform share on one prompt.
+    Without `explore_first` an exploring arm's first iteration rolls out random seeds, as the
+    random arm's does: the arms then differ only in the seeds chosen by exploration."""
     if arm == "random":
         return {"enabled": True, "planner": "random"}
     n, g, pc = base.train.prompts_per_step, base.train.group_size, PROMPT_CANDIDATES[model]
     return {"enabled": True, "planner": arm, "budget_source": "samples", "samples_per_step": samples,
-            "candidates_per_prompt": max(g, 2 * samples // (n * pc)), "prompt_candidates": pc}
+            "candidates_per_prompt": max(g, 2 * samples // (n * pc)), "prompt_candidates": pc,
+            "explore_first": explore_first}
 
 
 def read_rows(out: Path) -> list[dict[str, Any]]:
@@ -208,6 +211,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=Path("runs/exploration_ablation"), metavar="DIR",
                    help="where runs and results go (default: runs/exploration_ablation)")
     p.add_argument("--fresh", action="store_true", help="delete and re-run finished runs")
+    p.add_argument("--no-explore-first", action="store_true",
+                   help="exploring arms roll out random seeds in their first iteration too (exploration.explore_first: "
+                        "false), so that no arm starts ahead; use another --out")
     p.add_argument("--quick", action="store_true", help="toy sizes and one seed, for a smoke test (< 1 minute)")
     p.add_argument("--json", action="store_true", help="print the results as one JSON object on stdout "
                    "(and no progress bars on stderr)")
@@ -258,7 +264,8 @@ def ablate(model: str, args: argparse.Namespace) -> tuple[dict[str, Any], dict[s
     base = load_config(path, common)
     # `common` sets train/warm_start/sampler/prompts; an arm sets seed/runtime/exploration: no overlap.
     runs = {arm: [run(load_config(path, {**common, "seed": s, "runtime": {"kind": "local"},
-                                         "exploration": arm_overrides(model, arm, base, samples)}),
+                                         "exploration": arm_overrides(model, arm, base, samples,
+                                                                      not args.no_explore_first)}),
                       args.out / model / arm / f"seed{s}", args.fresh, args.progress) for s in args.seeds]
             for arm in args.arms}
     target = getattr(args, f"target_{model}")

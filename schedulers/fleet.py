@@ -380,6 +380,17 @@ class FleetEngine:
         if self.on_fleet is not None:
             self.on_fleet()
 
+    def schedule(self, action: FleetAction) -> None:
+        """Add an action to the replay while the run goes on (one decided from what the run has
+        done so far: a benchmark killing a node in the middle of a chosen update). Its time must
+        not be before the replay clock's now: the past is not replayed."""
+        if action.at_s < self.replay.now():
+            raise ValueError(f"action at replay time {action.at_s:g} s is in the past (now {self.replay.now():g} s)")
+        i = self._next_action
+        while i < len(self.actions) and self.actions[i].at_s <= action.at_s:
+            i += 1
+        self.actions.insert(i, action)
+
     def _apply_due(self) -> None:
         """Apply every action whose replay time has come (by the replay clock, or by the engine
         time `_next_due` promised: the two agree up to rounding, and a wait bounded by the latter

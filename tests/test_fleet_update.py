@@ -124,3 +124,18 @@ def test_spot_workers_killed_during_updates_change_no_weight(tmp_path, kind):
     assert sum(r["gradient_parts_spot"] for r in rows) > 0, rows
     assert len({r["gradient_parts"] for r in rows}) == 1
     _assert_same_weights(alone, weights)
+
+
+def test_an_action_scheduled_during_a_run_goes_in_time_order_and_never_in_the_past():
+    from schedulers.fleet import FleetAction, FleetEngine
+
+    clock = ManualClock()
+    engine = FleetEngine(clock, PullQueue(clock, 30.0), None, [],
+                         actions=[FleetAction(1.0, "spot0", "kill"), FleetAction(3.0, "spot0", "add")],
+                         replay_phases=("train",))
+    engine.schedule(FleetAction(2.0, "spot1", "kill"))
+    assert [(a.at_s, a.node) for a in engine.actions] == [(1.0, "spot0"), (2.0, "spot1"), (3.0, "spot0")]
+    engine._phase("train")
+    clock.advance(2.5)
+    with pytest.raises(ValueError, match="in the past"):
+        engine.schedule(FleetAction(2.0, "spot1", "add"))

@@ -24,9 +24,10 @@ here (`ray_cluster.connect`), so none pays Ray's start.
    through the queue, the rounds' hand-offs, round 1's weights loaded on the worker) — what the
    simulator's `StepTimes.update_round_s` stands for; per part too.
 4. kill_cost_s: a fleet of 2 spot workers and 1 on-demand; on the train phases' replay clock
-   (`replay_phases=("train",)`), spot0 is killed without notice in the middle of the third update
-   and added back two updates later (the times aimed at are on the n=2 run's replay clock: the kill
-   run's own is only known afterwards, so the iterations they landed in are read back from it).
+   (`replay_phases=("train",)`), spot0 is killed without notice half the previous update's length
+   into the third update and added back at the start of the fifth (scheduled on the engine as the
+   run reaches them, `FleetEngine.schedule`; the iteration the kill landed in is read back from
+   the replay clock).
    The cost is the killed update's seconds minus the median of the same run's undisturbed ones
    (after the first; before the kill, or from the second update after the replacement joined):
    its lost part recomputed, the rest of the update on one executor fewer.
@@ -68,17 +69,34 @@ def _config(update_on: str, ondemand: int, spot: int, iterations: int, prompts: 
 
 
 def _runtime_class() -> type:
+    from schedulers.fleet import FleetAction
     from spotlight.runtime.ray_runtime import RayRuntime
 
     class ReplayTimed(RayRuntime):
         """The Ray runtime, noting the train phases' replay clock at the end of each update (where
-        a replayed action landed is read from it)."""
+        a replayed action landed is read from it); with `kill_in` set, spot0 is killed without
+        notice `kill_fraction` of the previous update's length into update `kill_in`, and added
+        back at the start of update `kill_in + 2` (scheduled on the engine as the run reaches
+        them, so they land where aimed whatever this run's pace)."""
+
+        kill_in: int | None = None
+        kill_fraction = 0.5
 
         def __post_init__(self) -> None:
             super().__post_init__()
             self.replay_ends: list[float] = []
+            self.kill_at: float | None = None
+            self.add_at: float | None = None
 
         def update(self, *args: Any, **kwargs: Any) -> dict[str, float]:
+            k, now = len(self.replay_ends), self.engine.replay.now()
+            if self.kill_in is not None and k == self.kill_in:
+                last = self.replay_ends[-1] - (self.replay_ends[-2] if k >= 2 else 0.0)
+                self.kill_at = now + self.kill_fraction * last
+                self.engine.schedule(FleetAction(self.kill_at, "spot0", "kill"))
+            if self.kill_in is not None and k == self.kill_in + 2:
+                self.add_at = now
+                self.engine.schedule(FleetAction(now, "spot0", "add"))
             stats = super().update(*args, **kwargs)
             self.replay_ends.append(self.engine.replay.now())
             return stats
@@ -86,19 +104,23 @@ def _runtime_class() -> type:
     return ReplayTimed
 
 
-def _train(cfg: RunConfig, out: Path, log: Callable[[str], None], actions: list[Any] = ()) \
-        -> tuple[list[dict], dict[str, torch.Tensor], list[float], dict[str, Any]]:
-    """Run `cfg` with the replay clock running in train phases. Returns metrics.jsonl's rows, the
-    final weights, the replay clock at the end of each update, and summary counters."""
+def _train(cfg: RunConfig, out: Path, log: Callable[[str], None], kill_in: int | None = None) \
+        -> tuple[list[dict], dict[str, torch.Tensor], Any, dict[str, Any]]:
+    """Run `cfg` with the replay clock running in train phases (and spot0 killed in update
+    `kill_in`, see `ReplayTimed`). Returns metrics.jsonl's rows, the final weights, the runtime's
+    replay record (ends of the updates, kill and add times) and summary counters."""
+    from types import SimpleNamespace
+
     from safetensors.torch import load_file
 
     from spotlight.train.trainer import Trainer
 
-    runtime = _runtime_class()(cfg, actions=list(actions), log=log, replay_phases=("train",))
+    runtime = _runtime_class()(cfg, log=log, replay_phases=("train",))
+    runtime.kill_in = kill_in
     summary = Trainer(cfg, out, progress=False, log=log).build(runtime).train()
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
     (weights,) = (out / "final").glob("*.safetensors")
-    ends = list(runtime.replay_ends)
+    ends = SimpleNamespace(ends=list(runtime.replay_ends), kill_at=runtime.kill_at, add_at=runtime.add_at)
     del runtime
     gc.collect()  # the run's actors end with their last handle: before the next run starts its own
     return rows, load_file(str(weights)), ends, summary
@@ -122,7 +144,6 @@ def run_update_bench(executors: tuple[int, ...] = (1, 2, 4), iterations: int = 6
     reported; the kill run is made once)."""
     import ray
 
-    from schedulers.traces import ReplayAction
     from spotlight.runtime import ray_cluster
 
     if not executors or min(executors) < 1:
@@ -135,7 +156,7 @@ def run_update_bench(executors: tuple[int, ...] = (1, 2, 4), iterations: int = 6
     shape = dict(iterations=iterations, prompts=prompts, group_size=group_size, sampler_steps=sampler_steps,
                  micro_batch=micro_batch, resolution=resolution)
     load_before = os.getloadavg()[0]
-    bar = tqdm(total=(1 + len(executors)) * repeats + (0 if 2 in executors else 1) + 1, desc="bench update",
+    bar = tqdm(total=(1 + len(executors)) * repeats + 1, desc="bench update",
                unit="run", disable=not progress, file=sys.stderr)
     if ray.is_initialized():  # the runs share the cluster started here
         ray.shutdown()
@@ -147,48 +168,38 @@ def run_update_bench(executors: tuple[int, ...] = (1, 2, 4), iterations: int = 6
         try:
             runs = 0
 
-            def run(cfg: RunConfig, actions: list[Any] = ()) -> tuple[list[dict], list[float], dict[str, Any]]:
+            def run(cfg: RunConfig, kill_in: int | None = None) -> tuple[list[dict], Any, dict[str, Any]]:
                 nonlocal runs, weights_equal, reference
                 runs += 1
-                rows, weights, ends, summary = _train(cfg, Path(tmp) / f"run{runs}", log, actions)
+                rows, weights, record, summary = _train(cfg, Path(tmp) / f"run{runs}", log, kill_in)
                 if reference is None:
                     reference = weights
                 weights_equal = weights_equal and _same(reference, weights)
                 bar.update()
-                return rows, ends, summary
+                return rows, record, summary
 
             reference: dict[str, torch.Tensor] | None = None
             parts = None
-            ends2: list[float] = []
             for _ in range(repeats):
                 rows, _, _ = run(baseline_cfg)
                 seconds.setdefault(0, []).append(_median_update_s(rows))
                 for n in executors:
-                    rows, ends, _ = run(_config("fleet", n, 0, **shape))
+                    rows, _, _ = run(_config("fleet", n, 0, **shape))
                     seconds.setdefault(n, []).append(_median_update_s(rows))
                     parts = rows[-1]["gradient_parts"]
-                    if n == 2:
-                        ends2 = ends
-            if not ends2:  # the kill is timed on the n=2 run's replay clock
-                _, ends2, _ = run(_config("fleet", 2, 0, **shape))
-            # Aim at the middle of the third update on the n=2 clock (the earlier the aim, the less
-            # the two runs' clocks drift apart; the kill run's first updates ran up to ~2 s longer
-            # here, under load), the replacement two updates later: never in the killed update.
-            update_s = statistics.median(b - a for a, b in zip(ends2[1:], ends2[2:])) if len(ends2) > 2 \
-                else ends2[-1] - ends2[-2]
-            at, at_add = ends2[1] + 0.5 * update_s, ends2[1] + 2.5 * update_s
-            actions = [ReplayAction(at, 0, "kill"), ReplayAction(at_add, 0, "add")]
-            rows, ends, summary = run(_config("fleet", 1, 2, **shape), actions)
+            # spot0 killed in the third update (index 2), back at the start of the fifth.
+            rows, record, summary = run(_config("fleet", 1, 2, **shape), kill_in=2)
         finally:
             if started:
                 ray_cluster.shutdown()
+    ends, at, at_add = record.ends, record.kill_at, record.add_at
     landed = next((i for i, end in enumerate(ends) if end >= at), None)
     if landed is None or summary["workers_lost"] < 1:
         raise RuntimeError(f"the kill at replay time {at:.2f} s did not land in an update (updates ended at "
                            f"{[round(e, 2) for e in ends]} s; workers lost: {summary['workers_lost']})")
     # Undisturbed: after the first, before the kill, or once the replacement has joined and
     # computed its first parts (its start and its warm-ups are in the two updates after the add).
-    added = next((i for i, end in enumerate(ends) if end >= at_add), len(ends))
+    added = next((i for i, end in enumerate(ends) if at_add is not None and end >= at_add), len(ends))
     calm = [r["time_update_s"] for i, r in enumerate(rows) if 1 <= i < landed or i >= added + 2]
     if not calm:
         raise RuntimeError(f"the kill landed in iteration {landed} and its replacement in {added}: no undisturbed "
