@@ -58,6 +58,9 @@ class ProgressModel:
     spearman: float
     source: str
     iterations_scale: float = 1.0
+    held_out: tuple[float, float] | None = None
+    """(group std, iterations to target) of an ablation arm the model was not fit on (uniform):
+    what it is validated on (`validation`)."""
 
     @classmethod
     def calibrated(cls, path: Path | None = None, iterations_scale: float = 1.0) -> ProgressModel:
@@ -73,6 +76,8 @@ class ProgressModel:
                          k_bandit=arms["bandit"]["iterations_to_target"],
                          s_random=arms["random"]["mean_group_reward_std"],
                          s_bandit=arms["bandit"]["mean_group_reward_std"],
+                         k_uniform=arms.get("uniform", {}).get("iterations_to_target"),
+                         s_uniform=arms.get("uniform", {}).get("mean_group_reward_std"),
                          spearman=arms["bandit"]["stale_rank_spearman_mean"],
                          r_inf=max(a["final_reward"] for a in arms.values()))
                 r0 = _first_evals(path.parent / "dit" / "random")
@@ -83,7 +88,12 @@ class ProgressModel:
                 pass
         alpha = math.log(f["k_bandit"] / f["k_random"]) / math.log(f["s_random"] / f["s_bandit"])
         lam = -math.log((f["r_inf"] - f["target"]) / (f["r_inf"] - f["r0"])) / (f["k_random"] * iterations_scale)
-        return cls(f["r0"], f["r_inf"], f["target"], f["s_random"], lam, alpha, f["spearman"], source, iterations_scale)
+        return cls(f["r0"], f["r_inf"], f["target"], f["s_random"], lam, alpha, f["spearman"], source, iterations_scale,
+                   held_out=(f["s_uniform"], f["k_uniform"]) if f.get("k_uniform") else None)
+
+    def iterations_at(self, signal: float) -> float:
+        """Iterations an unchanging group std `signal` takes to the target (unrounded)."""
+        return math.log((self.r_inf - self.r0) / (self.r_inf - self.target)) / self.gain(signal)
 
     def gain(self, signal: float) -> float:
         """The exponent one iteration with group std `signal` adds."""
@@ -95,10 +105,20 @@ class ProgressModel:
     def reached(self, cumulative_gain: float) -> bool:
         return self.score(cumulative_gain) >= self.target - 1e-12
 
+    def validation(self) -> dict | None:
+        """What the model predicts for the held-out arm against what the ablation measured (at
+        `iterations_scale` 1: the ablation's own axis)."""
+        if self.held_out is None:
+            return None
+        signal, measured = self.held_out
+        predicted = self.iterations_at(signal) / self.iterations_scale
+        return {"arm": "uniform", "group_std": signal, "iterations_measured": measured,
+                "iterations_predicted": predicted, "error": predicted / measured - 1}
+
     def to_dict(self) -> dict:
         return {"r0": self.r0, "r_inf": self.r_inf, "target": self.target, "s_ref": self.s_ref, "lambda": self.lam,
                 "alpha": self.alpha, "stale_rank_spearman": self.spearman, "iterations_scale": self.iterations_scale,
-                "calibrated_from": self.source}
+                "calibrated_from": self.source, "validation": self.validation()}
 
 
 def _first_evals(folder: Path) -> float | None:
