@@ -32,10 +32,14 @@ def spearman(a: Sequence[float], b: Sequence[float]) -> float | None:
     return float(stats.spearmanr(x, y).statistic)
 
 
+MIN_PAIRS = 3
+"""Explored seeds a rolled-out group needs for the monitor to measure it (Spearman needs 3)."""
+
+
 class StaleRankMonitor:
     """Healthy while the mean stale-vs-fresh Spearman correlation of the seeds stays >= threshold."""
 
-    def __init__(self, threshold: float, min_pairs: int = 3) -> None:
+    def __init__(self, threshold: float, min_pairs: int = MIN_PAIRS) -> None:
         if not (isinstance(threshold, (int, float)) and math.isfinite(threshold) and -1 <= threshold <= 1):
             raise ValueError(f"threshold must be a correlation in [-1, 1], got {threshold!r}")
         if isinstance(min_pairs, bool) or not isinstance(min_pairs, int) or min_pairs < 3:
@@ -86,7 +90,7 @@ class StaleRankMonitor:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> StaleRankMonitor:
-        monitor = cls(d["threshold"], d.get("min_pairs", 3))
+        monitor = cls(d["threshold"], d.get("min_pairs", MIN_PAIRS))
         monitor.healthy = bool(d["healthy"])
         monitor.last = d["last"]
         monitor.message = d.get("message")

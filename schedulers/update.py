@@ -37,14 +37,15 @@ class Done:
 class FleetUpdate:
     kinds = (Kind.TRAIN,)
 
-    def __init__(self, queue: Any, iteration: int, version: int, rounds: int, parts: int, data: Any,
+    def __init__(self, queue: Any, version: int, rounds: int, parts: int, data: Any,
                  step: Callable[[int, list[str]], Any], weights: Callable[[], Any]) -> None:
-        """`data`: the rollout and advantages as the workers resolve them; `step(round, ids)`
+        """The update of the iteration whose rollout ran at weight `version` (its requests are
+        named by it). `data`: the rollout and advantages as the workers resolve them; `step(round, ids)`
         starts the learner's step on the round's results and returns a `Pending`; `weights()`
         the learner's weights after the last step (as the workers resolve them)."""
         if rounds < 1 or parts < 1:
             raise ValueError(f"an update needs rounds >= 1 and parts >= 1, got {rounds} and {parts}")
-        self.queue, self.iteration, self.version = queue, iteration, version
+        self.queue, self.version = queue, version
         self.rounds, self.parts, self.data = rounds, parts, data
         self._step, self._weights = step, weights
         self.round = 0
@@ -55,7 +56,7 @@ class FleetUpdate:
         self.ids = self._put(None)
 
     def _put(self, weights: Any) -> list[str]:
-        requests = [Request(f"it{self.iteration}/u{self.round}/m{i}", Kind.TRAIN, 0, "", (), self.version, order=i,
+        requests = [Request(f"it{self.version}/u{self.round}/m{i}", Kind.TRAIN, 0, "", (), self.version, order=i,
                             work=GradientWork(self.round, i, self.data, weights))
                     for i in range(self.parts)]
         self.queue.put(requests)

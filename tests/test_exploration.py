@@ -51,6 +51,19 @@ def test_the_rollout_uses_the_most_contrasting_explored_seeds():
         assert req.weight_version == 1 and req.kind is Kind.ROLLOUT
 
 
+def test_a_prompt_explored_less_than_a_group_keeps_its_contrasting_seeds_and_fresh_ones():
+    cfg = small_dit_config(exploration=EXPLORE)
+    ex = _explorer(cfg)
+    session = ex.session(1, 0)
+    values = [0.5, 0.0, 0.55, 1.0, 0.4, 0.5]  # 0.0 and 1.0 contrast; 0.4 is the monitor's third
+    for pid in session.pool.prompt_ids:
+        for seed, value in zip(session.pool.candidates(pid), values):
+            session.pool.record(pid, seed, value, 0)
+    seeds = ex.candidate_seeds(1)
+    for req in ex.plan(1):
+        assert req.seeds == (seeds[1], seeds[3], seeds[4], seeds[6])  # three explored, one fresh
+
+
 def test_an_llm_skips_prompts_its_stale_weights_always_or_never_solve():
     cfg = small_llm_config(exploration={**EXPLORE, "prompt_candidates": 2})
     ex = _explorer(cfg)

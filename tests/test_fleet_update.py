@@ -62,7 +62,7 @@ def test_a_gradient_sum_is_the_same_whatever_order_its_parts_arrive_in():
 def test_a_fleet_update_puts_its_rounds_one_after_the_other():
     queue = PullQueue(ManualClock(), 30.0)
     steps = []
-    update = FleetUpdate(queue, iteration=5, version=5, rounds=2, parts=3, data="rollout",
+    update = FleetUpdate(queue, version=5, rounds=2, parts=3, data="rollout",
                          step=lambda r, ids: steps.append((r, ids)) or Done(f"stats{r}"), weights=lambda: "w1")
     assert not update.done() and queue.open(Kind.TRAIN) == 3 and steps == []
     leases = queue.pull("a", 3, [Kind.TRAIN, Kind.EXPLORATION], weight_version=5)

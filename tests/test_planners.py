@@ -12,7 +12,7 @@ from scipy.stats import spearmanr
 
 from planners.allocation import BanditPlanner, UniformPlanner, _binary_value, make_planner, planner_from_dict
 from planners.seed_pool import Observation, SeedPool
-from planners.selection import best_group_variance, group_variance, max_variance_subset
+from planners.selection import best_group_variance, contrast_group, group_variance, max_variance_subset
 from planners.stale_rank import StaleRankMonitor, spearman
 
 # -- selection ----------------------------------------------------------------------------------
@@ -84,6 +84,51 @@ def test_best_group_variance_from_extremes_matches_the_subset():
 
 
 # -- seed pool ----------------------------------------------------------------------------------
+
+
+def test_contrast_group_keeps_only_explored_seeds_that_deviate_more_than_the_spread():
+    # mean 0.49, sample std 0.33: only 0.0 and 1.0 deviate by more; the rest of the group is fresh
+    rewards = [0.5, 0.0, 0.55, 1.0, 0.4, 0.5]
+    assert contrast_group(rewards, 8, fresh=10) == [1, 3]
+    # nothing to estimate the spread from: both kept
+    assert contrast_group([0.1, 0.9], 8, fresh=10) == [0, 1]
+    # all equal: nothing contrasts, the group is all fresh
+    assert contrast_group([1.0] * 5, 4, fresh=10) == []
+    # the monitor's minimum: the most deviating explored ones
+    assert contrast_group(rewards, 8, fresh=10, at_least=3) == [1, 3, 4]
+    # too few fresh seeds: the next most deviating explored ones make up the group
+    assert contrast_group(rewards, 4, fresh=1) == [1, 3, 4]
+    # no fresh seeds at all, or enough contrasting ones: the exact max-variance group
+    assert contrast_group(rewards, 4, fresh=0) == max_variance_subset(rewards, 4)
+    wide = [0.0] * 8 + [5.0, -5.0, 5.0, -5.0, 4.9]  # five contrast, four are a group
+    assert contrast_group(wide, 4, fresh=10) == max_variance_subset(wide, 4)
+
+
+def test_contrast_group_raises_the_fresh_group_std_in_expectation():
+    """The rule's argument (its docstring) on correlated normal rewards: stale scores predict the
+    fresh reward with rho 0.93. Keeping the contrasting explored seeds beats taking every explored
+    seed and topping up with fresh ones below g, and beats max_variance_subset at g explored."""
+    rng = np.random.default_rng(0)
+    g, rho = 8, 0.93
+    for explored in (4, 6, g):
+        chosen, plain = [], []
+        for _ in range(3000):
+            z = rng.standard_normal(explored + g)
+            stale = rho * z + np.sqrt(1 - rho ** 2) * rng.standard_normal(explored + g)
+            kept = contrast_group(stale[:explored].tolist(), g, fresh=g, at_least=3)
+            group = np.concatenate([z[kept], z[explored:explored + g - len(kept)]])
+            chosen.append(np.std(group, ddof=1))
+            plain.append(np.std(z[:g], ddof=1))
+        assert np.mean(chosen) > 1.02 * np.mean(plain), explored
+
+
+def test_contrast_group_rejects_bad_input():
+    with pytest.raises(ValueError, match="more seeds"):
+        contrast_group([0.1, 0.2], 4, fresh=1)
+    with pytest.raises(ValueError, match="fresh"):
+        contrast_group([0.1, 0.2], 2, fresh=-1)
+    with pytest.raises(ValueError, match="finite"):
+        contrast_group([0.1, float("nan"), 0.3], 2, fresh=4)
 
 
 def test_seed_pool_records_in_candidate_order():

@@ -211,7 +211,7 @@ class LocalRuntime:
         if self.cfg.train.update_on == "fleet":  # through the queue, as on a fleet (here: one worker)
             learner, queue = self.learner, self.queue
             before = queue.completions_by_worker(Kind.TRAIN)
-            update = FleetUpdate(queue, self.version, self.version, self.cfg.train.updates_per_step,
+            update = FleetUpdate(queue, self.version, self.cfg.train.updates_per_step,
                                  learner.update_parts(parts), (parts, advantages),
                                  lambda r, ids: Done(learner.step_with(r, queue.results(ids, release=True))),
                                  weights=learner.weights)

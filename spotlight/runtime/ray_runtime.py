@@ -274,7 +274,7 @@ class RayRuntime:
             def step(round: int, ids: list[str]) -> RayPending:  # the gradients go queue -> learner directly
                 return RayPending(learner.step_with.remote(round, queue.results.remote(ids, True)))
 
-            update = FleetUpdate(self.queue, self.version, self.version, self.cfg.train.updates_per_step,
+            update = FleetUpdate(self.queue, self.version, self.cfg.train.updates_per_step,
                                  ray.get(learner.update_parts.remote(parts)), (parts, advantages), step,
                                  weights=lambda: learner.weights.remote())
         else:

@@ -54,14 +54,18 @@ class OracleSimulation(Simulation):
         t, gain, it, explored = 0.0, 0.0, 0, {}
         progress, reached_at = [(0.0, self.progress.score(0.0))], None
         while it < cfg.iterations:
+            started = t
             t = fluid(t, cfg.prompts * cfg.group_size * per_gpu_s, cfg.gpus)
             self.busy_gpu_s += cfg.prompts * cfg.group_size * per_gpu_s
             work = st.train_gpu_s(cfg.resolution, cfg.prompts * cfg.group_size) / st.train_efficiency
-            if self.policy.fleet_update and fluid(t, work, cfg.gpus, st.fleet_update_efficiency) + st.update_round_s < t + train_s:
+            updated = fluid(t, work, cfg.gpus, st.fleet_update_efficiency)
+            if self.policy.fleet_update and self.fleet_update_pays(updated + st.update_round_s - t, train_s, t - started,
+                                                                   spot_at(t)):
                 # The update a fluid over every live GPU (spot ones at fleet_update_efficiency);
                 # the spot GPUs explore while the learner gathers and steps (update_round_s). Only
-                # where that is sooner than the on-demand GPUs alone.
-                updated = fluid(t, work, cfg.gpus, st.fleet_update_efficiency)
+                # where that pays more than exploring while the on-demand GPUs train alone, as
+                # `spotlight` decides.
+                self.fleet_updates += 1
                 self.busy_gpu_s += work
                 idle = (updated, updated + st.update_round_s)
                 t_next = updated + st.update_round_s

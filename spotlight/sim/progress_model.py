@@ -8,11 +8,15 @@ from reward differences inside a group):
 
     eval(k) = r_inf - (r_inf - r0) · exp(-λ · Σ_{j<k} (s_j / s_ref)^α)
 
-Calibrated on the exploration ablation's real tiny-DiT runs (`experiments/exploration_ablation.py`,
-3 seeds per arm): r0 = the random arm's first eval reward, r_inf = the best arm's final one, the
-target = the ablation's (75% of the random arm's gain), s_ref = the random arm's mean group std;
-λ makes s = s_ref reach the target in the random arm's iterations (17.7), and α makes the bandit
-arm's std (0.139) reach it in its iterations (12.7): α = ln(12.7/17.7) / ln(0.081/0.139) ≈ 0.61.
+Calibrated on the exploration ablation's real tiny-DiT runs without `explore_first` (which
+explored the first iteration's seeds before its rollout and so credited exploration with an
+iteration it did not win in a train phase; `experiments/exploration_ablation.py
+--no-explore-first`, 3 seeds per arm): r0 = the random arm's first eval reward, r_inf = the best
+arm's final one, the target = the ablation's (75% of the random arm's gain), s_ref = the random
+arm's mean group std; λ makes s = s_ref reach the target in the random arm's iterations (17.7),
+and α makes the bandit arm's std (0.140) reach it in its iterations (13.3): α = ln(13.3/17.7) /
+ln(0.081/0.140) ≈ 0.51. Validated on the arm it was not fit on (`validation`): the uniform arm's
+std 0.143 predicts 13.2 iterations, 13.7 measured (-3.3%).
 So doubling the group std does *not* halve the iterations (GRPO normalises advantages by the
 group std; docs/exploration.md). `iterations_scale` stretches the time axis for a run whose
 random-seed baseline needs more iterations (a real Qwen-Image run), keeping the s-dependence.
@@ -20,10 +24,9 @@ random-seed baseline needs more iterations (a real Qwen-Image run), keeping the 
 Signal: `SeedRewards` draws, per iteration and prompt, candidate seeds' fresh rewards
 μ_p + σ_p·z and their stale (previous weights) scores μ_p + σ_p·(ρ z + sqrt(1-ρ²) e), with ρ from
 the measured stale-rank Spearman 0.93 (ρ = 2 sin(π·0.93/6)); σ_p is lognormal around a mean set so
-that a random group's expected std is s_ref. The group a rollout trains on is the G explored seeds
-with the most contrasting *stale* rewards (`planners.selection.max_variance_subset`, the live
-selection), topped up with fresh random seeds when fewer than G were explored; its signal is the
-std of their *fresh* rewards.
+that a random group's expected std is s_ref. The group a rollout trains on is the live selection
+(`planners.selection.contrast_group`): the explored seeds whose *stale* rewards contrast, topped up
+with fresh random seeds; its signal is the std of their *fresh* rewards.
 """
 
 from __future__ import annotations
@@ -35,14 +38,17 @@ from pathlib import Path
 
 import numpy as np
 
-from planners.selection import max_variance_subset
+from planners.selection import contrast_group
+from planners.stale_rank import MIN_PAIRS
 
-ABLATION_FIGURES = {"target": 0.8755054821570714, "r0": 0.7036881844202677, "r_inf": 0.9396502243147956,
-                    "k_random": 17.666666666666668, "k_bandit": 12.666666666666666,
-                    "s_random": 0.08053018127878507, "s_bandit": 0.13925332662959894,
-                    "spearman": 0.933070724795789}
-"""The figures of the exploration ablation's runs docs/measurements.md reports (tiny DiT, 3 seeds per arm:
-`python -m experiments.exploration_ablation`, results.json and the random arm's first eval reward),
+ABLATION_FIGURES = {"target": 0.8755054821570714, "r0": 0.7036881844202677, "r_inf": 0.9389110008875529,
+                    "k_random": 17.666666666666668, "k_bandit": 13.333333333333334,
+                    "s_random": 0.08053018127878507, "s_bandit": 0.14049673962096373,
+                    "k_uniform": 13.666666666666666, "s_uniform": 0.1430353550033437,
+                    "spearman": 0.9325738916256159}
+"""The figures of the exploration ablation's runs without `explore_first` (tiny DiT, 3 seeds per arm:
+`python -m experiments.exploration_ablation --models dit --no-explore-first`, its results.json and the
+random arm's first eval reward; docs/simulator.md#progress-model), the uniform arm held out,
 shipped so that every machine simulates the same: pass a fresh ablation's results.json to
 `ProgressModel.calibrated` to recalibrate."""
 
@@ -155,12 +161,34 @@ class SeedRewards:
     def group_std(self, iteration: int, prompt: int, candidates: int, explored: int) -> float:
         """Std of the fresh rewards of the group the rollout trains on, when the first `explored`
         candidates were scored with stale weights (the rest of the group: the next fresh seeds)."""
-        sigma, fresh, stale = self.draw(iteration, prompt, max(candidates, explored + self.g))
-        if explored >= self.g:
-            chosen = fresh[max_variance_subset(stale[:explored].tolist(), self.g)]
-        else:
-            chosen = fresh[:self.g]  # the explored ones are random seeds too: no choice to make
+        total = max(candidates, explored + self.g)
+        sigma, fresh, stale = self.draw(iteration, prompt, total)
+        kept = contrast_group(stale[:explored].tolist(), self.g, total - explored, MIN_PAIRS)
+        chosen = np.concatenate([fresh[kept], fresh[explored:explored + self.g - len(kept)]])
         return float(np.std(chosen, ddof=1))
+
+
+    EXPECTATION_DRAWS = 256
+    """Draws behind `expected_std` (prompts of iterations no run reaches: a run's own draws stay its own)."""
+
+    def expected_std(self, explored: float, candidates: int) -> float:
+        """The expected signal of a group whose prompt had `explored` seeds scored with stale weights
+        (fractional: interpolated), with `candidates` candidates — what a planner can promise before
+        exploring; the bandit, which spreads its samples to the prompts that pay most, does better."""
+        explored = min(max(explored, 0.0), float(candidates))
+        lo = math.floor(explored)
+        hi = min(lo + 1, candidates)
+        a, b = self._expected_std(lo, candidates), self._expected_std(hi, candidates)
+        return a + (b - a) * (explored - lo)
+
+    def _expected_std(self, explored: int, candidates: int) -> float:
+        cache = self.__dict__.setdefault("_expectations", {})
+        key = (explored, candidates)
+        if key not in cache:
+            far = 1 << 40
+            cache[key] = float(np.mean([self.group_std(far + k, 0, candidates, explored)
+                                        for k in range(self.EXPECTATION_DRAWS)]))
+        return cache[key]
 
 
 def _mean_std(g: int) -> float:

@@ -138,6 +138,10 @@ class Simulation:
         self.busy_gpu_s = 0.0
         self.fleet_updated = False
         """The last iteration's update ran on the fleet (`_fleet_update`), not on the on-demand GPUs alone."""
+        self.fleet_updates = 0
+        """Iterations whose update ran on the fleet."""
+        self.rollout_s = 0.0
+        """The last rollout's seconds (`_update_on_fleet` prices an iteration with them)."""
         self._stats: dict[str, int] = {}
         """Counters of the queues of earlier iterations (`_new_queue`)."""
         peak = self.ondemand_gpus + (self.block * trace.max_live if policy.spot else 0)
@@ -194,11 +198,14 @@ class Simulation:
             self.engine.explore(session, self._score, it - 1)
             explored.clear()
             explored.update(session.explored())
+        start = self.clock.now()
         self.engine.rollout(requests_of(it, cfg.prompts, cfg.group_size, self.samples_per_request), it)
+        self.rollout_s = self.clock.now() - start
         nxt: dict[int, int] = {}
-        fleet = self.policy.fleet_update and self._fleet_update_s() < train_s
+        fleet = self.policy.fleet_update and self._update_on_fleet(train_s)
         update = self._fleet_update(it) if fleet else Until(self.clock, self.clock.now() + train_s)
         self.fleet_updated = fleet
+        self.fleet_updates += fleet
         if self.policy.explore == "idle_spot" and it + 1 < cfg.iterations:
             session = SimExploration(self, it + 1, it, False, None)
             self.engine.explore(session, self._score, it, update=update)
@@ -207,6 +214,35 @@ class Simulation:
             self.engine.wait(update, it)
         self.engine.wait(Until(self.clock, self.clock.now() + self.st.weight_sync_s))
         return nxt
+
+    def _update_on_fleet(self, train_s: float) -> bool:
+        """What the spot GPUs do during this update, by its value for time to target (issue 16):
+        the update's micro-batches with the on-demand GPUs (the iteration is shorter; the spot GPUs
+        explore only while the learner gathers and steps), or exploration while the on-demand GPUs
+        train alone (a longer iteration, but more explored seeds, so more signal and fewer
+        iterations). Each is priced in seconds per unit of progress: (the last rollout's seconds +
+        the update's + the weight sync) over the progress model's gain at the signal the
+        exploration it leaves room for is expected to give (`SeedRewards.expected_std`: that many
+        samples spread evenly over the prompts, a full rollout each on the live spot GPUs). A
+        policy that does not explore only asks which update is sooner: the fleet's is never with no
+        spot GPU alive, and rarely when the update is short next to `update_round_s`."""
+        return self.fleet_update_pays(self._fleet_update_s(), train_s, self.rollout_s, self.engine.spot_devices())
+
+    def fleet_update_pays(self, fleet_s: float, train_s: float, rollout_s: float, spot_gpus: float) -> bool:
+        """`_update_on_fleet`'s pricing (the oracle's too): an update of `fleet_s` seconds on the
+        fleet against `train_s` on the on-demand GPUs, after a rollout of `rollout_s`, with
+        `spot_gpus` live spot GPUs to explore."""
+        cfg, st = self.cfg, self.st
+        if self.policy.explore != "idle_spot":
+            return fleet_s < train_s
+        per_sample = st.sample_s(cfg.resolution, 1)
+
+        def seconds_per_progress(update_s: float, exploring_s: float) -> float:
+            explored = spot_gpus * exploring_s / per_sample / cfg.prompts
+            signal = self.rewards.expected_std(explored, cfg.candidates_per_prompt)
+            return (rollout_s + update_s + st.weight_sync_s) / self.progress.gain(signal)
+
+        return seconds_per_progress(fleet_s, st.update_round_s) < seconds_per_progress(train_s, train_s)
 
     def _fleet_update_s(self) -> float:
         """What the update would take on the fleet live now (the on-demand GPUs and the spot ones
@@ -225,7 +261,7 @@ class Simulation:
         samples = cfg.prompts * cfg.group_size
         parts = math.ceil(samples / UPDATE_PART_SAMPLES)
         work = st.train_gpu_s(cfg.resolution, samples) / parts
-        return FleetUpdate(self.queue, it, it, 1, parts, work, lambda r, ids: Until(clock, clock.now() + st.update_round_s),
+        return FleetUpdate(self.queue, it, 1, parts, work, lambda r, ids: Until(clock, clock.now() + st.update_round_s),
                            weights=lambda: None)
 
     def run(self) -> dict[str, Any]:
@@ -319,6 +355,7 @@ class Simulation:
             "requests_duplicated": stats["requests_duplicated"],
             "regroups": self.executor.regroups,
             "explored_samples": self.explored_samples,
+            "fleet_update_iterations": self.fleet_updates,
             "samples_per_request": self.samples_per_request,
             "final_score": progress[-1][1],
             "timeline": [(t / 3600.0, n) for t, n in self.timeline],

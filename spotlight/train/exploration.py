@@ -29,7 +29,7 @@ import torch
 
 from planners.allocation import make_planner, planner_from_dict
 from planners.seed_pool import SeedPool
-from planners.selection import group_variance, max_variance_subset
+from planners.selection import contrast_group, group_variance, max_variance_subset
 from planners.stale_rank import StaleRankMonitor
 from schedulers.request import Kind, Request
 from spotlight.config import RunConfig
@@ -202,13 +202,15 @@ class Explorer:
     def _seeds(self, pool: SeedPool, step: int, prompt_id: int, choose: bool) -> list[int]:
         g = self.cfg.train.group_size
         explored = [o.seed for o in pool.observations(prompt_id)]
-        if choose and len(explored) >= g:
+        fresh = pool.unexplored(prompt_id)
+        if choose:  # the contrasting explored seeds, topped up with fresh ones
             rewards = [o.reward for o in pool.observations(prompt_id)]
-            return [explored[i] for i in max_variance_subset(rewards, g)]
+            kept = [explored[i] for i in contrast_group(rewards, g, len(fresh), self.monitor.min_pairs)]
+            return kept + fresh[:g - len(kept)]
         if len(explored) > g:  # random among the explored, so the monitor can still measure
             order = torch.randperm(len(explored), generator=generator(self.cfg.seed, step, prompt_id, _FALLBACK))
             return sorted(explored[i] for i in order[:g].tolist())
-        return explored + pool.unexplored(prompt_id)[:g - len(explored)]
+        return explored + fresh[:g - len(explored)]
 
     def observe(self, step: int, requests: list[Request], rewards: torch.Tensor) -> dict[str, Any]:
         """After iteration `step`'s rollout: feed the planner the fresh group rewards and the monitor
