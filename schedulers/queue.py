@@ -318,6 +318,13 @@ class PullQueue:
             self._expire()
             return len(self._open[kind])
 
+    def held(self, kind: Kind | None = None) -> dict[str, list[str]]:
+        """Worker -> the ids of the requests (of `kind`, default all) it holds a lease on now."""
+        with self._lock:
+            self._expire()
+            out = {w: [r for r in ids if kind is None or self._requests[r].kind is kind] for w, ids in self._held.items()}
+            return {w: ids for w, ids in out.items() if ids}
+
     def queued(self, kinds: Collection[Kind] | None = None) -> int:
         """How many requests of `kinds` (default all) wait to be pulled (leases that ran out
         included); counted, not scanned."""

@@ -87,6 +87,9 @@ class _QueueActor:
     def completions_by_worker(self, kind: Kind | None = None) -> dict[str, int]:
         return self._queue.completions_by_worker(kind)
 
+    def held(self, kind: Kind | None = None) -> dict[str, list[str]]:
+        return self._queue.held(kind)
+
 
 # num_cpus=0: the queue is bookkeeping (well under a millisecond a call), so it should not take a
 # CPU slot that a rollout worker could use. Ray's default of one call at a time suffices, as each
@@ -154,3 +157,6 @@ class QueueClient:
 
     def completions_by_worker(self, kind: Kind | None = None) -> dict[str, int]:
         return ray.get(self.handle.completions_by_worker.remote(kind))
+
+    def held(self, kind: Kind | None = None) -> dict[str, list[str]]:
+        return ray.get(self.handle.held.remote(kind))

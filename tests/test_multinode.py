@@ -5,6 +5,7 @@ that joins gets executors and work — and the run ends bit-identical to a local
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -19,9 +20,9 @@ from ray_cluster import LoopbackCluster
 STEPS = 4
 
 
-def _config(**runtime):
+def _config(train=None, **runtime):
     return small_dit_config(
-        train={"steps": STEPS, "prompts_per_step": 6, "group_size": 4, "checkpoint_every": STEPS},
+        train={"steps": STEPS, "prompts_per_step": 6, "group_size": 4, "checkpoint_every": STEPS, **(train or {})},
         sampler={"num_steps": 12},
         runtime={"kind": "ray", "spot_workers": 2, "ondemand_workers": 1, **runtime},
     )
@@ -175,3 +176,61 @@ def test_no_spot_capacity_is_said_in_one_line_then_falls_back_or_waits_visibly(t
         assert len(waited) >= 2 and all("waiting for a spot node" in line for line in waited), logs
         assert joined.is_set() and summary["requests_lost"] == 0 and summary["steps"] == STEPS
         assert all(node.startswith("spot@127.0.0.3") for node in summary["requests_by_node"]), summary
+
+
+@pytest.mark.slow
+def test_a_spot_node_sigkilled_while_it_computes_the_update_changes_no_weight(tmp_path):
+    """`train.update_on: fleet` on the cluster: once a worker of spot-b has computed a gradient part
+    of the second update and parts are still open, spot-b's processes are SIGKILLed. Its part in
+    flight is re-queued and computed by another worker; the run ends bit-identical to a local run
+    whose learner computes every update alone."""
+    from schedulers.request import Kind
+    from spotlight.runtime.ray_runtime import RayRuntime
+    from spotlight.train.trainer import Trainer
+
+    local_cfg = _config({"micro_batch": 2}, kind="local")  # the same parts: the same float sums
+    local = Trainer(local_cfg, tmp_path / "local", progress=False).build().train()
+    assert local_cfg.train.update_on == "learner"
+
+    with LoopbackCluster() as cluster:
+        spot_a = cluster.add_node({"spot": 1}, name="spot-a")
+        spot_b = cluster.add_node({"spot": 1}, name="spot-b")
+        cfg = _config({"micro_batch": 2, "update_on": "fleet"}, address=cluster.address)
+        logs: list[str] = []
+        runtime = RayRuntime(cfg, log=logs.append)
+        update, calls, seen = runtime.update, [], {}
+
+        def on_spot_b(workers) -> list[str]:
+            return [w for w in workers if w in runtime.engine.workers and spot_b.ip in runtime.engine.workers[w].nodes[0]]
+
+        def kill_when_spot_b_computes():
+            """Once a worker of spot-b has computed a part of this update and holds another."""
+            deadline = time.monotonic() + 60
+            before = sum(runtime.queue.completions_by_worker(Kind.TRAIN).get(w, 0) for w in on_spot_b(runtime.engine.workers))
+            while time.monotonic() < deadline:
+                done = runtime.queue.completions_by_worker(Kind.TRAIN)
+                if sum(done.get(w, 0) for w in on_spot_b(done)) > before and on_spot_b(runtime.queue.held(Kind.TRAIN)):
+                    cluster.kill(spot_b)
+                    seen["killed"] = True
+                    return
+                time.sleep(0.002)
+
+        def disturbed_update(*args, **kwargs):
+            calls.append(len(calls))
+            if len(calls) == 2:
+                seen["thread"] = threading.Thread(target=kill_when_spot_b_computes, daemon=True)
+                seen["thread"].start()
+            return update(*args, **kwargs)
+
+        runtime.update = disturbed_update
+        summary = Trainer(cfg, tmp_path / "cluster", progress=False, log=logs.append).build(runtime).train()
+        seen["thread"].join()
+        rows = [json.loads(line) for line in (tmp_path / "cluster" / "metrics.jsonl").read_text().splitlines()]
+
+    assert seen.get("killed"), logs
+    assert summary["requests_lost"] == 0 and summary["requests_duplicated"] == 0, summary
+    assert summary["workers_lost"] >= 1 and summary["requests_interrupted"] >= 1, (summary, logs)
+    assert sum(r["gradient_parts_spot"] for r in rows) > 0, rows
+    assert len({r["gradient_parts"] for r in rows}) == 1, rows  # every update had all its parts
+    a, b = _weights(tmp_path / "local"), _weights(tmp_path / "cluster")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

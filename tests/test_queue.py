@@ -65,6 +65,17 @@ def test_serves_rollout_before_exploration_then_by_order_then_put_order(queue: A
     assert [lease.request.id for lease in queue.pull("w2", kinds={Kind.EXPLORATION})] == ["e1"]
 
 
+def test_held_says_which_worker_holds_which_requests_now(queue: Any) -> None:
+    queue.put([req("a"), req("b"), req("e", Kind.EXPLORATION)])
+    queue.pull("w1", max_requests=2)
+    queue.pull("w2", kinds={Kind.EXPLORATION})
+    assert queue.held() == {"w1": ["a", "b"], "w2": ["e"]}
+    assert queue.held(Kind.EXPLORATION) == {"w2": ["e"]}
+    queue.complete("w1", "a", 1)
+    queue.worker_lost("w2")
+    assert queue.held() == {"w1": ["b"]} and queue.held(Kind.TRAIN) == {}
+
+
 def test_a_request_is_leased_to_one_worker_at_a_time(queue: Any) -> None:
     queue.put(req("a"))
     (lease,) = queue.pull("w1", max_requests=4)
