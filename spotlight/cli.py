@@ -275,7 +275,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
         runtime.actions = replay_schedule(trace, cfg.runtime.spot_workers, cfg.runtime.trace_speedup,
                                           cfg.runtime.notice_s)
-        if cfg.train.update_on == "fleet":  # spot workers compute the update too: a preemption then costs
+        if cfg.train.update_on != "learner":  # spot workers compute the update too: a preemption then costs
             runtime.replay_phases = ("rollout", "train")
     try:
         with hub_progress(_progress(args), diffusers=cfg.policy.kind == "dit"):

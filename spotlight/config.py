@@ -223,13 +223,14 @@ class TrainConfig:
     eval_seeds: int = 8
     """Seeds per evaluation prompt, 1..4,096."""
     update_on: str = "learner"
-    """Who computes the update's gradient: "learner" (the learner alone), or "fleet" (every
+    """Who computes the update's gradient: "learner" (the learner alone), "fleet" (every
     rollout worker, spot and on-demand, pulls its micro-batches from the queue as `TRAIN`
     requests, gradient work before exploration; the learner sums them in micro-batch order and
-    steps — the same weights as "learner", bit for bit). docs/training.md."""
+    steps — the same weights as "learner", bit for bit), or "auto" (each update where the run's
+    own updates measured faster: `schedulers/update_placement.py`). docs/training.md."""
 
     def __post_init__(self) -> None:
-        check(self.update_on in ("learner", "fleet"), "update_on", "learner or fleet", self.update_on)
+        check(self.update_on in ("learner", "fleet", "auto"), "update_on", "learner, fleet or auto", self.update_on)
         for name in ("steps", "prompts_per_step", "updates_per_step", "checkpoint_every", "micro_batch"):
             check(getattr(self, name) > 0, name, "a positive integer", getattr(self, name))
         check(self.group_size >= 2, "group_size", "an integer >= 2 (GRPO needs a group)", self.group_size)
@@ -440,12 +441,13 @@ class RunConfig:
                f"at least train.group_size ({self.train.group_size})", ex.candidates_per_prompt)
         check(ex.monitor_seeds <= ex.candidates_per_prompt, "exploration.monitor_seeds",
                f"at most exploration.candidates_per_prompt ({ex.candidates_per_prompt})", ex.monitor_seeds)
-        if self.train.update_on == "fleet":
+        if self.train.update_on != "learner":
             # The workers hold no KL reference (the learner's frozen copy stays with it), and an SP
             # group computes rollouts only.
-            check(self.grpo.kl_beta == 0, "grpo.kl_beta", "0 with train.update_on: fleet (the workers hold no "
+            on = self.train.update_on
+            check(self.grpo.kl_beta == 0, "grpo.kl_beta", f"0 with train.update_on: {on} (the workers hold no "
                   "KL reference yet)", self.grpo.kl_beta)
-            check(self.runtime.sp_degree == 1, "runtime.sp_degree", "1 with train.update_on: fleet (SP groups "
+            check(self.runtime.sp_degree == 1, "runtime.sp_degree", f"1 with train.update_on: {on} (SP groups "
                   "compute rollouts only)", self.runtime.sp_degree)
         llm_rewards = {"arithmetic"}
         if self.policy.kind == "llm":

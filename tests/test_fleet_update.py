@@ -93,6 +93,34 @@ def test_the_local_runtime_updating_through_the_queue_ends_bit_identical(tmp_pat
     assert all(r["gradient_parts"] > 0 and r["gradient_parts_spot"] == 0 for r in rows)
 
 
+def test_auto_places_each_update_where_the_runs_own_updates_were_faster():
+    from schedulers.update_placement import UpdatePlacement
+
+    fixed = UpdatePlacement("fleet")
+    assert [fixed.on_fleet() for _ in range(3)] == [True] * 3
+    auto = UpdatePlacement("auto", retry_every=4)
+    seconds = {False: 2.0, True: 1.0}  # the fleet is faster
+    places = []
+    for _ in range(10):
+        places.append(auto.on_fleet())
+        auto.measured(places[-1], seconds[places[-1]])
+    # learner, fleet (each measured once), then the fleet, the learner again every 4th update
+    assert places == [False, True, True, True, False, True, True, True, False, True]
+    seconds[True] = 3.0  # the fleet got slower (spot nodes gone): measured at its next update, dropped
+    auto.measured(True, 3.0)
+    assert auto.on_fleet() is False
+    with pytest.raises(ValueError, match="update_on"):
+        UpdatePlacement("spot")
+
+
+def test_auto_ends_bit_identical_whatever_it_chose(tmp_path):
+    _, alone, _ = _run(_config("dit", "learner", steps=4), tmp_path / "learner")
+    _, auto, rows = _run(_config("dit", "auto", steps=4), tmp_path / "auto")
+    _assert_same_weights(alone, auto)
+    assert [r["update_on_fleet"] for r in rows][:2] == [False, True]  # each place measured once
+    assert all(("gradient_parts" in r) == r["update_on_fleet"] for r in rows), rows
+
+
 def test_fleet_update_refuses_what_its_workers_cannot_compute():
     from schedulers.input_file import ConfigError
 

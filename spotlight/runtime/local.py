@@ -27,6 +27,7 @@ from schedulers.preemption import PreemptionNotice
 from schedulers.queue import PullQueue
 from schedulers.request import Kind, Request
 from schedulers.update import Done, FleetUpdate
+from schedulers.update_placement import UpdatePlacement
 from spotlight.config import RunConfig
 from spotlight.runtime.learner import Learner
 from spotlight.rl.policy import Rollout
@@ -175,6 +176,7 @@ class LocalRuntime:
         self.clock = WallClock()
         self.queue = PullQueue(self.clock, cfg.runtime.lease_s)
         self.learner = Learner(cfg)
+        self.placement = UpdatePlacement(cfg.train.update_on)
 
     def build(self, checkpoints: Path) -> dict[str, Any]:
         info = self.learner.build(checkpoints)
@@ -208,7 +210,8 @@ class LocalRuntime:
             until = self.clock.now() + rate.update_s if exploration.time_bounded and rate.update_s else None
             explored = self.engine.explore(exploration, self._score, self.version, until=until)
         start = self.clock.now()
-        if self.cfg.train.update_on == "fleet":  # through the queue, as on a fleet (here: one worker)
+        on_fleet = self.placement.on_fleet()
+        if on_fleet:  # through the queue, as on a fleet (here: one worker)
             learner, queue = self.learner, self.queue
             before = queue.completions_by_worker(Kind.TRAIN)
             update = FleetUpdate(queue, self.version, self.cfg.train.updates_per_step,
@@ -220,6 +223,8 @@ class LocalRuntime:
         else:
             stats = self.learner.update(parts, advantages)
         self.engine.rate.update_s = self.clock.now() - start
+        self.placement.measured(on_fleet, self.engine.rate.update_s)
+        stats = {**stats, "update_on_fleet": on_fleet}
         self.executor.publish(self.learner.version, list(self.engine.workers.values()))
         return {**stats, **explored}
 

@@ -38,6 +38,7 @@ from schedulers.preemption import PreemptionNotice
 from schedulers.queue_actor import QueueActor, QueueClient
 from schedulers.request import Kind, Request
 from schedulers.update import FleetUpdate
+from schedulers.update_placement import UpdatePlacement
 from spotlight.config import RunConfig
 from spotlight.train.exploration import ExplorationSession
 from spotlight.runtime.learner import Learner
@@ -206,6 +207,7 @@ class RayRuntime:
     def __post_init__(self) -> None:
         self._started_ray = False
         self.queue_stats: dict[str, int] = {}
+        self.placement = UpdatePlacement(self.cfg.train.update_on)
 
     # ---- start-up -------------------------------------------------------------------------------
 
@@ -267,7 +269,8 @@ class RayRuntime:
                exploration: ExplorationSession | None = None) -> dict[str, float]:
         start = self.clock.now()
         update: Any
-        if self.cfg.train.update_on == "fleet":  # the fleet computes the gradient (schedulers/update.py)
+        on_fleet = self.placement.on_fleet()
+        if on_fleet:  # the fleet computes the gradient (schedulers/update.py)
             learner, queue = self.learner, self.queue_actor
             before = self.queue.completions_by_worker(Kind.TRAIN)
 
@@ -285,10 +288,12 @@ class RayRuntime:
             explored = {}
             self.engine.wait(update, self.version)
             self.engine.rate.update_s = self.clock.now() - start
+        self.placement.measured(on_fleet, self.engine.rate.update_s)
         if isinstance(update, FleetUpdate):
             stats = {**ray.get(update.last_step.ref), **gradient_split(self.engine, self.queue, before)}
         else:
             stats = ray.get(update.ref)
+        stats["update_on_fleet"] = on_fleet
         self.version += 1
         self.executor.publish(self.version, self.learner.weights.remote(), list(self.engine.workers.values()))
         return {**stats, **explored}
