@@ -258,13 +258,20 @@ _TaskDumper.add_representer(str, lambda dumper, s: dumper.represent_scalar(
     "tag:yaml.org,2002:str", s, style="|" if "\n" in s else None))
 
 
+def check_fleet(cloud: CloudConfig, spot_workers: int) -> list[int]:
+    """The pools' sizes, once the fleet is known to become tasks: a `ConfigError` for an unknown
+    GPU or a split SkyPilot cannot take, before any file is touched."""
+    sizes = pool_sizes(cloud, spot_workers)
+    accelerators(cloud)
+    return sizes
+
+
 def write_tasks(cloud: CloudConfig, spot_workers: int, run_config: str, out: str | Path, name: str) -> list[Path]:
     """Write run.yaml (the run config's text, `run_config`), head.yaml and workers-<i>.yaml into
     `out` for a run with that `cloud` section and `spot_workers` spot nodes; returns the task files
     (head first). Nothing is written when the config cannot become tasks (a `ConfigError`)."""
     name = check_name(name)
-    sizes = pool_sizes(cloud, spot_workers)
-    accelerators(cloud)  # an unknown GPU is reported before any file is touched
+    sizes = check_fleet(cloud, spot_workers)
     out = Path(out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     run_yaml = out / "run.yaml"

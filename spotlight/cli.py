@@ -6,7 +6,7 @@
     spotlight prices [--gpu GPU] [--json] [--table CSV] [--refresh aws|sky] [--region R] [--write CSV]
     spotlight bench throughput|scheduler|sp-regroup|sp-train|update [--json] [--agent process|local]
                     [--executors 1,2,4]
-    spotlight launch CONFIG [--dryrun] [--out DIR] [--strict] [--name NAME]
+    spotlight launch CONFIG [--checkpoint-uri URI] [--dryrun] [--out DIR] [--strict] [--name NAME]
     spotlight simulate --trace TRACE [--policy all|NAME] [--gpus N] [--iterations N] [--resolution 512|1280] [--budget-usd X]
                        [--seed S] [--json] [--plot PNG] [--step-times YAML] [--prices CSV]
     spotlight traces show|synth TRACE [--plot PNG] [--json] [--out FILE]
@@ -403,19 +403,24 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def cmd_launch(args: argparse.Namespace) -> int:
     from cloud import sky
+    from spotlight.launch_config import for_the_cloud
 
     cfg = load_config(args.config)
     name = sky.check_name(args.name or sky.run_name(args.config))
     out = _output_folder(args.out if args.out else Path("sky") / Path(args.config).stem, "--out")
+    try:
+        sky.check_fleet(cfg.cloud, cfg.runtime.spot_workers)
+    except ConfigError as err:  # a cloud field that cannot become a task: name the config file
+        raise ConfigError(f"{args.config}: {err}") from None
+    cfg, changes = for_the_cloud(cfg, args.checkpoint_uri)
     python, why = sky.sky_python()
     if python is None and not args.dryrun:  # refused before the task files are written
         raise ConfigError(f"cannot launch: {why}")
     if python is None and args.strict:
         raise ConfigError(f"SkyPilot validation skipped (--strict): {why}")
-    try:
-        paths = sky.write_tasks(cfg.cloud, cfg.runtime.spot_workers, to_yaml(cfg), out, name)
-    except ConfigError as err:  # a cloud field that cannot become a task: name the config file
-        raise ConfigError(f"{args.config}: {err}") from None
+    paths = sky.write_tasks(cfg.cloud, cfg.runtime.spot_workers, to_yaml(cfg), out, name)
+    for change in changes:
+        print(f"run.yaml for the fleet: {change}")
     print(f"wrote {out}/: run.yaml, " + ", ".join(p.name for p in paths))
     if python is None:
         print(f"spotlight: SkyPilot validation skipped: {why}", file=sys.stderr)
@@ -646,6 +651,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="with --dryrun: fail (exit 2) when no SkyPilot environment is there to validate")
     launch.add_argument("--name", help="run name: clusters and jobs are NAME-head and NAME-workers-<i> "
                                        "(default: the config's file name)")
+    launch.add_argument("--checkpoint-uri", metavar="URI",
+                        help="where the fleet's checkpoints live, s3://BUCKET/PREFIX (required unless the config "
+                             "sets cloud.checkpoint_uri to one): they must outlive the head")
     launch.set_defaults(func=cmd_launch)
 
     sim = sub.add_parser("simulate", help="how long and how much a run takes on a spot fleet, per policy",

@@ -151,6 +151,8 @@ def test_run_names_are_cluster_names():
 
 # ---- the CLI ------------------------------------------------------------------------------------
 
+STORE = ["--checkpoint-uri", "s3://fleet-bucket/runs/tiny"]
+
 
 @pytest.mark.parametrize("cloud, field, bad", [
     ({"gpu": "H900"}, "cloud.gpu", "'H900'"),
@@ -168,24 +170,58 @@ def test_an_unknown_gpu_is_one_line_and_writes_nothing(tmp_path, capsys, cloud, 
 def test_without_skypilot_the_dryrun_writes_the_tasks_and_says_validation_was_skipped(tmp_path, capsys, no_sky):
     config = _config_file(tmp_path, _fleet())
     out = tmp_path / "tasks"
-    assert main(["launch", str(config), "--dryrun", "--out", str(out)]) == 0
+    assert main(["launch", str(config), "--dryrun", "--out", str(out), *STORE]) == 0
     err = capsys.readouterr().err
     assert "SkyPilot validation skipped" in err and sky.SKY_PYTHON_ENV in err
     assert sorted(p.name for p in out.glob("*.yaml")) == ["head.yaml", "run.yaml", "workers-0.yaml", "workers-1.yaml"]
     assert _load(out / "workers-0.yaml")["resources"]["use_spot"] is True
 
-    assert main(["launch", str(config), "--dryrun", "--strict", "--out", str(out)]) == 2
+    assert main(["launch", str(config), "--dryrun", "--strict", "--out", str(out), *STORE]) == 2
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert line.startswith("spotlight: error: SkyPilot validation skipped (--strict)")
-    assert main(["launch", str(config), "--out", str(out)]) == 2  # launching needs SkyPilot
+    assert main(["launch", str(config), "--out", str(out), *STORE]) == 2  # launching needs SkyPilot
     assert capsys.readouterr().err.startswith("spotlight: error: cannot launch:")
+
+
+def test_launch_runs_a_cloud_version_of_the_config_and_says_what_it_changed(tmp_path, capsys, no_sky):
+    cfg = _fleet(provider="aws")
+    assert (cfg.device, cfg.runtime.notice_sources, cfg.cloud.checkpoint_uri) == ("cpu", [], None)
+    config = _config_file(tmp_path, cfg)
+    out = tmp_path / "tasks"
+    assert main(["launch", str(config), "--dryrun", "--out", str(out), *STORE]) == 0
+    said = [line for line in capsys.readouterr().out.splitlines() if line.startswith("run.yaml for the fleet:")]
+    assert said == ["run.yaml for the fleet: cloud.checkpoint_uri: null -> s3://fleet-bucket/runs/tiny",
+                    "run.yaml for the fleet: device: cpu -> cuda",
+                    "run.yaml for the fleet: runtime.notice_sources: [] -> [aws, sigterm]"]
+    launched = load_config(out / "run.yaml")
+    assert launched.device == "cuda" and launched.runtime.notice_sources == ["aws", "sigterm"]
+    assert launched.cloud.checkpoint_uri == "s3://fleet-bucket/runs/tiny"
+    assert launched.train == cfg.train and launched.policy == cfg.policy  # what it computes is unchanged
+    # SkyPilot picks the cloud: both metadata endpoints are watched
+    out2 = tmp_path / "tasks2"
+    assert main(["launch", str(_config_file(tmp_path, _fleet(), "any.yaml")), "--dryrun", "--out", str(out2), *STORE]) == 0
+    assert load_config(out2 / "run.yaml").runtime.notice_sources == ["aws", "gcp", "sigterm"]
+
+
+@pytest.mark.parametrize("flags, says", [
+    ([], "spotlight launch needs --checkpoint-uri s3://BUCKET/PREFIX"),
+    (["--checkpoint-uri", "file:///tmp/ckpt"], "a folder is on the head's disk"),
+    (["--checkpoint-uri", "s3://"], "--checkpoint-uri: "),
+])
+def test_launch_refuses_a_fleet_without_an_object_store_in_one_line(tmp_path, capsys, no_sky, monkeypatch, flags, says):
+    monkeypatch.setenv("SPOTLIGHT_STORE_ROOTS", "/tmp")
+    config = _config_file(tmp_path, _fleet())
+    assert main(["launch", str(config), "--dryrun", "--out", str(tmp_path / "tasks"), *flags]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("spotlight: error: ") and says in line, line
+    assert not (tmp_path / "tasks").exists()
 
 
 def test_skypilot_accepts_the_generated_tasks(tmp_path, capsys, monkeypatch, sky_python):
     monkeypatch.setenv(sky.SKY_PYTHON_ENV, str(sky_python))
     config = _config_file(tmp_path, _fleet(provider="aws", region="us-east-1"))
     out = tmp_path / "tasks"
-    assert main(["launch", str(config), "--dryrun", "--strict", "--out", str(out)]) == 0
+    assert main(["launch", str(config), "--dryrun", "--strict", "--out", str(out), *STORE]) == 0
     printed = capsys.readouterr()
     assert "validated with SkyPilot 0.14" in printed.out, printed.err
     assert [_load(out / f"workers-{i}.yaml")["resources"]["use_spot"] for i in (0, 1)] == [True, True]
