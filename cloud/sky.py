@@ -31,6 +31,7 @@ import ipaddress
 import json
 import os
 import re
+import secrets
 import subprocess
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -76,6 +77,11 @@ RAY_OPEN_PORTS = [RAY_PORT, "6385-6390", f"{RAY_WORKER_PORTS[0]}-{RAY_WORKER_POR
 
 REMOTE_DIR = "~/spotlight"
 """Where the head keeps run.yaml and the run folder."""
+
+TOKEN_ENV = "SPOTLIGHT_RAY_TOKEN"
+"""The fleet's Ray token: `spotlight launch` makes one per launch and passes it as a SkyPilot secret."""
+NODE_IP_ENV = "SPOTLIGHT_RAY_NODE_IP"
+PORT_FLAGS_ENV = "SPOTLIGHT_RAY_PORT_FLAGS"
 
 HEAD_WAIT_S = 900
 """How long a spot node waits for the head's Ray to answer before its job fails (and is restarted)."""
@@ -173,9 +179,26 @@ def _infra(cloud: CloudConfig) -> str | None:
 
 
 def _ray_ports() -> str:
+    """The node's Ray ports as `ray start` flags: the ones the task opens, unless
+    $SPOTLIGHT_RAY_PORT_FLAGS replaces them (several nodes on one machine cannot share them)."""
     fixed = " ".join(f"{flag} {port}" for flag, port in RAY_NODE_PORTS.items())
-    return f"{fixed} --min-worker-port {RAY_WORKER_PORTS[0]} --max-worker-port {RAY_WORKER_PORTS[1]}"
+    ports = f"{fixed} --min-worker-port {RAY_WORKER_PORTS[0]} --max-worker-port {RAY_WORKER_PORTS[1]}"
+    return f"${{{PORT_FLAGS_ENV}:-{ports}}}"
 
+
+_AUTH = (
+    # Ray's token auth on every node: its ports are open to the internet (`RAY_OPEN_PORTS`), so
+    # nothing joins or calls the cluster without the run's token.
+    f": \"${{{TOKEN_ENV}:?is set by spotlight launch: the Ray token of this fleet}}\"\n"
+    f"export RAY_AUTH_MODE=token RAY_AUTH_TOKEN=\"${TOKEN_ENV}\"\n"
+)
+_NODE_IP = f"${{{NODE_IP_ENV}:+ --node-ip-address ${NODE_IP_ENV}}}"
+"""The address a node's Ray advertises: Ray's own choice, unless $SPOTLIGHT_RAY_NODE_IP says
+(a test's fleet of local processes keeps to loopback with it)."""
+HEAD_START_S = 120
+"""How long the head waits for its Ray to answer before it gives up."""
+HEAD_STOP_S = 60
+"""How long the head's job waits, once the run is over, for its Ray to stop (about 15 s)."""
 
 _SETUP = "pip install -e '.[gpu]'\n"
 """On a GPU node a plain install pulls the CUDA build of torch, which is what it needs there."""
@@ -189,15 +212,38 @@ def head_task(cloud: CloudConfig, name: str, run_yaml: Path) -> dict[str, Any]:
         resources = {"infra": _infra(cloud), **resources}
     remote_config = f"{REMOTE_DIR}/run.yaml"
     run = (
-        "set -eo pipefail\n"
-        # A second `sky launch` of the same head re-runs this: reuse the Ray head that is still up.
+        "set -uo pipefail\n"
+        + _AUTH
+        + f"pidfile={REMOTE_DIR}/ray-head.pid\n"
+        # Ray's head lives exactly as long as the run: started with --block, it is one process that
+        # stops every Ray process it started when it is terminated, which this script does when
+        # training ends, fails, hits its budget or is cancelled. Then the spot nodes' Ray ends and
+        # with it their jobs, and `sky launch --down` takes this node down: nothing bills on.
         # (Never `ray stop`: it would also stop the Ray SkyPilot itself runs on this node.)
-        f"ray status --address 127.0.0.1:{RAY_PORT} >/dev/null 2>&1 || \\\n"
-        f"  ray start --head --port {RAY_PORT} {_ray_ports()} --disable-usage-stats\n"
+        "stop_ray() {\n"
+        "  [ -s \"$pidfile\" ] || return 0\n"
+        "  pid=$(cat \"$pidfile\"); kill \"$pid\" 2>/dev/null\n"
+        f"  for _ in $(seq {HEAD_STOP_S}); do kill -0 \"$pid\" 2>/dev/null || break; sleep 1; done\n"
+        "  kill -- -\"$pid\" 2>/dev/null\n"  # what Ray left behind in its process group
+        "  rm -f \"$pidfile\"\n"
+        "}\n"
+        "trap stop_ray EXIT\n"
+        "trap 'exit 143' TERM INT\n"
+        # A second `sky launch` of the same head re-runs this: the Ray head still up is reused.
+        f"here=${{{NODE_IP_ENV}:-127.0.0.1}}:{RAY_PORT}\n"
+        "if ! ray status --address \"$here\" >/dev/null 2>&1; then\n"
+        f"  mkdir -p {REMOTE_DIR}\n"
+        f"  setsid ray start --head --port {RAY_PORT} {_ray_ports()}{_NODE_IP} --disable-usage-stats --block &\n"
+        "  echo $! > \"$pidfile\"\n"
+        f"  for _ in $(seq {HEAD_START_S}); do\n"
+        "    ray status --address \"$here\" >/dev/null 2>&1 && break\n"
+        "    kill -0 \"$(cat \"$pidfile\")\" 2>/dev/null || { echo \"spotlight: the Ray head did not start\" >&2; exit 1; }\n"
+        "    sleep 1\n"
+        "  done\n"
+        "fi\n"
         # An explicit address: `auto` could find SkyPilot's own Ray cluster on this node.
         # The run folder is resumed from its newest checkpoint when this runs again.
-        f"spotlight train {remote_config} --address 127.0.0.1:{RAY_PORT} "
-        f"--out {REMOTE_DIR}/runs/{name} --no-progress\n"
+        f"spotlight train {remote_config} --address \"$here\" --out {REMOTE_DIR}/runs/{name} --no-progress\n"
     )
     return {
         "name": f"{name}-head",
@@ -205,6 +251,8 @@ def head_task(cloud: CloudConfig, name: str, run_yaml: Path) -> dict[str, Any]:
         "num_nodes": 1,
         "resources": resources,
         "file_mounts": {remote_config: str(run_yaml)},
+        # Set by `spotlight launch` (`--secret`, from its own environment): never in a file or a log.
+        "secrets": {TOKEN_ENV: ""},
         "setup": _SETUP,
         "run": run,
     }
@@ -224,14 +272,20 @@ def worker_task(cloud: CloudConfig, name: str, index: int, nodes: int) -> dict[s
     head = f"${HEAD_IP_ENV}"
     run = (
         "set -uo pipefail\n"
+        + _AUTH
         # No apostrophe in this message: bash pairs quotes inside "${VAR:?...}".
-        f": \"${{{HEAD_IP_ENV}:?is set by spotlight launch to the address of the head}}\"\n"
+        + f": \"${{{HEAD_IP_ENV}:?is set by spotlight launch to the address of the head}}\"\n"
         f"head_up() {{ timeout 5 bash -c \"exec 3<>/dev/tcp/{head}/{RAY_PORT}\" 2>/dev/null; }}\n"
         f"for _ in $(seq {HEAD_WAIT_S // 5}); do head_up && break; sleep 5; done\n"
         # The `spot` amount only marks the node: each spot rollout worker needs a sliver of it, so
         # the node's CPUs and GPUs bound how many land here, not this number.
-        f"ray start --address {head}:{RAY_PORT} --resources '{{\"spot\": {cloud.gpus_per_node}}}' "
-        f"{_ray_ports()} --disable-usage-stats --block\n"
+        # In a session of its own, so that what Ray leaves behind when it ends (its dashboard agent
+        # lingers a minute) goes with its process group.
+        f"setsid ray start --address {head}:{RAY_PORT} --resources '{{\"spot\": {cloud.gpus_per_node}}}' "
+        f"{_ray_ports()}{_NODE_IP} --disable-usage-stats --block &\n"
+        "ray_pid=$!\n"
+        "trap 'kill -- -$ray_pid 2>/dev/null' EXIT\n"
+        "wait $ray_pid\n"
         "code=$?\n"
         # The head's Ray gone means the run has ended: finish this job so SkyPilot does not
         # restart it. Anything else is a failure that `max_restarts_on_errors` may cure.
@@ -245,6 +299,7 @@ def worker_task(cloud: CloudConfig, name: str, index: int, nodes: int) -> dict[s
         "resources": resources,
         # Empty here; `launch_tasks` passes the head's address with `--env`.
         "envs": {HEAD_IP_ENV: ""},
+        "secrets": {TOKEN_ENV: ""},
         "setup": _SETUP,
         "run": run,
     }
@@ -346,22 +401,26 @@ Runner = Callable[..., subprocess.CompletedProcess]
 
 def launch_tasks(paths: Sequence[Path], name: str, sky: Path,
                  run: Runner = subprocess.run) -> str:
-    """Start the head (`sky launch`, a cluster named NAME-head), read its IP, then submit every pool
-    as a managed job (`sky jobs launch`) with the IP in $SPOTLIGHT_HEAD_IP. `paths` are
-    `write_tasks`' files, head first. Returns the head's IP. The output of `sky` goes to the user."""
+    """Start the head (`sky launch --down`, a cluster named NAME-head that goes down when its run
+    ends), read its IP, then submit every pool as a managed job (`sky jobs launch`) with the IP in
+    $SPOTLIGHT_HEAD_IP. Every node gets the fleet's Ray token, made here, as the secret
+    $SPOTLIGHT_RAY_TOKEN: passed through `sky`'s environment (`--secret NAME`), so it is in no
+    command line, file or log. `paths` are `write_tasks`' files, head first. Returns the head's IP.
+    The output of `sky` goes to the user."""
     head, *pools = paths
     cluster = f"{name}-head"
+    env = {**os.environ, TOKEN_ENV: secrets.token_hex(32)}
 
     def call(*args: str, capture: bool = False) -> str:
         cmd = [str(sky), *args]
-        proc = run(cmd, capture_output=capture, text=True)
+        proc = run(cmd, capture_output=capture, text=True, env=env)
         if proc.returncode != 0:
             where = (proc.stderr or "").strip().splitlines()[-1:] if capture else []
             detail = f": {where[0]}" if where else " (its output is above)"
             raise SkyError(f"`sky {' '.join(args)}` exited with {proc.returncode}{detail}")
         return proc.stdout if capture else ""
 
-    call("launch", "-c", cluster, str(head), "-y", "-d")
+    call("launch", "-c", cluster, str(head), "--secret", TOKEN_ENV, "--down", "-y", "-d")
     lines = [line.strip() for line in call("status", "--ip", cluster, capture=True).splitlines() if line.strip()]
     ip = lines[-1] if lines else ""
     try:
@@ -370,5 +429,6 @@ def launch_tasks(paths: Sequence[Path], name: str, sky: Path,
         raise SkyError(f"`sky status --ip {cluster}`: expected the head's IP address, got {ip!r}") from None
     for path in pools:
         job = f"{name}-{path.stem}"  # NAME-workers-<i>
-        call("jobs", "launch", "-n", job, str(path), "--env", f"{HEAD_IP_ENV}={ip}", "-y", "-d")
+        call("jobs", "launch", "-n", job, str(path), "--env", f"{HEAD_IP_ENV}={ip}", "--secret", TOKEN_ENV,
+             "-y", "-d")
     return ip

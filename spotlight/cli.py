@@ -441,8 +441,11 @@ def cmd_launch(args: argparse.Namespace) -> int:
     except sky.SkyError as err:
         print(f"spotlight: error: {err}", file=sys.stderr)
         return 2
+    jobs = [f"{name}-{p.stem}" for p in paths[1:]]
     print(f"head {name}-head is up at {ip}; spot pools submitted as managed jobs "
-          f"{', '.join(f'{name}-{p.stem}' for p in paths[1:]) or '(none)'}: follow them with `sky jobs queue`")
+          f"{', '.join(jobs) or '(none)'}: follow them with `sky jobs queue`")
+    print("the fleet goes down by itself when the run ends (done, failed or out of budget); to stop it now: "
+          + "".join(f"sky jobs cancel -y -n {job} && " for job in jobs) + f"sky down -y {name}-head")
     return 0
 
 

@@ -7,6 +7,7 @@ executable that records its arguments.
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -80,8 +81,11 @@ def test_a_run_becomes_an_on_demand_head_and_spot_pools(tmp_path):
     (remote, local), = head["file_mounts"].items()
     assert local == str((tmp_path / "tasks" / "run.yaml").resolve())
     assert load_config(local).to_dict() == cfg.to_dict()
-    assert f"ray start --head --port {sky.RAY_PORT}" in head["run"]
-    assert f"spotlight train {remote} --address 127.0.0.1:{sky.RAY_PORT} --out ~/spotlight/runs/fleet" in head["run"]
+    assert f"ray start --head --port {sky.RAY_PORT}" in head["run"] and head["secrets"] == {sky.TOKEN_ENV: ""}
+    assert f"here=${{{sky.NODE_IP_ENV}:-127.0.0.1}}:{sky.RAY_PORT}" in head["run"]
+    assert f'spotlight train {remote} --address "$here" --out ~/spotlight/runs/fleet' in head["run"]
+    # it stops its Ray when the run ends, whatever its exit; the run's exit is the job's
+    assert "trap stop_ray EXIT" in head["run"] and head["run"].rstrip().endswith("--no-progress")
 
     workers = [_load(p) for p in paths[1:]]
     assert [w["num_nodes"] for w in workers] == [2, 1]  # runtime.spot_workers = 3 over 2 pools
@@ -92,7 +96,7 @@ def test_a_run_becomes_an_on_demand_head_and_spot_pools(tmp_path):
         assert res["any_of"] == [{"accelerators": "H100:1"}, {"accelerators": "A100-80GB:1"},
                                  {"accelerators": "L4:1"}]
         assert res["job_recovery"] == {"strategy": "FAILOVER", "max_restarts_on_errors": 5}
-        assert w["envs"] == {sky.HEAD_IP_ENV: ""}
+        assert w["envs"] == {sky.HEAD_IP_ENV: ""} and w["secrets"] == {sky.TOKEN_ENV: ""}
         assert f"ray start --address ${sky.HEAD_IP_ENV}:{sky.RAY_PORT}" in w["run"]
         assert "--resources '{\"spot\": 1}'" in w["run"] and "--block" in w["run"]
     for task in [head, *workers]:  # the scripts are bash that parses
@@ -126,11 +130,16 @@ def test_pools_split_the_spot_nodes_and_a_rewrite_drops_stale_pools(tmp_path):
         write_tasks(_fleet(worker_pools=4), tmp_path / "x", "r")
 
 
-def test_a_worker_node_refuses_to_start_without_the_heads_address(tmp_path):
-    (_, pool, *_) = write_tasks(_fleet(), tmp_path, "r")
+def test_a_node_refuses_to_start_without_the_heads_address_or_the_token(tmp_path):
+    (head, pool, *_) = write_tasks(_fleet(), tmp_path, "r")
     proc = subprocess.run(["bash", "-c", _load(pool)["run"]], capture_output=True, text=True, timeout=10,
-                          env={**os.environ, sky.HEAD_IP_ENV: ""})
-    assert proc.returncode != 0 and "set by spotlight launch" in proc.stderr
+                          env={**os.environ, sky.HEAD_IP_ENV: "", sky.TOKEN_ENV: "t" * 64})
+    assert proc.returncode != 0 and "set by spotlight launch to the address" in proc.stderr
+    # nor without the fleet's Ray token, and neither does the head
+    for task in (pool, head):
+        proc = subprocess.run(["bash", "-c", _load(task)["run"]], capture_output=True, text=True, timeout=10,
+                              env={**os.environ, sky.HEAD_IP_ENV: "192.0.2.1", sky.TOKEN_ENV: ""})
+        assert proc.returncode != 0 and "the Ray token of this fleet" in proc.stderr
 
 
 def test_the_price_tables_gpus_are_known_too(tmp_path):
@@ -250,9 +259,10 @@ def _fake_sky(tmp_path, ip="203.0.113.7", fail_on=None):
     exe.write_text(textwrap.dedent(f"""\
         #!{sys.executable}
         import json, sys
+        import os
         args = sys.argv[1:]
         with open({str(log)!r}, "a") as f:
-            f.write(json.dumps(args) + "\\n")
+            f.write(json.dumps(args + ["token=" + os.environ.get("SPOTLIGHT_RAY_TOKEN", "")]) + "\\n")
         if {fail_on!r} is not None and args[:2] == {fail_on!r}:
             print("sky: no spot capacity anywhere", file=sys.stderr)
             sys.exit(3)
@@ -269,13 +279,21 @@ def test_launch_starts_the_head_then_each_pool_as_a_managed_job_with_its_address
     exe, log = _fake_sky(tmp_path)
     assert sky.launch_tasks(paths, "fleet", exe) == "203.0.113.7"
     calls = [json.loads(line) for line in log.read_text().splitlines()]
-    env = ["--env", "SPOTLIGHT_HEAD_IP=203.0.113.7"]
+    # Every node gets the same token, as a secret taken from sky's environment, in no command line;
+    # another launch makes another token.
+    tokens = {call.pop() for call in calls}
+    (token,) = tokens
+    assert re.fullmatch(r"token=[0-9a-f]{64}", token)
+    env = ["--env", "SPOTLIGHT_HEAD_IP=203.0.113.7", "--secret", "SPOTLIGHT_RAY_TOKEN"]
     assert calls == [
-        ["launch", "-c", "fleet-head", str(paths[0]), "-y", "-d"],
+        ["launch", "-c", "fleet-head", str(paths[0]), "--secret", "SPOTLIGHT_RAY_TOKEN", "--down", "-y", "-d"],
         ["status", "--ip", "fleet-head"],
         ["jobs", "launch", "-n", "fleet-workers-0", str(paths[1]), *env, "-y", "-d"],
         ["jobs", "launch", "-n", "fleet-workers-1", str(paths[2]), *env, "-y", "-d"],
     ]
+    sky.launch_tasks(paths, "fleet", exe)
+    again = {json.loads(line)[-1] for line in log.read_text().splitlines()[4:]}
+    assert len(again) == 1 and again != tokens
 
 
 def test_a_failed_launch_step_is_one_line_naming_the_command(tmp_path):
@@ -290,3 +308,20 @@ def test_a_failed_launch_step_is_one_line_naming_the_command(tmp_path):
     exe2, _ = _fake_sky(other, ip="not-an-ip")
     with pytest.raises(sky.SkyError, match=r"--ip fleet-head`: expected the head's IP address, got 'not-an-ip'"):
         sky.launch_tasks(paths, "fleet", exe2)
+
+
+def test_launch_says_the_fleet_stops_by_itself_and_how_to_stop_it_now(tmp_path, capsys, monkeypatch, sky_python):
+    exe, log = _fake_sky(tmp_path)  # `sky` beside the Python that validates: what launch runs
+    python = exe.parent / "python"
+    python.write_text(f"#!/bin/sh\nexec {sky_python} \"$@\"\n")
+    python.chmod(0o755)
+    monkeypatch.setenv(sky.SKY_PYTHON_ENV, str(python))
+    config = _config_file(tmp_path, _fleet(provider="aws", region="us-east-1"))
+    assert main(["launch", str(config), "--out", str(tmp_path / "tasks"), "--name", "fleet", *STORE]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[-2].startswith("head fleet-head is up at 203.0.113.7")
+    assert out[-1] == ("the fleet goes down by itself when the run ends (done, failed or out of budget); to stop it "
+                       "now: sky jobs cancel -y -n fleet-workers-0 && sky jobs cancel -y -n fleet-workers-1 && "
+                       "sky down -y fleet-head")
+    assert [json.loads(line)[:2] for line in log.read_text().splitlines()] == [
+        ["launch", "-c"], ["status", "--ip"], ["jobs", "launch"], ["jobs", "launch"]]
