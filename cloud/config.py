@@ -34,13 +34,12 @@ class CloudConfig:
     provider: Literal["aws", "gcp"] | None = None
     """Cloud to launch on; None lets SkyPilot choose among those enabled."""
     region: str | None = None
-    worker_pools: int = 1
-    """Spot worker pools (one SkyPilot managed job each), 1..1,024; runtime.spot_workers nodes are
-    split among them."""
-    job_recovery: Literal["FAILOVER", "EAGER_NEXT_REGION"] = "EAGER_NEXT_REGION"
-    """SkyPilot's recovery strategy for a preempted spot pool."""
+    job_recovery: Literal["FAILOVER", "EAGER_NEXT_REGION"] = "FAILOVER"
+    """SkyPilot's recovery strategy for a preempted node (each spot node is a task of its own in
+    the run's job group): FAILOVER tries the same region first, so a recovered node stays in the
+    head's network; EAGER_NEXT_REGION moves on from the region it lost."""
     max_restarts_on_errors: int = 3
-    """SkyPilot restarts of a pool whose job failed by itself (not preempted), 0..1,000."""
+    """SkyPilot restarts of a node whose task failed by itself (not preempted), 0..1,000."""
     checkpoint_uri: str | None = None
     """Where checkpoints and committed in-flight state live besides the run folder: s3://bucket/prefix
     (honours $AWS_ENDPOINT_URL) or file:///path — a folder only inside $SPOTLIGHT_STORE_ROOTS (else
@@ -62,7 +61,6 @@ class CloudConfig:
 
     def __post_init__(self) -> None:
         check(self.gpus_per_node > 0, "gpus_per_node", "a positive integer", self.gpus_per_node)
-        check(self.worker_pools > 0, "worker_pools", "a positive integer", self.worker_pools)
         check(self.max_restarts_on_errors >= 0, "max_restarts_on_errors", "an integer >= 0",
                self.max_restarts_on_errors)
         check(self.budget_usd is None or self.budget_usd > 0, "budget_usd", "a number > 0 or null", self.budget_usd)
@@ -70,7 +68,6 @@ class CloudConfig:
         check(self.price_scale > 0, "price_scale", "a number > 0", self.price_scale)
         check(self.inflight_every_s >= 0, "inflight_every_s", "a number >= 0", self.inflight_every_s)
         at_most(self, ("gpus_per_node",), 64, " GPUs")
-        at_most(self, ("worker_pools",), 1024, " pools")
         at_most(self, ("max_restarts_on_errors",), 1000)
         at_most(self, ("inflight_every_s",), 86400, " s")
         at_most(self, ("budget_usd",), 1e9, " dollars")

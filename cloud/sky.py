@@ -1,33 +1,39 @@
-"""SkyPilot tasks of a run: the run config turned into task YAMLs, checked by SkyPilot, launched.
+"""SkyPilot tasks of a run: the run config turned into one SkyPilot job group, checked by SkyPilot,
+launched.
 
 `write_tasks` writes, for a run named NAME, into one folder:
-- `head.yaml`: one on-demand node (`use_spot: false`) running the controller and the learner. It
-  starts the Ray head and `spotlight train run.yaml` on it; the on-demand rollout workers run there.
-- `workers-<i>.yaml`, one per `cloud.worker_pools`: `runtime.spot_workers` spot nodes in all
-  (`use_spot: true`; `cloud.gpu` and `cloud.fallback_gpus` as `any_of` or `ordered` choices;
-  SkyPilot's `job_recovery`). Every node joins the head's Ray cluster and advertises the `spot`
-  custom resource, which is what the spot rollout workers are placed by. The head's address comes
-  in `$SPOTLIGHT_HEAD_IP`, filled in at launch.
+- `fleet.yaml`: a SkyPilot job group (0.14's `execution: parallel`, several tasks in one managed
+  job, placed on one infrastructure — one cloud and region, one network — where each task's nodes
+  reach the others as TASK-NODE.NAME). Its tasks:
+  - `head`: one on-demand node (`use_spot: false`) running the Ray head, the controller and the
+    learner (`spotlight train run.yaml`); the on-demand rollout workers run there. It is the
+    group's primary task: when it ends (the run done, failed or out of budget), SkyPilot
+    terminates the others, and the managed job ends — nothing is left billing.
+  - `spot-<i>`, one per spot node (`runtime.spot_workers`), a node each (`use_spot: true`;
+    `cloud.gpu` and `cloud.fallback_gpus` as `any_of` or `ordered` choices; SkyPilot's
+    `job_recovery`): a preempted node is recovered on its own, the others keep serving. Each joins
+    the head's Ray cluster at `head-0.NAME` (its internal address) and advertises the `spot`
+    custom resource, which is what the spot rollout workers are placed by.
+  Every node runs Ray with token auth, the token a secret the launch passes (`TOKEN_ENV`).
 - `run.yaml`: the resolved run config, file-mounted onto the head.
 
 SkyPilot pins `click<8.2`, which the Hugging Face stack does not accept, so SkyPilot lives in its
 own virtualenv and this module never imports `sky`: it runs that environment's Python
 (`sky_python()`) to validate and its `sky` executable to launch.
 
-Validation is `sky.Task.from_yaml` on every file, in one subprocess. It is SkyPilot's own offline
-check — duplicate keys, the task and resources JSON schemas, env var names, resource fields — and
-needs no cloud account and no network. SkyPilot checks accelerator names only later
-(`Resources.validate`, at launch), against catalogs it downloads from GitHub, so GPU names are
-checked here, before anything is written, against `KNOWN_GPUS` and the price table's `gpu` column.
+Validation is SkyPilot's own loader (`dag_utils.load_dag_from_yaml`) on every file, in one
+subprocess: duplicate keys, the job group header, the task and resources JSON schemas, env var
+names, resource fields — with no cloud account and no network. SkyPilot checks accelerator names
+only later (`Resources.validate`, at launch), against catalogs it downloads from GitHub, so GPU
+names are checked here, before anything is written, against `KNOWN_GPUS` and the price table's
+`gpu` column.
 
-`launch_tasks` starts the head as a cluster (`sky launch`) and each pool as a managed job
-(`sky jobs launch`), so SkyPilot's spot recovery applies to the pools.
+`launch_tasks` submits the job group as one managed job (`sky jobs launch`).
 """
 
 from __future__ import annotations
 
 import csv
-import ipaddress
 import json
 import os
 import re
@@ -51,6 +57,8 @@ DEFAULT_SKY_PYTHON = REPO_ROOT / ".venv-sky" / "bin" / "python"
 """Where `make sky-venv` puts SkyPilot's Python; `$SPOTLIGHT_SKY_PYTHON` overrides it."""
 
 HEAD_IP_ENV = "SPOTLIGHT_HEAD_IP"
+"""The head's address, for a spot node started outside a job group (default: its job-group host name)."""
+JOBGROUP_ENV = "SKYPILOT_JOBGROUP_NAME"
 
 # SkyPilot's common GPUs (`sky.catalog.get_common_gpus()` in 0.14) and the other GPUs its AWS and
 # GCP catalogs list, as SkyPilot spells them. Names are matched without regard to case.
@@ -157,15 +165,8 @@ def accelerators(cloud: CloudConfig) -> list[str]:
     return out
 
 
-def pool_sizes(cloud: CloudConfig, spot_workers: int) -> list[int]:
-    """`runtime.spot_workers` nodes split over `cloud.worker_pools` pools, the first ones one larger."""
-    total, pools = spot_workers, cloud.worker_pools
-    if total == 0:
-        return []  # an on-demand-only run: the head alone
-    if pools > total:
-        raise ConfigError(f"cloud.worker_pools: expected at most runtime.spot_workers ({total}) pools, "
-                          f"one node or more each, got {pools}")
-    return [total // pools + (i < total % pools) for i in range(pools)]
+MAX_SPOT_NODES = 1024
+"""Spot nodes in one job group (a task each)."""
 
 
 # ---- the tasks --------------------------------------------------------------------------------------
@@ -204,10 +205,22 @@ _SETUP = "pip install -e '.[gpu]'\n"
 """On a GPU node a plain install pulls the CUDA build of torch, which is what it needs there."""
 
 
+HEAD_TASK = "head"
+TERMINATION_DELAY = "30s"
+"""How long the spot tasks get, once the head's task has ended, before SkyPilot terminates them
+(their own scripts end sooner: their Ray goes with the head's)."""
+
+
+def _recovery(cloud: CloudConfig) -> dict[str, Any]:
+    return {"strategy": cloud.job_recovery, "max_restarts_on_errors": cloud.max_restarts_on_errors}
+
+
 def head_task(cloud: CloudConfig, name: str, run_yaml: Path) -> dict[str, Any]:
     gpu = accelerators(cloud)[0]
     resources: dict[str, Any] = {"accelerators": f"{gpu}:{cloud.gpus_per_node}", "use_spot": False,
-                                 "ports": RAY_OPEN_PORTS}
+                                 "ports": RAY_OPEN_PORTS,
+                                 # a failed head is relaunched too; its run resumes from the store
+                                 "job_recovery": _recovery(cloud)}
     if _infra(cloud):
         resources = {"infra": _infra(cloud), **resources}
     remote_config = f"{REMOTE_DIR}/run.yaml"
@@ -218,7 +231,8 @@ def head_task(cloud: CloudConfig, name: str, run_yaml: Path) -> dict[str, Any]:
         # Ray's head lives exactly as long as the run: started with --block, it is one process that
         # stops every Ray process it started when it is terminated, which this script does when
         # training ends, fails, hits its budget or is cancelled. Then the spot nodes' Ray ends and
-        # with it their jobs, and `sky launch --down` takes this node down: nothing bills on.
+        # with it their tasks; this task is the job group's primary, so SkyPilot then ends the
+        # group and takes every node down: nothing bills on.
         # (Never `ray stop`: it would also stop the Ray SkyPilot itself runs on this node.)
         "stop_ray() {\n"
         "  [ -s \"$pidfile\" ] || return 0\n"
@@ -246,7 +260,7 @@ def head_task(cloud: CloudConfig, name: str, run_yaml: Path) -> dict[str, Any]:
         f"spotlight train {remote_config} --address \"$here\" --out {REMOTE_DIR}/runs/{name} --no-progress\n"
     )
     return {
-        "name": f"{name}-head",
+        "name": HEAD_TASK,
         "workdir": str(REPO_ROOT),
         "num_nodes": 1,
         "resources": resources,
@@ -258,7 +272,8 @@ def head_task(cloud: CloudConfig, name: str, run_yaml: Path) -> dict[str, Any]:
     }
 
 
-def worker_task(cloud: CloudConfig, name: str, index: int, nodes: int) -> dict[str, Any]:
+def spot_task(cloud: CloudConfig, index: int) -> dict[str, Any]:
+    """Spot node `index`: a task of one node, so that its preemption recovers it alone."""
     choices = [f"{g}:{cloud.gpus_per_node}" for g in accelerators(cloud)]
     resources: dict[str, Any] = {"use_spot": True, "ports": RAY_OPEN_PORTS}
     if _infra(cloud):
@@ -267,14 +282,16 @@ def worker_task(cloud: CloudConfig, name: str, index: int, nodes: int) -> dict[s
         resources["accelerators"] = choices[0]
     else:
         resources[cloud.accelerator_order] = [{"accelerators": c} for c in choices]
-    resources["job_recovery"] = {"strategy": cloud.job_recovery,
-                                 "max_restarts_on_errors": cloud.max_restarts_on_errors}
-    head = f"${HEAD_IP_ENV}"
+    resources["job_recovery"] = _recovery(cloud)
+    head = "$head"
     run = (
         "set -uo pipefail\n"
         + _AUTH
-        # No apostrophe in this message: bash pairs quotes inside "${VAR:?...}".
-        + f": \"${{{HEAD_IP_ENV}:?is set by spotlight launch to the address of the head}}\"\n"
+        # The head's internal address: its job-group host name (SkyPilot maps it in /etc/hosts),
+        # unless $SPOTLIGHT_HEAD_IP says otherwise. No apostrophe in the message: bash pairs quotes
+        # inside "${VAR:?...}".
+        + f"head=${{{HEAD_IP_ENV}:-{HEAD_TASK}-0.${{{JOBGROUP_ENV}:?is set by SkyPilot in a job group, "
+        f"else set {HEAD_IP_ENV} to the address of the head}}}}\n"
         f"head_up() {{ timeout 5 bash -c \"exec 3<>/dev/tcp/{head}/{RAY_PORT}\" 2>/dev/null; }}\n"
         f"for _ in $(seq {HEAD_WAIT_S // 5}); do head_up && break; sleep 5; done\n"
         # The `spot` amount only marks the node: each spot rollout worker needs a sliver of it, so
@@ -293,12 +310,10 @@ def worker_task(cloud: CloudConfig, name: str, index: int, nodes: int) -> dict[s
         "exit $code\n"
     )
     return {
-        "name": f"{name}-workers-{index}",
+        "name": f"spot-{index}",
         "workdir": str(REPO_ROOT),
-        "num_nodes": nodes,
+        "num_nodes": 1,
         "resources": resources,
-        # Empty here; `launch_tasks` passes the head's address with `--env`.
-        "envs": {HEAD_IP_ENV: ""},
         "secrets": {TOKEN_ENV: ""},
         "setup": _SETUP,
         "run": run,
@@ -313,34 +328,38 @@ _TaskDumper.add_representer(str, lambda dumper, s: dumper.represent_scalar(
     "tag:yaml.org,2002:str", s, style="|" if "\n" in s else None))
 
 
-def check_fleet(cloud: CloudConfig, spot_workers: int) -> list[int]:
-    """The pools' sizes, once the fleet is known to become tasks: a `ConfigError` for an unknown
-    GPU or a split SkyPilot cannot take, before any file is touched."""
-    sizes = pool_sizes(cloud, spot_workers)
+def check_fleet(cloud: CloudConfig, spot_workers: int) -> None:
+    """A `ConfigError` for a fleet that cannot become a job group (an unknown GPU, too many spot
+    nodes), before any file is touched."""
     accelerators(cloud)
-    return sizes
+    if spot_workers > MAX_SPOT_NODES:
+        raise ConfigError(f"runtime.spot_workers: a launched fleet has at most {MAX_SPOT_NODES} spot nodes "
+                          f"(a task each), got {spot_workers}")
+
+
+def fleet_tasks(cloud: CloudConfig, spot_workers: int, name: str, run_yaml: Path) -> list[dict[str, Any]]:
+    """The job group's documents: its header, the head, then one task per spot node."""
+    header = {"name": name, "execution": "parallel", "primary_tasks": [HEAD_TASK],
+              "termination_delay": TERMINATION_DELAY}
+    return [header, head_task(cloud, name, run_yaml), *(spot_task(cloud, i) for i in range(spot_workers))]
 
 
 def write_tasks(cloud: CloudConfig, spot_workers: int, run_config: str, out: str | Path, name: str) -> list[Path]:
-    """Write run.yaml (the run config's text, `run_config`), head.yaml and workers-<i>.yaml into
-    `out` for a run with that `cloud` section and `spot_workers` spot nodes; returns the task files
-    (head first). Nothing is written when the config cannot become tasks (a `ConfigError`)."""
+    """Write run.yaml (the run config's text, `run_config`) and fleet.yaml (the job group) into
+    `out` for a run with that `cloud` section and `spot_workers` spot nodes; returns [fleet.yaml].
+    Nothing is written when the config cannot become tasks (a `ConfigError`)."""
     name = check_name(name)
-    sizes = check_fleet(cloud, spot_workers)
+    check_fleet(cloud, spot_workers)
     out = Path(out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     run_yaml = out / "run.yaml"
     run_yaml.write_text(run_config)
-    tasks = [("head.yaml", head_task(cloud, name, run_yaml))]
-    tasks += [(f"workers-{i}.yaml", worker_task(cloud, name, i, n)) for i, n in enumerate(sizes)]
-    for stale in out.glob("workers-*.yaml"):  # pools of an earlier, larger split
-        stale.unlink()
-    paths = []
-    for filename, task in tasks:
-        path = out / filename
-        path.write_text(yaml.dump(task, Dumper=_TaskDumper, sort_keys=False, width=120))
-        paths.append(path)
-    return paths
+    for stale in [*out.glob("workers-*.yaml"), out / "head.yaml"]:  # an earlier version's task files
+        stale.unlink(missing_ok=True)
+    path = out / "fleet.yaml"
+    path.write_text(yaml.dump_all(fleet_tasks(cloud, spot_workers, name, run_yaml), Dumper=_TaskDumper,
+                                  sort_keys=False, width=120))
+    return [path]
 
 
 # ---- SkyPilot's environment -------------------------------------------------------------------------
@@ -365,9 +384,10 @@ _VALIDATE = r"""
 import json, sys
 import sky
 print("SPOTLIGHT-SKY " + json.dumps({"version": sky.__version__}), flush=True)
+from sky.utils import dag_utils
 for path in sys.argv[1:]:
     try:
-        sky.Task.from_yaml(path)
+        dag_utils.load_dag_from_yaml(path)
         error = None
     except Exception as err:  # SkyPilot raises ValueError and its own errors here
         text = str(err).strip()
@@ -377,7 +397,7 @@ for path in sys.argv[1:]:
 
 
 def validate(paths: Sequence[Path], python: Path, timeout_s: float = 300.0) -> Validation:
-    """Run `sky.Task.from_yaml` on every file in one subprocess of SkyPilot's Python."""
+    """Load every file with SkyPilot's own loader, in one subprocess of SkyPilot's Python."""
     env = {**os.environ, "SKYPILOT_DISABLE_USAGE_COLLECTION": "1"}
     try:
         proc = subprocess.run([str(python), "-c", _VALIDATE, *map(str, paths)], capture_output=True,
@@ -400,35 +420,14 @@ Runner = Callable[..., subprocess.CompletedProcess]
 
 
 def launch_tasks(paths: Sequence[Path], name: str, sky: Path,
-                 run: Runner = subprocess.run) -> str:
-    """Start the head (`sky launch --down`, a cluster named NAME-head that goes down when its run
-    ends), read its IP, then submit every pool as a managed job (`sky jobs launch`) with the IP in
-    $SPOTLIGHT_HEAD_IP. Every node gets the fleet's Ray token, made here, as the secret
-    $SPOTLIGHT_RAY_TOKEN: passed through `sky`'s environment (`--secret NAME`), so it is in no
-    command line, file or log. `paths` are `write_tasks`' files, head first. Returns the head's IP.
-    The output of `sky` goes to the user."""
-    head, *pools = paths
-    cluster = f"{name}-head"
+                 run: Runner = subprocess.run) -> None:
+    """Submit the job group (`write_tasks`' file) as one managed job named NAME (`sky jobs launch`).
+    Every node gets the fleet's Ray token, made here, as the secret $SPOTLIGHT_RAY_TOKEN: passed
+    through `sky`'s environment (`--secret NAME`), so it is in no command line, file or log. The
+    output of `sky` goes to the user."""
+    (fleet,) = paths
     env = {**os.environ, TOKEN_ENV: secrets.token_hex(32)}
-
-    def call(*args: str, capture: bool = False) -> str:
-        cmd = [str(sky), *args]
-        proc = run(cmd, capture_output=capture, text=True, env=env)
-        if proc.returncode != 0:
-            where = (proc.stderr or "").strip().splitlines()[-1:] if capture else []
-            detail = f": {where[0]}" if where else " (its output is above)"
-            raise SkyError(f"`sky {' '.join(args)}` exited with {proc.returncode}{detail}")
-        return proc.stdout if capture else ""
-
-    call("launch", "-c", cluster, str(head), "--secret", TOKEN_ENV, "--down", "-y", "-d")
-    lines = [line.strip() for line in call("status", "--ip", cluster, capture=True).splitlines() if line.strip()]
-    ip = lines[-1] if lines else ""
-    try:
-        ipaddress.ip_address(ip)
-    except ValueError:
-        raise SkyError(f"`sky status --ip {cluster}`: expected the head's IP address, got {ip!r}") from None
-    for path in pools:
-        job = f"{name}-{path.stem}"  # NAME-workers-<i>
-        call("jobs", "launch", "-n", job, str(path), "--env", f"{HEAD_IP_ENV}={ip}", "--secret", TOKEN_ENV,
-             "-y", "-d")
-    return ip
+    args = ["jobs", "launch", str(fleet), "--secret", TOKEN_ENV, "-y", "-d"]
+    proc = run([str(sky), *args], capture_output=False, text=True, env=env)
+    if proc.returncode != 0:
+        raise SkyError(f"`sky {' '.join(args)}` exited with {proc.returncode} (its output is above)")

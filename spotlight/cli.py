@@ -434,18 +434,15 @@ def cmd_launch(args: argparse.Namespace) -> int:
         print(f"validated with SkyPilot {checked.version} ({python})")
         if args.dryrun:
             return 0
-        if cfg.cloud.region is None:
-            print("spotlight: note: cloud.region is unset, so SkyPilot may place a spot pool outside the "
-                  "head's network, where its nodes cannot join the head's Ray cluster", file=sys.stderr)
-        ip = sky.launch_tasks(paths, name, python.parent / "sky")
+        sky.launch_tasks(paths, name, python.parent / "sky")
     except sky.SkyError as err:
         print(f"spotlight: error: {err}", file=sys.stderr)
         return 2
-    jobs = [f"{name}-{p.stem}" for p in paths[1:]]
-    print(f"head {name}-head is up at {ip}; spot pools submitted as managed jobs "
-          f"{', '.join(jobs) or '(none)'}: follow them with `sky jobs queue`")
-    print("the fleet goes down by itself when the run ends (done, failed or out of budget); to stop it now: "
-          + "".join(f"sky jobs cancel -y -n {job} && " for job in jobs) + f"sky down -y {name}-head")
+    print(f"submitted the fleet as the managed job group {name}: the head (on demand) and "
+          f"{cfg.runtime.spot_workers} spot node{'s' * (cfg.runtime.spot_workers != 1)}, each recovered on its own; "
+          "follow it with `sky jobs queue`")
+    print(f"the fleet goes down by itself when the run ends (done, failed or out of budget); to stop it now: "
+          f"sky jobs cancel -y -n {name}")
     return 0
 
 

@@ -24,9 +24,9 @@ from conftest import small_dit_config
 
 
 def _fleet(**cloud):
-    """The tiny DiT with 3 spot nodes in 2 pools and two fall-back GPUs (spelled in odd cases)."""
-    base = {"gpu": "h100", "fallback_gpus": ["A100-80GB", "l4"], "worker_pools": 2,
-            "job_recovery": "FAILOVER", "max_restarts_on_errors": 5}
+    """The tiny DiT with 3 spot nodes and two fall-back GPUs (spelled in odd cases)."""
+    base = {"gpu": "h100", "fallback_gpus": ["A100-80GB", "l4"], "job_recovery": "EAGER_NEXT_REGION",
+            "max_restarts_on_errors": 5}
     return small_dit_config(runtime={"kind": "ray", "spot_workers": 3}, cloud={**base, **cloud})
 
 
@@ -43,6 +43,11 @@ def _config_file(tmp_path, cfg, name="fleet_run.yaml"):
 
 def _load(path):
     return yaml.safe_load(Path(path).read_text())
+
+
+def _group(path):
+    """A job group file's documents: header, head, spot tasks."""
+    return list(yaml.safe_load_all(Path(path).read_text()))
 
 
 @pytest.fixture
@@ -63,17 +68,19 @@ def no_sky(monkeypatch, tmp_path):
 # ---- the tasks ----------------------------------------------------------------------------------
 
 
-def test_a_run_becomes_an_on_demand_head_and_spot_pools(tmp_path):
+def test_a_run_becomes_one_job_group_of_an_on_demand_head_and_a_task_per_spot_node(tmp_path):
     cfg = _fleet()
     paths = write_tasks(cfg, tmp_path / "tasks", "fleet")
-    assert [p.name for p in paths] == ["head.yaml", "workers-0.yaml", "workers-1.yaml"]
-    assert sorted(p.name for p in (tmp_path / "tasks").iterdir()) == [
-        "head.yaml", "run.yaml", "workers-0.yaml", "workers-1.yaml"]
+    assert [p.name for p in paths] == ["fleet.yaml"]
+    assert sorted(p.name for p in (tmp_path / "tasks").iterdir()) == ["fleet.yaml", "run.yaml"]
 
-    head = _load(paths[0])
-    assert head["name"] == "fleet-head" and head["num_nodes"] == 1
+    header, head, *spots = _group(paths[0])
+    # one managed job; the head is primary: when it ends, SkyPilot ends the rest
+    assert header == {"name": "fleet", "execution": "parallel", "primary_tasks": ["head"], "termination_delay": "30s"}
+    assert head["name"] == "head" and head["num_nodes"] == 1
     assert head["resources"]["use_spot"] is False
     assert head["resources"]["accelerators"] == "H100:1"
+    assert head["resources"]["job_recovery"] == {"strategy": "EAGER_NEXT_REGION", "max_restarts_on_errors": 5}
     assert sky.RAY_PORT in head["resources"]["ports"]
     assert head["workdir"] == str(sky.REPO_ROOT)
     assert "pip install -e '.[gpu]'" in head["setup"]
@@ -87,58 +94,62 @@ def test_a_run_becomes_an_on_demand_head_and_spot_pools(tmp_path):
     # it stops its Ray when the run ends, whatever its exit; the run's exit is the job's
     assert "trap stop_ray EXIT" in head["run"] and head["run"].rstrip().endswith("--no-progress")
 
-    workers = [_load(p) for p in paths[1:]]
-    assert [w["num_nodes"] for w in workers] == [2, 1]  # runtime.spot_workers = 3 over 2 pools
-    for i, w in enumerate(workers):
-        res = w["resources"]
-        assert w["name"] == f"fleet-workers-{i}"
+    # runtime.spot_workers = 3: a task of one node each, so that a preemption recovers one node
+    assert [(t["name"], t["num_nodes"]) for t in spots] == [("spot-0", 1), ("spot-1", 1), ("spot-2", 1)]
+    for t in spots:
+        res = t["resources"]
         assert res["use_spot"] is True
         assert res["any_of"] == [{"accelerators": "H100:1"}, {"accelerators": "A100-80GB:1"},
                                  {"accelerators": "L4:1"}]
-        assert res["job_recovery"] == {"strategy": "FAILOVER", "max_restarts_on_errors": 5}
-        assert w["envs"] == {sky.HEAD_IP_ENV: ""} and w["secrets"] == {sky.TOKEN_ENV: ""}
-        assert f"ray start --address ${sky.HEAD_IP_ENV}:{sky.RAY_PORT}" in w["run"]
-        assert "--resources '{\"spot\": 1}'" in w["run"] and "--block" in w["run"]
-    for task in [head, *workers]:  # the scripts are bash that parses
+        assert res["job_recovery"] == {"strategy": "EAGER_NEXT_REGION", "max_restarts_on_errors": 5}
+        assert "envs" not in t and t["secrets"] == {sky.TOKEN_ENV: ""}
+        # the head by its job-group host name (its internal address), unless $SPOTLIGHT_HEAD_IP says
+        assert f"head=${{{sky.HEAD_IP_ENV}:-head-0.${{{sky.JOBGROUP_ENV}:?" in t["run"]
+        assert f'ray start --address $head:{sky.RAY_PORT}' in t["run"]
+        assert "--resources '{\"spot\": 1}'" in t["run"] and "--block" in t["run"]
+    for task in [head, *spots]:  # the scripts are bash that parses
         for script in (task["setup"], task["run"]):
             subprocess.run(["bash", "-n"], input=script, text=True, check=True)
 
 
 def test_ordered_fallbacks_a_single_gpu_and_the_infra(tmp_path):
-    ordered = write_tasks(_fleet(accelerator_order="ordered", gpus_per_node=8), tmp_path / "a", "a")
-    assert _load(ordered[1])["resources"]["ordered"][0] == {"accelerators": "H100:8"}
-    assert "any_of" not in _load(ordered[1])["resources"]
+    ordered = _group(write_tasks(_fleet(accelerator_order="ordered", gpus_per_node=8), tmp_path / "a", "a")[0])
+    assert ordered[2]["resources"]["ordered"][0] == {"accelerators": "H100:8"}
+    assert "any_of" not in ordered[2]["resources"]
 
-    single = write_tasks(_fleet(fallback_gpus=[], provider="gcp", region="us-central1", worker_pools=1),
-                             tmp_path / "b", "b")
-    (worker,) = [_load(p)["resources"] for p in single[1:]]
+    single = _group(write_tasks(_fleet(fallback_gpus=[], provider="gcp", region="us-central1"), tmp_path / "b", "b")[0])
+    worker = single[2]["resources"]
     assert worker["accelerators"] == "H100:1" and "any_of" not in worker
-    assert worker["infra"] == _load(single[0])["resources"]["infra"] == "gcp/us-central1"
-    region_only = write_tasks(_fleet(region="eu-west-1"), tmp_path / "c", "c")
-    assert _load(region_only[0])["resources"]["infra"] == "*/eu-west-1"
+    assert {t["resources"]["infra"] for t in single[1:]} == {"gcp/us-central1"}
+    region_only = _group(write_tasks(_fleet(region="eu-west-1"), tmp_path / "c", "c")[0])
+    assert region_only[1]["resources"]["infra"] == "*/eu-west-1"
+    # a recovered node stays in the head's region by default
+    assert _fleet(job_recovery="FAILOVER").cloud.job_recovery == small_dit_config().cloud.job_recovery == "FAILOVER"
 
 
-def test_pools_split_the_spot_nodes_and_a_rewrite_drops_stale_pools(tmp_path):
+def test_a_rewrite_drops_old_task_files_and_a_head_alone_is_a_group_of_one(tmp_path):
     out = tmp_path / "tasks"
-    write_tasks(_fleet(worker_pools=3), out, "r")
-    assert sorted(p.name for p in out.glob("workers-*.yaml")) == ["workers-0.yaml", "workers-1.yaml", "workers-2.yaml"]
-    write_tasks(_fleet(worker_pools=1), out, "r")
-    assert [_load(p)["num_nodes"] for p in out.glob("workers-*.yaml")] == [3]
+    out.mkdir()
+    for old in ("head.yaml", "workers-0.yaml", "workers-1.yaml"):  # an earlier version's files
+        (out / old).write_text("name: x\n")
+    write_tasks(_fleet(), out, "r")
+    assert sorted(p.name for p in out.iterdir()) == ["fleet.yaml", "run.yaml"]
     head_only = small_dit_config(runtime={"kind": "ray", "spot_workers": 0, "ondemand_workers": 1})
-    assert [p.name for p in write_tasks(head_only, out, "r")] == ["head.yaml"]
-    with pytest.raises(ConfigError, match=r"cloud.worker_pools: expected at most runtime.spot_workers \(3\)"):
-        write_tasks(_fleet(worker_pools=4), tmp_path / "x", "r")
+    assert [d["name"] for d in _group(write_tasks(head_only, out, "r")[0])] == ["r", "head"]
+    with pytest.raises(ConfigError, match=r"runtime.spot_workers: a launched fleet has at most 1024 spot nodes"):
+        write_tasks(small_dit_config(runtime={"kind": "ray", "spot_workers": 1025}), tmp_path / "x", "r")
 
 
 def test_a_node_refuses_to_start_without_the_heads_address_or_the_token(tmp_path):
-    (head, pool, *_) = write_tasks(_fleet(), tmp_path, "r")
-    proc = subprocess.run(["bash", "-c", _load(pool)["run"]], capture_output=True, text=True, timeout=10,
-                          env={**os.environ, sky.HEAD_IP_ENV: "", sky.TOKEN_ENV: "t" * 64})
-    assert proc.returncode != 0 and "set by spotlight launch to the address" in proc.stderr
+    _, head, spot, *_ = _group(write_tasks(_fleet(), tmp_path, "r")[0])
+    clean = {k: v for k, v in os.environ.items() if k not in (sky.HEAD_IP_ENV, sky.JOBGROUP_ENV)}
+    proc = subprocess.run(["bash", "-c", spot["run"]], capture_output=True, text=True, timeout=10,
+                          env={**clean, sky.TOKEN_ENV: "t" * 64})
+    assert proc.returncode != 0 and "is set by SkyPilot in a job group" in proc.stderr, proc.stderr
     # nor without the fleet's Ray token, and neither does the head
-    for task in (pool, head):
-        proc = subprocess.run(["bash", "-c", _load(task)["run"]], capture_output=True, text=True, timeout=10,
-                              env={**os.environ, sky.HEAD_IP_ENV: "192.0.2.1", sky.TOKEN_ENV: ""})
+    for task in (spot, head):
+        proc = subprocess.run(["bash", "-c", task["run"]], capture_output=True, text=True, timeout=10,
+                              env={**clean, sky.HEAD_IP_ENV: "192.0.2.1", sky.TOKEN_ENV: ""})
         assert proc.returncode != 0 and "the Ray token of this fleet" in proc.stderr
 
 
@@ -182,8 +193,8 @@ def test_without_skypilot_the_dryrun_writes_the_tasks_and_says_validation_was_sk
     assert main(["launch", str(config), "--dryrun", "--out", str(out), *STORE]) == 0
     err = capsys.readouterr().err
     assert "SkyPilot validation skipped" in err and sky.SKY_PYTHON_ENV in err
-    assert sorted(p.name for p in out.glob("*.yaml")) == ["head.yaml", "run.yaml", "workers-0.yaml", "workers-1.yaml"]
-    assert _load(out / "workers-0.yaml")["resources"]["use_spot"] is True
+    assert sorted(p.name for p in out.glob("*.yaml")) == ["fleet.yaml", "run.yaml"]
+    assert _group(out / "fleet.yaml")[2]["resources"]["use_spot"] is True
 
     assert main(["launch", str(config), "--dryrun", "--strict", "--out", str(out), *STORE]) == 2
     (line,) = capsys.readouterr().err.strip().splitlines()
@@ -233,16 +244,16 @@ def test_skypilot_accepts_the_generated_tasks(tmp_path, capsys, monkeypatch, sky
     assert main(["launch", str(config), "--dryrun", "--strict", "--out", str(out), *STORE]) == 0
     printed = capsys.readouterr()
     assert "validated with SkyPilot 0.14" in printed.out, printed.err
-    assert [_load(out / f"workers-{i}.yaml")["resources"]["use_spot"] for i in (0, 1)] == [True, True]
+    assert [t["resources"]["use_spot"] for t in _group(out / "fleet.yaml")[1:]] == [False, True, True, True]
 
 
 def test_a_task_skypilot_rejects_is_named_with_skypilots_reason(tmp_path, sky_python):
-    head, pool, _ = write_tasks(_fleet(), tmp_path, "r")
+    (fleet,) = write_tasks(_fleet(), tmp_path, "r")
     broken = tmp_path / "broken.yaml"
-    task = _load(pool)
-    task["resources"]["use_spot"] = "yes"
-    broken.write_text(yaml.safe_dump(task))
-    checked = sky.validate([head, pool, broken], sky_python)  # one subprocess for all three
+    docs = _group(fleet)
+    docs[2]["resources"]["use_spot"] = "yes"
+    broken.write_text(yaml.safe_dump_all(docs))
+    checked = sky.validate([fleet, broken], sky_python)  # one subprocess for both
     assert checked.version.startswith("0.14")
     assert list(checked.errors) == [broken]
     assert "use_spot" in checked.errors[broken] and "\n" not in checked.errors[broken]
@@ -274,40 +285,24 @@ def _fake_sky(tmp_path, ip="203.0.113.7", fail_on=None):
     return exe, log
 
 
-def test_launch_starts_the_head_then_each_pool_as_a_managed_job_with_its_address(tmp_path):
+def test_launch_submits_the_fleet_as_one_managed_job_with_a_fresh_token_as_a_secret(tmp_path):
     paths = write_tasks(_fleet(), tmp_path / "tasks", "fleet")
     exe, log = _fake_sky(tmp_path)
-    assert sky.launch_tasks(paths, "fleet", exe) == "203.0.113.7"
-    calls = [json.loads(line) for line in log.read_text().splitlines()]
-    # Every node gets the same token, as a secret taken from sky's environment, in no command line;
-    # another launch makes another token.
-    tokens = {call.pop() for call in calls}
-    (token,) = tokens
-    assert re.fullmatch(r"token=[0-9a-f]{64}", token)
-    env = ["--env", "SPOTLIGHT_HEAD_IP=203.0.113.7", "--secret", "SPOTLIGHT_RAY_TOKEN"]
-    assert calls == [
-        ["launch", "-c", "fleet-head", str(paths[0]), "--secret", "SPOTLIGHT_RAY_TOKEN", "--down", "-y", "-d"],
-        ["status", "--ip", "fleet-head"],
-        ["jobs", "launch", "-n", "fleet-workers-0", str(paths[1]), *env, "-y", "-d"],
-        ["jobs", "launch", "-n", "fleet-workers-1", str(paths[2]), *env, "-y", "-d"],
-    ]
     sky.launch_tasks(paths, "fleet", exe)
-    again = {json.loads(line)[-1] for line in log.read_text().splitlines()[4:]}
-    assert len(again) == 1 and again != tokens
+    sky.launch_tasks(paths, "fleet", exe)
+    calls = [json.loads(line) for line in log.read_text().splitlines()]
+    # Every node gets the token as a secret taken from sky's environment, in no command line;
+    # another launch makes another token.
+    tokens = [call.pop() for call in calls]
+    assert all(re.fullmatch(r"token=[0-9a-f]{64}", t) for t in tokens) and tokens[0] != tokens[1]
+    assert calls == [["jobs", "launch", str(paths[0]), "--secret", "SPOTLIGHT_RAY_TOKEN", "-y", "-d"]] * 2
 
 
-def test_a_failed_launch_step_is_one_line_naming_the_command(tmp_path):
+def test_a_failed_launch_is_one_line_naming_the_command(tmp_path):
     paths = write_tasks(_fleet(), tmp_path / "tasks", "fleet")
     exe, log = _fake_sky(tmp_path, fail_on=["jobs", "launch"])
-    with pytest.raises(sky.SkyError, match=r"^`sky jobs launch -n fleet-workers-0 .*` exited with 3"):
+    with pytest.raises(sky.SkyError, match=r"^`sky jobs launch .*fleet.yaml --secret SPOTLIGHT_RAY_TOKEN -y -d` exited with 3"):
         sky.launch_tasks(paths, "fleet", exe)
-    assert len(log.read_text().splitlines()) == 3  # no second pool after the first failed
-
-    other = tmp_path / "other"
-    other.mkdir()
-    exe2, _ = _fake_sky(other, ip="not-an-ip")
-    with pytest.raises(sky.SkyError, match=r"--ip fleet-head`: expected the head's IP address, got 'not-an-ip'"):
-        sky.launch_tasks(paths, "fleet", exe2)
 
 
 def test_launch_says_the_fleet_stops_by_itself_and_how_to_stop_it_now(tmp_path, capsys, monkeypatch, sky_python):
@@ -319,9 +314,7 @@ def test_launch_says_the_fleet_stops_by_itself_and_how_to_stop_it_now(tmp_path, 
     config = _config_file(tmp_path, _fleet(provider="aws", region="us-east-1"))
     assert main(["launch", str(config), "--out", str(tmp_path / "tasks"), "--name", "fleet", *STORE]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[-2].startswith("head fleet-head is up at 203.0.113.7")
+    assert out[-2].startswith("submitted the fleet as the managed job group fleet: the head (on demand) and 3 spot nodes")
     assert out[-1] == ("the fleet goes down by itself when the run ends (done, failed or out of budget); to stop it "
-                       "now: sky jobs cancel -y -n fleet-workers-0 && sky jobs cancel -y -n fleet-workers-1 && "
-                       "sky down -y fleet-head")
-    assert [json.loads(line)[:2] for line in log.read_text().splitlines()] == [
-        ["launch", "-c"], ["status", "--ip"], ["jobs", "launch"], ["jobs", "launch"]]
+                       "now: sky jobs cancel -y -n fleet")
+    assert [json.loads(line)[:2] for line in log.read_text().splitlines()] == [["jobs", "launch"]]

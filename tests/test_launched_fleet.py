@@ -1,4 +1,4 @@
-"""The fleet `spotlight launch` starts, run as local processes: the generated head and worker
+"""The fleet `spotlight launch` starts, run as local processes: the job group's head and spot-node
 scripts (`cloud/sky.py`), each in a session of its own as on its own node, with a fake SkyPilot
 environment, on loopback (the head at 127.0.0.2, the spot node at 127.0.0.3; each node's Ray ports
 its own, since they share a machine). The spot node joins the head's Ray cluster with the fleet's
@@ -48,8 +48,9 @@ def _sessions_alive(sids: set[int]) -> list[str]:
 def test_a_launched_fleet_trains_and_then_every_process_exits_by_itself(tmp_path):
     cfg = small_dit_config(train={"steps": 2, "prompts_per_step": 2, "group_size": 4, "checkpoint_every": 2},
                            runtime={"kind": "ray", "spot_workers": 1, "ondemand_workers": 1})
-    head_yaml, pool_yaml = sky.write_tasks(cfg.cloud, 1, to_yaml(cfg), tmp_path / "tasks", "local")
-    head, pool = (yaml.safe_load(p.read_text()) for p in (head_yaml, pool_yaml))
+    (fleet,) = sky.write_tasks(cfg.cloud, 1, to_yaml(cfg), tmp_path / "tasks", "local")
+    header, head, pool = yaml.safe_load_all(fleet.read_text())
+    assert header["primary_tasks"] == [head["name"]] and pool["name"] == "spot-0"
     home = tmp_path / "home"
     (remote, local), = head["file_mounts"].items()
     mounted = home / remote.removeprefix("~/")
@@ -58,13 +59,14 @@ def test_a_launched_fleet_trains_and_then_every_process_exits_by_itself(tmp_path
 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "SPOTLIGHT_RAY"))}
     env.update(HOME=str(home), PATH=f"{Path(sys.executable).parent}:{env['PATH']}", RAY_USAGE_STATS_ENABLED="0",
-               SKYPILOT_NUM_NODES="1", SKYPILOT_NODE_RANK="0", **{sky.TOKEN_ENV: "a1" * 32})
+               SKYPILOT_NUM_NODES="1", SKYPILOT_NODE_RANK="0", **{sky.JOBGROUP_ENV: "local", sky.TOKEN_ENV: "a1" * 32})
     logs = {name: open(tmp_path / f"{name}.log", "w") for name in ("head", "spot")}
     procs = {
         "head": subprocess.Popen(["bash", "-c", head["run"]], env={**env, sky.NODE_IP_ENV: HEAD,
                                  "SKYPILOT_NODE_IPS": HEAD}, stdout=logs["head"], stderr=subprocess.STDOUT,
                                  stdin=subprocess.DEVNULL, start_new_session=True),
         "spot": subprocess.Popen(["bash", "-c", pool["run"]], env={**env, sky.NODE_IP_ENV: SPOT,
+                                 # no /etc/hosts entry for head-0.local here: the head's address
                                  sky.HEAD_IP_ENV: HEAD, sky.PORT_FLAGS_ENV: SPOT_PORTS, "SKYPILOT_NODE_IPS": SPOT,
                                  # Ray's default: a node waits 60 s for a lost head before its Ray ends
                                  "RAY_gcs_rpc_server_reconnect_timeout_s": "10"},
