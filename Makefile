@@ -7,17 +7,22 @@ CONFIG ?= experiments/tiny_dit.yaml
 OUT ?= runs/$(basename $(notdir $(CONFIG)))
 PYTEST_ARGS ?=
 
-.PHONY: venv train test bench clean sky-venv
+.PHONY: venv train test bench clean sky-venv lock
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml cloud/fleet.lock
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	@# The CPU build first: a bare `torch` requirement with no torch present pulls several GB of CUDA wheels.
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e '.[dev]'
+	@# The lock as constraints: the tests run on the versions a launched fleet's nodes install.
+	$(PY) -m pip install --quiet -c cloud/fleet.lock -e '.[dev]'
 	touch $(STAMP)
+
+# After changing a dependency: pin the fleet's environment to what this virtualenv has.
+lock: $(STAMP)
+	$(PY) -m cloud.fleet_lock
 
 train: $(STAMP)
 	$(VENV)/bin/spotlight train $(CONFIG) --out $(OUT)

@@ -38,6 +38,10 @@ class CloudConfig:
     """SkyPilot's recovery strategy for a preempted node (each spot node is a task of its own in
     the run's job group): FAILOVER tries the same region first, so a recovered node stays in the
     head's network; EAGER_NEXT_REGION moves on from the region it lost."""
+    image_id: str | None = None
+    """Node image of every node (SkyPilot's `image_id`, e.g. an AMI `ami-...` or `docker:IMAGE`): one with
+    cloud/fleet.lock installed and copied to ~/.spotlight-fleet.lock skips the install in each node's
+    setup (docs/launching.md); None: the cloud's default image, installed at setup."""
     max_restarts_on_errors: int = 3
     """SkyPilot restarts of a node whose task failed by itself (not preempted), 0..1,000."""
     checkpoint_uri: str | None = None
@@ -67,6 +71,9 @@ class CloudConfig:
         check(self.deadline_h is None or self.deadline_h > 0, "deadline_h", "a number > 0 or null", self.deadline_h)
         check(self.price_scale > 0, "price_scale", "a number > 0", self.price_scale)
         check(self.inflight_every_s >= 0, "inflight_every_s", "a number >= 0", self.inflight_every_s)
+        check(self.image_id is None or (isinstance(self.image_id, str) and 0 < len(self.image_id) <= 512
+                                        and self.image_id.isprintable() and " " not in self.image_id),
+              "image_id", "an image name of at most 512 printable characters, no spaces, or null", self.image_id)
         at_most(self, ("gpus_per_node",), 64, " GPUs")
         at_most(self, ("max_restarts_on_errors",), 1000)
         at_most(self, ("inflight_every_s",), 86400, " s")

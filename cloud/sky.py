@@ -83,6 +83,8 @@ RAY_WORKER_PORTS = (10002, 10999)
 """Ports of Ray's worker processes: at most 998 actors and tasks per node."""
 RAY_OPEN_PORTS = [RAY_PORT, "6385-6390", f"{RAY_WORKER_PORTS[0]}-{RAY_WORKER_PORTS[1]}"]
 
+INSTALLED_LOCK = "~/.spotlight-fleet.lock"
+"""The lock a node's environment was installed from (an image built from the lock carries it)."""
 REMOTE_DIR = "~/spotlight"
 """Where the head keeps run.yaml and the run folder."""
 
@@ -179,6 +181,15 @@ def _infra(cloud: CloudConfig) -> str | None:
     return provider
 
 
+def _placed(cloud: CloudConfig, resources: dict[str, Any]) -> dict[str, Any]:
+    """`resources` with the fleet's infrastructure (first, as SkyPilot writes it) and node image."""
+    infra = _infra(cloud)
+    placed = {"infra": infra, **resources} if infra else dict(resources)
+    if cloud.image_id:
+        placed["image_id"] = cloud.image_id
+    return placed
+
+
 def _ray_ports() -> str:
     """The node's Ray ports as `ray start` flags: the ones the task opens, unless
     $SPOTLIGHT_RAY_PORT_FLAGS replaces them (several nodes on one machine cannot share them)."""
@@ -201,8 +212,19 @@ HEAD_START_S = 120
 HEAD_STOP_S = 60
 """How long the head's job waits, once the run is over, for its Ray to stop (about 15 s)."""
 
-_SETUP = "pip install -e '.[gpu]'\n"
-"""On a GPU node a plain install pulls the CUDA build of torch, which is what it needs there."""
+_SETUP = (
+    "set -euo pipefail\n"
+    # The tested environment, pinned (cloud/fleet.lock): every node runs the head's Ray version and
+    # nothing is resolved at launch. Skipped where it is installed already: a node image built
+    # from the lock (`cloud.image_id`), or setup run again on the same node.
+    f"if ! cmp -s cloud/fleet.lock {INSTALLED_LOCK}; then\n"
+    # On a GPU node PyPI's torch of the pinned version is the CUDA build, which is what it needs.
+    "  pip install --quiet -r cloud/fleet.lock\n"
+    "  pip install --quiet --no-deps -e .\n"
+    f"  cp cloud/fleet.lock {INSTALLED_LOCK}\n"
+    "fi\n"
+)
+"""A node's setup (its working directory is this repository)."""
 
 
 HEAD_TASK = "head"
@@ -221,8 +243,7 @@ def head_task(cloud: CloudConfig, name: str, run_yaml: Path) -> dict[str, Any]:
                                  "ports": RAY_OPEN_PORTS,
                                  # a failed head is relaunched too; its run resumes from the store
                                  "job_recovery": _recovery(cloud)}
-    if _infra(cloud):
-        resources = {"infra": _infra(cloud), **resources}
+    resources = _placed(cloud, resources)
     remote_config = f"{REMOTE_DIR}/run.yaml"
     run = (
         "set -uo pipefail\n"
@@ -275,9 +296,7 @@ def head_task(cloud: CloudConfig, name: str, run_yaml: Path) -> dict[str, Any]:
 def spot_task(cloud: CloudConfig, index: int) -> dict[str, Any]:
     """Spot node `index`: a task of one node, so that its preemption recovers it alone."""
     choices = [f"{g}:{cloud.gpus_per_node}" for g in accelerators(cloud)]
-    resources: dict[str, Any] = {"use_spot": True, "ports": RAY_OPEN_PORTS}
-    if _infra(cloud):
-        resources = {"infra": _infra(cloud), **resources}
+    resources = _placed(cloud, {"use_spot": True, "ports": RAY_OPEN_PORTS})
     if len(choices) == 1:
         resources["accelerators"] = choices[0]
     else:

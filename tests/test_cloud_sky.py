@@ -83,7 +83,7 @@ def test_a_run_becomes_one_job_group_of_an_on_demand_head_and_a_task_per_spot_no
     assert head["resources"]["job_recovery"] == {"strategy": "EAGER_NEXT_REGION", "max_restarts_on_errors": 5}
     assert sky.RAY_PORT in head["resources"]["ports"]
     assert head["workdir"] == str(sky.REPO_ROOT)
-    assert "pip install -e '.[gpu]'" in head["setup"]
+    assert "pip install --quiet -r cloud/fleet.lock" in head["setup"] and "image_id" not in head["resources"]
     # The head mounts the resolved config and trains it on the Ray cluster it starts.
     (remote, local), = head["file_mounts"].items()
     assert local == str((tmp_path / "tasks" / "run.yaml").resolve())
@@ -107,6 +107,7 @@ def test_a_run_becomes_one_job_group_of_an_on_demand_head_and_a_task_per_spot_no
         assert f"head=${{{sky.HEAD_IP_ENV}:-head-0.${{{sky.JOBGROUP_ENV}:?" in t["run"]
         assert f'ray start --address $head:{sky.RAY_PORT}' in t["run"]
         assert "--resources '{\"spot\": 1}'" in t["run"] and "--block" in t["run"]
+    assert all(t["setup"] == head["setup"] for t in spots)  # one pinned environment on every node
     for task in [head, *spots]:  # the scripts are bash that parses
         for script in (task["setup"], task["run"]):
             subprocess.run(["bash", "-n"], input=script, text=True, check=True)
