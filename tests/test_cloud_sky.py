@@ -319,3 +319,39 @@ def test_launch_says_the_fleet_stops_by_itself_and_how_to_stop_it_now(tmp_path, 
     assert out[-1] == ("the fleet goes down by itself when the run ends (done, failed or out of budget); to stop it "
                        "now: sky jobs cancel -y -n fleet")
     assert [json.loads(line)[:2] for line in log.read_text().splitlines()] == [["jobs", "launch"]]
+
+
+_LOADED = r"""
+import json, sys
+from sky.utils import dag_utils
+dag = dag_utils.load_dag_from_yaml(sys.argv[1])
+print("SPOTLIGHT-SKY " + json.dumps({
+    "job_group": dag.is_job_group(), "primary": dag.primary_tasks,
+    "termination_delay_s": dag.get_termination_delay_secs("spot-0"),
+    "tasks": [{"name": t.name, "nodes": t.num_nodes, "secrets": sorted(t.secrets), "run": t.run, "setup": t.setup,
+               "resources": [{"spot": r.use_spot, "cloud": str(r.cloud), "region": r.region, "ports": r.ports,
+                              "recovery": r.job_recovery} for r in t.resources]} for t in dag.tasks]}))
+"""
+
+
+def test_skypilot_loads_a_fleet_that_bills_only_what_it_should(tmp_path, sky_python):
+    """Read back by SkyPilot itself (its loader, offline): spot only on the spot nodes, one cloud and
+    region for all, one node per recoverable task, Ray's open ports only with token auth, the head
+    primary (the group ends with it), the pinned environment on every node."""
+    (fleet,) = write_tasks(_fleet(provider="aws", region="us-east-1", job_recovery="FAILOVER"), tmp_path, "f")
+    proc = subprocess.run([str(sky_python), "-c", _LOADED, str(fleet)], capture_output=True, text=True, timeout=300)
+    (line,) = [x for x in proc.stdout.splitlines() if x.startswith("SPOTLIGHT-SKY ")] or [proc.stderr]
+    dag = json.loads(line.removeprefix("SPOTLIGHT-SKY "))
+    assert dag["job_group"] and dag["primary"] == ["head"] and dag["termination_delay_s"] == 30
+    tasks = {t["name"]: t for t in dag["tasks"]}
+    assert list(tasks) == ["head", "spot-0", "spot-1", "spot-2"]
+    for name, task in tasks.items():
+        spot = name != "head"
+        assert task["nodes"] == 1, name
+        for r in task["resources"]:
+            assert r["spot"] is spot and (r["cloud"], r["region"]) == ("AWS", "us-east-1"), (name, r)
+            assert r["recovery"] == {"strategy": "FAILOVER", "max_restarts_on_errors": 5}, (name, r)
+            if r["ports"]:  # opened to any address by SkyPilot: Ray must ask for the token
+                assert "export RAY_AUTH_MODE=token" in task["run"] and task["secrets"] == ["SPOTLIGHT_RAY_TOKEN"]
+        assert "pip install --quiet -r cloud/fleet.lock" in task["setup"], name
+    assert "trap stop_ray EXIT" in tasks["head"]["run"]  # the run's end stops the head's Ray
