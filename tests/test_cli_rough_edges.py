@@ -242,18 +242,26 @@ def test_ctrl_c_says_which_checkpoint_a_rerun_resumes_from(tmp_path):
     """A real SIGINT, as Ctrl-C sends, once the first checkpoint is on disk."""
     cfg = small_dit_config(train={"steps": 200, "checkpoint_every": 1})
     out = tmp_path / "out"
-    proc = subprocess.Popen([sys.executable, "-m", "spotlight.cli", "train", str(_config(tmp_path, cfg)),
+    # A shell starts a command with Ctrl-C's default action; this test process may not hold it (a
+    # library loaded by an earlier test can ignore or block SIGINT, and a child inherits both —
+    # then Python installs no KeyboardInterrupt handler and the run carries on: seen twice in
+    # full-suite runs, exit 0). So the child puts Python's own handler back before the CLI runs.
+    shell_like = ("import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+                  "signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT}); "
+                  "sys.argv = ['spotlight'] + sys.argv[1:]; runpy.run_module('spotlight.cli', run_name='__main__')")
+    proc = subprocess.Popen([sys.executable, "-c", shell_like, "train", str(_config(tmp_path, cfg)),
                              "--out", str(out), "--runtime", "local", "--no-progress"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    start = time.monotonic()
     try:
-        deadline = time.monotonic() + 300
-        while not list((out / "checkpoints").glob("step-*")) and proc.poll() is None and time.monotonic() < deadline:
+        while not list((out / "checkpoints").glob("step-*")) and proc.poll() is None and time.monotonic() < start + 300:
             time.sleep(0.2)
+        sent = (time.monotonic() - start, proc.poll(), signal.getsignal(signal.SIGINT))
         proc.send_signal(signal.SIGINT)
         stdout, stderr = proc.communicate(timeout=120)
     finally:
         proc.kill()
-    assert proc.returncode == 130, stderr[-3000:]
+    assert proc.returncode == 130, (sent, stdout[-1000:], stderr[-3000:])
     newest = max(int(p.name.removeprefix("step-")) for p in (out / "checkpoints").glob("step-*"))
     last = stderr.strip().splitlines()[-1]
     assert last == (f"spotlight: interrupted; {out / 'checkpoints' / f'step-{newest:06d}'} holds "
