@@ -29,6 +29,7 @@ from typing import Any, Literal
 import yaml
 
 from cloud.config import CloudConfig
+from schedulers.update_placement import PLACES
 from schedulers.input_file import (SEED_MAX, ConfigError, InputError, InputFileError, at_most, check, load_yaml,
                                    parse_yaml, short)
 
@@ -230,7 +231,7 @@ class TrainConfig:
     own updates measured faster: `schedulers/update_placement.py`). docs/training.md."""
 
     def __post_init__(self) -> None:
-        check(self.update_on in ("learner", "fleet", "auto"), "update_on", "learner, fleet or auto", self.update_on)
+        check(self.update_on in PLACES, "update_on", f"{', '.join(PLACES[:-1])} or {PLACES[-1]}", self.update_on)
         for name in ("steps", "prompts_per_step", "updates_per_step", "checkpoint_every", "micro_batch"):
             check(getattr(self, name) > 0, name, "a positive integer", getattr(self, name))
         check(self.group_size >= 2, "group_size", "an integer >= 2 (GRPO needs a group)", self.group_size)

@@ -263,8 +263,8 @@ def test_a_task_skypilot_rejects_is_named_with_skypilots_reason(tmp_path, sky_py
 # ---- launching ----------------------------------------------------------------------------------
 
 
-def _fake_sky(tmp_path, ip="203.0.113.7", fail_on=None):
-    """A `sky` executable that records its argv, answers `status --ip`, and fails on `fail_on`."""
+def _fake_sky(tmp_path, fail_on=None):
+    """A `sky` executable that records its argv and the token in its environment, and fails on `fail_on`."""
     log = tmp_path / "sky-calls.jsonl"
     exe = tmp_path / "bin" / "sky"
     exe.parent.mkdir()
@@ -278,9 +278,6 @@ def _fake_sky(tmp_path, ip="203.0.113.7", fail_on=None):
         if {fail_on!r} is not None and args[:2] == {fail_on!r}:
             print("sky: no spot capacity anywhere", file=sys.stderr)
             sys.exit(3)
-        if args[:2] == ["status", "--ip"]:
-            print("Checking cluster status...")
-            print({ip!r})
         """))
     exe.chmod(0o755)
     return exe, log

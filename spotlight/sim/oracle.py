@@ -58,9 +58,9 @@ class OracleSimulation(Simulation):
             t = fluid(t, cfg.prompts * cfg.group_size * per_gpu_s, cfg.gpus)
             self.busy_gpu_s += cfg.prompts * cfg.group_size * per_gpu_s
             work = st.train_gpu_s(cfg.resolution, cfg.prompts * cfg.group_size) / st.train_efficiency
-            updated = fluid(t, work, cfg.gpus, st.fleet_update_efficiency)
-            if self.policy.fleet_update and self.fleet_update_pays(updated + st.update_round_s - t, train_s, t - started,
-                                                                   spot_at(t)):
+            updated = fluid(t, work, cfg.gpus, st.fleet_update_efficiency) if self.policy.fleet_update else None
+            if updated is not None and self.fleet_update_pays(updated + st.update_round_s - t, train_s, t - started,
+                                                              spot_at(t)):
                 # The update a fluid over every live GPU (spot ones at fleet_update_efficiency);
                 # the spot GPUs explore while the learner gathers and steps (update_round_s). Only
                 # where that pays more than exploring while the on-demand GPUs train alone, as

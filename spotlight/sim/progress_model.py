@@ -147,6 +147,8 @@ class SeedRewards:
         self.g = group_size
         self.seed = seed
         self.rho = 2 * math.sin(math.pi * model.spearman / 6)  # Spearman -> Pearson for normals
+        self._expectations: dict[tuple[int, int], float] = {}
+        """(explored, candidates) -> `expected_std` there, computed once."""
         c = _mean_std(group_size)
         # E[σ_p] · c = s_ref, with σ_p lognormal of log-std SPREAD and mean E[σ_p]
         self.sigma_mean = model.s_ref / c
@@ -182,8 +184,7 @@ class SeedRewards:
         return a + (b - a) * (explored - lo)
 
     def _expected_std(self, explored: int, candidates: int) -> float:
-        cache = self.__dict__.setdefault("_expectations", {})
-        key = (explored, candidates)
+        cache, key = self._expectations, (explored, candidates)
         if key not in cache:
             far = 1 << 40
             cache[key] = float(np.mean([self.group_std(far + k, 0, candidates, explored)
