@@ -5,11 +5,23 @@ Objects are written with one PUT (or a multipart upload for files over 64 MB, co
 call), so a reader sees a whole object or the previous one. The endpoint is `endpoint_url`, else
 $AWS_ENDPOINT_URL_S3, else $AWS_ENDPOINT_URL (boto3's own variables, read here so that a custom
 endpoint, i.e. an S3-compatible server such as MinIO or moto, also gets path-style addressing).
-Every call is retried by `cloud.retry.Backoff` under the injected clock on transient failures —
-HTTP 5xx and 429, SlowDown/throttling codes, connection errors, timeouts, checksum mismatches —
-and by nothing else (botocore's own retries are off, so tests control every wait); anything else
-(no credentials, no such bucket, access denied) fails at once with one `StoreError` line.
-A file whose multipart upload fails is re-sent whole.
+Retries come in two layers. botocore retries each HTTP request itself ("adaptive" mode,
+`request_attempts` attempts: its standard exponential backoff plus a client-side rate limiter that
+slows down after throttling answers), so one failed part of a multipart upload is re-sent alone —
+not the file (tests/test_cloud_store.py counts the requests the server received). Around that,
+`cloud.retry.Backoff` retries whole operations under the injected clock on what is still transient
+— HTTP 5xx and 429, SlowDown/throttling codes, connection errors, timeouts, checksum mismatches in
+transit — for outages longer than botocore's few attempts; anything else (no credentials, no such
+bucket, access denied) fails at once with one `StoreError` line.
+
+Checksums are S3's own: every upload is sent with a CRC-64/NVME checksum (botocore computes it
+while sending; S3 rejects a request whose bytes do not match it), and S3 keeps it as the object's
+full-object checksum, multipart uploads included. `put_file` returns it ("crc64nvme:BASE64", read
+back with a HEAD: S3's value, not one hashed here). `get`/`get_file` ask for it (`ChecksumMode`)
+and botocore validates the body against it as it streams; `get_file(checksum=...)` also compares
+S3's value with the expected one before writing anything (a replaced or truncated object is
+refused, `ChecksumMismatch`). The price: a download is one validated stream per object, not
+s3transfer's parallel ranged GETs, whose ranges carry no checksum.
 
 Spot prices: `spot_price_history` reads `describe_spot_price_history`, all pages.
 
@@ -38,14 +50,16 @@ import json
 import logging
 import os
 import urllib.error
+import uuid
 import urllib.request
 from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
-from cloud.retry import Backoff, GaveUp, one_line
-from cloud.store import LocalStore, MissingKey, Store, StoreError, StoreURIError, check_key, parse_store_uri
+from cloud.retry import Backoff, GaveUp, keeping_global_random, one_line
+from cloud.store import (ChecksumMismatch, LocalStore, MissingKey, Store, StoreError, StoreURIError, check_key,
+                         parse_store_uri)
 from schedulers.clock import Clock, WallClock
 from schedulers.preemption import Cause, NoticeSource, PreemptionNotice
 
@@ -170,6 +184,14 @@ TRANSIENT_S3_CODES = frozenset({
 # One PUT up to 64 MB; bigger files go in 64 MB parts, 8 at a time (s3transfer's defaults are 8 MB
 # parts, which would make a 40 GB Qwen-Image checkpoint 5000 requests instead of 640).
 MULTIPART_CHUNK_BYTES = 64 * 1024 * 1024
+REQUEST_ATTEMPTS = 5
+"""botocore's attempts per HTTP request (adaptive mode); its waits grow to ~8 s by the fifth, after
+which `Backoff` waits out what is left of an outage, operation by operation."""
+CHECKSUM_ALGORITHM = "CRC64NVME"
+"""S3's default full-object checksum (multipart uploads too): what every object is sent and verified with."""
+_CHECKSUM_FIELD = f"Checksum{CHECKSUM_ALGORITHM}"
+_CHECKSUM_PREFIX = f"{CHECKSUM_ALGORITHM.lower()}:"
+_STREAM_BLOCK = 1 << 20
 
 
 def endpoint_from_env() -> str | None:
@@ -198,6 +220,8 @@ def transient_s3_error(err: BaseException) -> bool:
         if isinstance(e, ClientError):
             status = e.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0
             return status >= 500 or status == 429 or e.response.get("Error", {}).get("Code") in TRANSIENT_S3_CODES
+        if isinstance(e, ChecksumMismatch):
+            return False  # the stored object is another one: waiting does not change it
         if isinstance(e, (HTTPClientError, ConnectionError, IncompleteReadError, ChecksumError,
                           FlexibleChecksumError, RetriesExceededError)):
             return True
@@ -226,9 +250,11 @@ def describe_s3_error(err: BaseException) -> str:
 class S3Store:
     """A `cloud.store.Store` in S3 or any S3-compatible server (see the module docstring).
 
-    `prefix` is the key prefix inside `bucket` ('' for the whole bucket). `clock` and `backoff`
-    decide how transient failures are waited out (a `ManualClock` in tests); `retries` counts the
-    retries taken so far. `client` replaces the boto3 client made here (one with other settings).
+    `prefix` is the key prefix inside `bucket` ('' for the whole bucket). `request_attempts` is
+    botocore's attempts per HTTP request; `clock` and `backoff` decide how what is still failing
+    after them is waited out, operation by operation (a `ManualClock` in tests); `retries` counts
+    those whole-operation retries. `client` replaces the boto3 client made here (one with other
+    settings). `multipart_chunk_bytes` is the size of a multipart upload's parts (S3: >= 5 MiB).
     """
 
     def __init__(
@@ -241,6 +267,8 @@ class S3Store:
         clock: Clock | None = None,
         backoff: Backoff = Backoff(),
         client: Any = None,
+        request_attempts: int = REQUEST_ATTEMPTS,
+        multipart_chunk_bytes: int = MULTIPART_CHUNK_BYTES,
     ) -> None:
         import boto3
         from boto3.s3.transfer import TransferConfig
@@ -253,9 +281,13 @@ class S3Store:
         self.backoff = backoff
         self.retries = 0
         if client is None:
+            if request_attempts < 1:
+                raise ValueError(f"S3Store: request_attempts must be >= 1, got {request_attempts}")
             config = Config(
-                retries={"mode": "standard", "total_max_attempts": 1},  # Backoff is the only retry layer
+                retries={"mode": "adaptive", "total_max_attempts": request_attempts},
                 connect_timeout=10, read_timeout=60,
+                # Checksums on every request that takes one, and on every response that has one.
+                request_checksum_calculation="when_supported", response_checksum_validation="when_supported",
                 # S3-compatible servers (MinIO, Ceph, moto) rarely resolve BUCKET.host names.
                 s3={"addressing_style": "path"} if self.endpoint_url else None,
             )
@@ -263,8 +295,11 @@ class S3Store:
             client = boto3.session.Session().client("s3", endpoint_url=self.endpoint_url, region_name=region,
                                                     config=config)
         self.client = client
-        self._transfer = TransferConfig(multipart_threshold=MULTIPART_CHUNK_BYTES,
-                                        multipart_chunksize=MULTIPART_CHUNK_BYTES, max_concurrency=8)
+        # "classic": s3transfer on every machine. With awscrt installed boto3 would pick its CRT
+        # transfer client on some instance types (p4d, p5), whose retries and checksums differ.
+        self._transfer = TransferConfig(multipart_threshold=multipart_chunk_bytes,
+                                        multipart_chunksize=multipart_chunk_bytes, max_concurrency=8,
+                                        preferred_transfer_client="classic")
 
     def __repr__(self) -> str:
         return f"S3Store({self.uri!r}, endpoint_url={self.endpoint_url!r})"
@@ -280,7 +315,9 @@ class S3Store:
 
         where = f"{self.uri}/{key}" if key else self.uri
         try:
-            return self.backoff.call(fn, transient=transient_s3_error, clock=self.clock, what=f"{op} {where}",
+            # botocore's retry jitter draws from the global `random`, a run's checkpointed RNG: kept.
+            return self.backoff.call(keeping_global_random(fn), transient=transient_s3_error, clock=self.clock,
+                                     what=f"{op} {where}",
                                      on_retry=lambda err, n, wait: self._on_retry(f"{op} {where}", err, n, wait),
                                      describe=describe_s3_error)
         except GaveUp as err:
@@ -304,22 +341,54 @@ class S3Store:
 
     def put(self, key: str, data: bytes) -> None:
         k = self._key(key)
-        self._call("PUT", key, lambda: self.client.put_object(Bucket=self.bucket, Key=k, Body=data))
+        self._call("PUT", key, lambda: self.client.put_object(Bucket=self.bucket, Key=k, Body=data,
+                                                              ChecksumAlgorithm=CHECKSUM_ALGORITHM))
 
-    def put_file(self, key: str, path: Path) -> None:
+    def put_file(self, key: str, path: Path) -> str:
         k = self._key(key)
-        self._call("PUT", key, lambda: self.client.upload_file(str(path), self.bucket, k, Config=self._transfer))
+        self._call("PUT", key, lambda: self.client.upload_file(
+            str(path), self.bucket, k, Config=self._transfer, ExtraArgs={"ChecksumAlgorithm": CHECKSUM_ALGORITHM}))
+        return self._call("HEAD", key, lambda: self._stored_checksum(key, k))
+
+    def _stored_checksum(self, key: str, k: str) -> str:
+        """The object's checksum as S3 keeps it, "crc64nvme:BASE64"."""
+        head = self.client.head_object(Bucket=self.bucket, Key=k, ChecksumMode="ENABLED")
+        value = head.get(_CHECKSUM_FIELD)
+        if not value:  # an S3-compatible server that keeps no CRC-64/NVME: no native check possible
+            kept = sorted(x for x in head if x.startswith("Checksum")) or "none"
+            raise StoreError(f"{self.uri}/{key}: the server keeps no {CHECKSUM_ALGORITHM} checksum (it keeps {kept})")
+        return _CHECKSUM_PREFIX + value
 
     def get(self, key: str) -> bytes:
         k = self._key(key)
         # The body is read inside the retried call: a connection cut mid-body is retried too.
-        return self._call("GET", key, lambda: self.client.get_object(Bucket=self.bucket, Key=k)["Body"].read())
+        return self._call("GET", key, lambda: self.client.get_object(
+            Bucket=self.bucket, Key=k, ChecksumMode="ENABLED")["Body"].read())
 
-    def get_file(self, key: str, path: Path) -> None:
+    def get_file(self, key: str, path: Path, checksum: str | None = None) -> None:
         k = self._key(key)
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        # s3transfer writes a temporary file next to `path` and renames it when the download is whole.
-        self._call("GET", key, lambda: self.client.download_file(self.bucket, k, str(path), Config=self._transfer))
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.parent / f".tmp-{path.name}-{uuid.uuid4().hex[:8]}"
+        try:
+            self._call("GET", key, lambda: self._download(key, k, tmp, checksum))
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def _download(self, key: str, k: str, tmp: Path, checksum: str | None) -> None:
+        """One GET streamed into `tmp`; botocore validates the body against S3's checksum as it
+        streams (a mismatch raises at the end of the body: transient, the call is retried)."""
+        answer = self.client.get_object(Bucket=self.bucket, Key=k, ChecksumMode="ENABLED")
+        body = answer["Body"]
+        with body:
+            stored = answer.get(_CHECKSUM_FIELD)
+            if checksum is not None and _CHECKSUM_PREFIX + str(stored) != checksum:
+                raise ChecksumMismatch(f"{self.uri}/{key}: stored checksum {_CHECKSUM_PREFIX}{stored}, "
+                                       f"expected {str(checksum)[:80]} (replaced or truncated since it was stored)")
+            with open(tmp, "wb") as f:
+                for block in body.iter_chunks(_STREAM_BLOCK):
+                    f.write(block)
 
     def list(self, prefix: str = "") -> list[str]:
         full = f"{self.prefix}/{prefix}" if self.prefix else prefix

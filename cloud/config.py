@@ -46,8 +46,9 @@ class CloudConfig:
     """SkyPilot restarts of a node whose task failed by itself (not preempted), 0..1,000."""
     checkpoint_uri: str | None = None
     """Where checkpoints and committed in-flight state live besides the run folder: s3://bucket/prefix
-    (honours $AWS_ENDPOINT_URL) or file:///path — a folder only inside $SPOTLIGHT_STORE_ROOTS (else
-    the working directory), see `cloud.store`; None: the run folder only."""
+    (honours $AWS_ENDPOINT_URL), gs://bucket/prefix (Google Cloud Storage, `cloud.gcs`) or
+    file:///path — a folder only inside $SPOTLIGHT_STORE_ROOTS (else the working directory), see
+    `cloud.store`; None: the run folder only."""
     inflight_every_s: float = 30.0
     """With a checkpoint_uri: seconds between snapshots of a running rollout's committed state (finished
     results, partial states) in the store, which a restarted controller resumes the iteration from

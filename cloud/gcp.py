@@ -1,5 +1,6 @@
 """The GCP provider (`GcpProvider`): preemption notices from the GCE metadata server; checkpoints
-in a folder or an S3-compatible endpoint (native gs:// storage is not implemented yet).
+in Google Cloud Storage (gs://BUCKET/PREFIX, `cloud.gcs.GcsStore`), an S3-compatible endpoint or a
+folder.
 
 Preemption notices: `GcpPreemptionWatcher` is a `schedulers.preemption.NoticeSource` over the GCE
 metadata server. `GET computeMetadata/v1/instance/preempted` (header `Metadata-Flavor: Google`)
@@ -71,10 +72,11 @@ class GcpPreemptionWatcher:
 
 
 class GcpProvider:
-    """The `cloud.provider.Provider` for GCP: GCE metadata notices. Stores: a folder (a mounted
-    disk or gcsfuse bucket), or s3://BUCKET/PREFIX against an S3-compatible endpoint (GCS's XML
-    API with HMAC keys, AWS_ENDPOINT_URL=https://storage.googleapis.com). gs:// URIs are refused
-    with one line saying so. `metadata_endpoint` overrides $SPOTLIGHT_GCE_METADATA_ENDPOINT."""
+    """The `cloud.provider.Provider` for GCP: GCE metadata notices. Stores: gs://BUCKET/PREFIX
+    natively (`cloud.gcs.GcsStore`: credentials from $SPOTLIGHT_GCS_KEY_JSON or the VM's service
+    account), s3://BUCKET/PREFIX against an S3-compatible endpoint, or a folder (a mounted disk).
+    `metadata_endpoint` overrides $SPOTLIGHT_GCE_METADATA_ENDPOINT; `store_options` go to every
+    cloud store (`cloud.open_store.open_store` passes each store only the options it takes)."""
 
     name = "gcp"
 
@@ -83,7 +85,7 @@ class GcpProvider:
         self.store_options = store_options
 
     def open_store(self, uri: str) -> Store:
-        return open_store(uri, **self.store_options)  # options reach S3 stores only
+        return open_store(uri, **self.store_options)
 
     def notice_source(self, clock: Clock) -> NoticeSource:
         return GcpPreemptionWatcher(clock, self.metadata_endpoint)

@@ -1,19 +1,32 @@
-"""Opening the store a URI names: S3 (`cloud.aws.S3Store`, boto3 imported only then) or a folder
-(`cloud.store.LocalStore`). Its own module so that the store Protocol and the S3 store each import
+"""Opening the store a URI names: S3 (`cloud.aws.S3Store`, boto3 imported only then), Google Cloud
+Storage (`cloud.gcs.GcsStore`, google-cloud-storage imported only then) or a folder
+(`cloud.store.LocalStore`). Its own module so that the store Protocol and each cloud's store import
 only what is below them."""
 
 from __future__ import annotations
 
 from cloud.store import LocalStore, Store, parse_store_uri
 
+S3_ONLY_OPTIONS = frozenset({"endpoint_url", "region", "client"})
+"""Options only an S3Store takes (`client` is a boto3 client); a gs:// store ignores them."""
+GCS_ONLY_OPTIONS = frozenset({"project"})
+"""Options only a GcsStore takes; an s3:// store ignores them."""
+
 
 def open_store(uri: str, **options: object) -> Store:
-    """The store a URI names. `options` go to an S3Store's constructor (endpoint_url, clock,
-    backoff, ...) and are ignored for a folder; boto3 is imported only for s3:// URIs."""
+    """The store a URI names. `options` go to the cloud store's constructor (clock and backoff to
+    both; endpoint_url, region and client to an S3Store only; project to a GcsStore only) and are
+    ignored for a folder; a cloud SDK is imported only for its own URIs."""
     where = parse_store_uri(uri)
     if where.scheme == "s3":
         from cloud.aws import S3Store
 
-        return S3Store(where.bucket, where.prefix, **options)  # type: ignore[arg-type]
+        s3_options = {k: v for k, v in options.items() if k not in GCS_ONLY_OPTIONS}
+        return S3Store(where.bucket, where.prefix, **s3_options)  # type: ignore[arg-type]
+    if where.scheme == "gs":
+        from cloud.gcs import GcsStore
+
+        gcs_options = {k: v for k, v in options.items() if k not in S3_ONLY_OPTIONS}
+        return GcsStore(where.bucket, where.prefix, **gcs_options)  # type: ignore[arg-type]
     assert where.path is not None
     return LocalStore(where.path)

@@ -92,3 +92,19 @@ def one_line(err: BaseException) -> str:
     """The first line of an error's message, or its type name when it has none."""
     text = str(err).strip()
     return text.splitlines()[0] if text else type(err).__name__
+
+
+def keeping_global_random(fn: Callable[[], T]) -> Callable[[], T]:
+    """`fn`, wrapped so that Python's global `random` is left in the state it was found in, whatever
+    `fn` drew from it. Cloud client libraries draw from it (botocore's and google-api-core's retry
+    jitter, a GCS multipart boundary), and it is a run's checkpointed RNG: a push must change no
+    number the run draws later, or a resumed run would differ from an uninterrupted one."""
+
+    def call() -> T:
+        state = random.getstate()
+        try:
+            return fn()
+        finally:
+            random.setstate(state)
+
+    return call

@@ -1,9 +1,16 @@
 """A store: named byte objects under one root, the place checkpoints outlive a spot instance in.
 
-The `Store` Protocol is small on purpose, so that S3 (`cloud.aws.S3Store`) and a folder
-(`LocalStore`) pass the same contract tests (tests/test_cloud_contract.py):
+The `Store` Protocol is small on purpose, so that S3 (`cloud.aws.S3Store`), Google Cloud Storage
+(`cloud.gcs.GcsStore`) and a folder (`LocalStore`) pass the same contract tests
+(tests/test_cloud_contract.py):
 - `put`/`put_file` are atomic: a reader sees the previous object or the whole new one, never a
   part (S3 gives this per object; `LocalStore` writes a hidden temporary file and renames it);
+- `put_file` returns the stored object's checksum, "ALGORITHM:VALUE" (S3: "crc64nvme:...",
+  computed by S3 from the bytes it received; GCS: "crc32c:..."; a folder: "sha256:...", hashed
+  while copying). `get_file(key, path, checksum=that)` verifies the object against it — natively
+  where the store can (the stored object's checksum is compared first, the bytes in transit are
+  validated by the client library) — and raises `ChecksumMismatch`, leaving nothing at `path`,
+  when the object was replaced, truncated or damaged. So a caller never hashes a file itself;
 - `get`/`get_file` of a key that does not exist raise `MissingKey`; `get_file` writes its
   destination atomically too;
 - `list(prefix)` returns every stored key that starts with `prefix`, sorted; temporary files are
@@ -15,9 +22,9 @@ written last — see `spotlight.train.checkpoint_sync`.
 Keys are relative '/'-separated paths ("step-000004/MANIFEST.json"): no leading or trailing '/',
 no empty, '.' or '..' parts.
 
-`parse_store_uri(uri)` reads `s3://BUCKET/PREFIX`, `file:///ABS/PATH` or a plain path
-(`cloud.open_store.open_store` opens it). A URI that names no store is a `StoreURIError` whose
-message is one line naming the URI and what was expected.
+`parse_store_uri(uri)` reads `s3://BUCKET/PREFIX`, `gs://BUCKET/PREFIX` (Google Cloud Storage),
+`file:///ABS/PATH` or a plain path (`cloud.open_store.open_store` opens it). A URI that names no
+store is a `StoreURIError` whose message is one line naming the URI and what was expected.
 
 A folder store is accepted only inside an allowed root: a folder listed in `$SPOTLIGHT_STORE_ROOTS`
 (`os.pathsep`-separated), or, when that is unset or empty, the working directory. A run writes and
@@ -27,8 +34,8 @@ are compared after resolving symbolic links, so a link inside a root cannot lead
 
 from __future__ import annotations
 
+import hashlib
 import os
-import shutil
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,10 +44,12 @@ from urllib.parse import urlsplit
 
 from schedulers.input_file import InputError
 
-EXPECTED_URI = "s3://BUCKET/PREFIX, file:///ABSOLUTE/PATH or a local path"
+EXPECTED_URI = "s3://BUCKET/PREFIX, gs://BUCKET/PREFIX, file:///ABSOLUTE/PATH or a local path"
 STORE_ROOTS_ENV = "SPOTLIGHT_STORE_ROOTS"
 """Folders that folder stores may be in, `os.pathsep`-separated; unset or empty: the working directory."""
 _TMP = ".tmp-"  # LocalStore's in-progress files start with this; never listed
+SHA256 = "sha256"
+"""The algorithm of a folder store's checksums."""
 
 
 class StoreError(RuntimeError):
@@ -50,6 +59,11 @@ class StoreError(RuntimeError):
 
 class MissingKey(StoreError):
     """The key does not exist in the store."""
+
+
+class ChecksumMismatch(StoreError):
+    """The stored object is not the one whose checksum the caller holds (replaced, truncated,
+    damaged); the message names the object and both checksums."""
 
 
 class StoreURIError(InputError):
@@ -63,14 +77,17 @@ class Store(Protocol):
 
     def put(self, key: str, data: bytes) -> None: ...
 
-    def put_file(self, key: str, path: Path) -> None:
-        """Store the contents of the local file `path` under `key`."""
+    def put_file(self, key: str, path: Path) -> str:
+        """Store the contents of the local file `path` under `key`; returns the stored object's
+        checksum, "ALGORITHM:VALUE" (module docstring)."""
         ...
 
     def get(self, key: str) -> bytes: ...
 
-    def get_file(self, key: str, path: Path) -> None:
-        """Write the object to the local file `path` (atomically; parent folders are made)."""
+    def get_file(self, key: str, path: Path, checksum: str | None = None) -> None:
+        """Write the object to the local file `path` (atomically; parent folders are made). With
+        `checksum` (a value `put_file` returned), an object that does not match it raises
+        `ChecksumMismatch` and nothing is written."""
         ...
 
     def list(self, prefix: str = "") -> list[str]:
@@ -82,7 +99,8 @@ class Store(Protocol):
 
 @dataclass(frozen=True)
 class StoreLocation:
-    """A parsed store URI: `scheme` "s3" with `bucket` and `prefix` (no outer '/'), or "file" with `path`."""
+    """A parsed store URI: `scheme` "s3" or "gs" with `bucket` and `prefix` (no outer '/'), or "file"
+    with `path`."""
 
     scheme: str
     bucket: str = ""
@@ -105,24 +123,31 @@ def parse_store_uri(uri: str) -> StoreLocation:
     parts = urlsplit(uri)
     scheme = parts.scheme.lower()
     if scheme == "s3":
-        bucket, prefix = parts.netloc, parts.path.strip("/")
-        if not bucket:
-            raise StoreURIError(f"{shown}: no bucket (expected s3://BUCKET/PREFIX)")
-        if not _valid_bucket(bucket):
-            raise StoreURIError(f"{shown}: {bucket[:70]!r} is not a valid S3 bucket name (expected 3-63 lowercase "
-                                "letters, digits, '.' or '-', starting and ending with a letter or digit)")
-        if parts.query or parts.fragment or "//" in prefix:
-            raise StoreURIError(f"{shown}: unexpected '?', '#' or '//' (expected s3://BUCKET/PREFIX)")
-        return StoreLocation("s3", bucket=bucket, prefix=prefix)
+        return _bucket_location(parts, shown, "S3", _valid_bucket, "'.' or '-'")
     if scheme == "file":
         if parts.netloc not in ("", "localhost") or not parts.path.startswith("/"):
             raise StoreURIError(f"{shown}: expected file:///ABSOLUTE/PATH (three slashes)")
         return _allowed(uri, StoreLocation("file", path=Path(parts.path)))
-    if scheme in ("gs", "gcs"):
-        raise StoreURIError(f"{shown}: Google Cloud Storage URIs are not supported yet (expected {EXPECTED_URI}; "
-                            "GCS's S3-compatible XML API works as s3://BUCKET/PREFIX with "
-                            "AWS_ENDPOINT_URL=https://storage.googleapis.com and HMAC keys)")
+    if scheme == "gs":
+        return _bucket_location(parts, shown, "GCS", _valid_gcs_bucket, "'-', '_' or '.'")
+    if scheme == "gcs":
+        raise StoreURIError(f"{shown}: unknown scheme 'gcs' (Google Cloud Storage URIs are gs://BUCKET/PREFIX)")
     raise StoreURIError(f"{shown}: unknown scheme {parts.scheme[:40]!r} (expected {EXPECTED_URI})")
+
+
+def _bucket_location(parts, shown: str, service: str, valid, allowed: str) -> StoreLocation:
+    """The bucket and prefix of an s3:// or gs:// URI (split by `urlsplit`), or a StoreURIError."""
+    scheme = parts.scheme.lower()
+    form = f"{scheme}://BUCKET/PREFIX"
+    bucket, prefix = parts.netloc, parts.path.strip("/")
+    if not bucket:
+        raise StoreURIError(f"{shown}: no bucket (expected {form})")
+    if not valid(bucket):
+        raise StoreURIError(f"{shown}: {bucket[:70]!r} is not a valid {service} bucket name (expected 3-63 lowercase "
+                            f"letters, digits, {allowed}, starting and ending with a letter or digit)")
+    if parts.query or parts.fragment or "//" in prefix:
+        raise StoreURIError(f"{shown}: unexpected '?', '#' or '//' (expected {form})")
+    return StoreLocation(scheme, bucket=bucket, prefix=prefix)
 
 
 def store_roots() -> list[Path]:
@@ -151,6 +176,20 @@ def _valid_bucket(name: str) -> bool:
     # S3's rules for new buckets (what S3-compatible servers accept too), minus the IP-address rule.
     return (3 <= len(name) <= 63 and name[0].isalnum() and name[-1].isalnum() and ".." not in name
             and all(c.islower() or c.isdigit() or c in ".-" for c in name))
+
+
+def _valid_gcs_bucket(name: str) -> bool:
+    # GCS's rules for bucket names without dots (dotted names may be longer, up to 222, but need a
+    # verified domain; checkpoint buckets do not use them).
+    ends = "abcdefghijklmnopqrstuvwxyz0123456789"
+    return 3 <= len(name) <= 63 and name[0] in ends and name[-1] in ends and all(c in ends or c in "-_." for c in name)
+
+
+def _copy_hashing(src, dst, digest) -> None:
+    """Copy file object `src` to `dst` in 1 MiB blocks, feeding `digest` on the way."""
+    while block := src.read(1 << 20):
+        digest.update(block)
+        dst.write(block)
 
 
 def check_key(key: str) -> str:
@@ -190,9 +229,11 @@ class LocalStore:
     def put(self, key: str, data: bytes) -> None:
         self._write_atomically(key, lambda f: f.write(data))
 
-    def put_file(self, key: str, path: Path) -> None:
+    def put_file(self, key: str, path: Path) -> str:
+        digest = hashlib.sha256()
         with open(path, "rb") as src:
-            self._write_atomically(key, lambda f: shutil.copyfileobj(src, f, 1 << 20))
+            self._write_atomically(key, lambda f: _copy_hashing(src, f, digest))
+        return f"{SHA256}:{digest.hexdigest()}"
 
     def get(self, key: str) -> bytes:
         try:
@@ -200,7 +241,7 @@ class LocalStore:
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             raise MissingKey(f"{self.uri}/{key}: no such object") from None
 
-    def get_file(self, key: str, path: Path) -> None:
+    def get_file(self, key: str, path: Path, checksum: str | None = None) -> None:
         source = self._path(key)
         if not source.is_file():
             raise MissingKey(f"{self.uri}/{key}: no such object")
@@ -208,7 +249,12 @@ class LocalStore:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.parent / f"{_TMP}{path.name}-{uuid.uuid4().hex[:8]}"
         try:
-            shutil.copyfile(source, tmp)
+            digest = hashlib.sha256()
+            with open(source, "rb") as src, open(tmp, "wb") as dst:
+                _copy_hashing(src, dst, digest)  # one read: the copy is the hash's pass
+            got = f"{SHA256}:{digest.hexdigest()}"
+            if checksum is not None and got != checksum:
+                raise ChecksumMismatch(f"{self.uri}/{key}: checksum {got[:80]}, expected {str(checksum)[:80]}")
             os.replace(tmp, path)
         finally:
             tmp.unlink(missing_ok=True)

@@ -73,16 +73,20 @@ def s3(s3_server, monkeypatch, tmp_path):
 class FaultProxy:
     """An HTTP reverse proxy on 127.0.0.1 in front of `target`. `fail(n)` answers the next n
     requests with an S3 error (503 SlowDown by default) instead of forwarding them; `reset(n)`
-    reads the next n requests and cuts the connection with a TCP reset, no answer; `down_for(s)`
-    answers 503 to everything for the next s seconds. `faults` counts the requests it spoiled,
-    `forwarded` those it passed on."""
+    reads the next n requests and cuts the connection with a TCP reset, no answer; `damage(n)`
+    forwards the next n requests and flips one byte of each answer's body; `down_for(s)` answers
+    503 to everything for the next s seconds. With `match`, a fault waits for a request whose
+    "METHOD /path?query" contains it. `faults` counts the requests it spoiled, `forwarded` those
+    it passed on unharmed, `requests` lists every request received as "METHOD /path?query"."""
 
     def __init__(self, target: str) -> None:
         self.target = target.removeprefix("http://")
         self.faults = 0
         self.forwarded = 0
+        self.requests: list[str] = []
         self._lock = threading.Lock()
-        self._queue: list[tuple[str, int, str]] = []  # ("error", status, code) or ("reset", 0, "")
+        # (kind, status, code, match): kind "error", "reset" or "damage"; match "" fits any request
+        self._queue: list[tuple[str, int, str, str]] = []
         self._down_until = 0.0
         proxy = self
 
@@ -95,25 +99,31 @@ class FaultProxy:
         self._thread.start()
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
 
-    def fail(self, n: int, status: int = 503, code: str = "SlowDown") -> None:
+    def fail(self, n: int, status: int = 503, code: str = "SlowDown", match: str = "") -> None:
         with self._lock:
-            self._queue += [("error", status, code)] * n
+            self._queue += [("error", status, code, match)] * n
 
-    def reset(self, n: int) -> None:
+    def reset(self, n: int, match: str = "") -> None:
         with self._lock:
-            self._queue += [("reset", 0, "")] * n
+            self._queue += [("reset", 0, "", match)] * n
+
+    def damage(self, n: int, match: str = "") -> None:
+        with self._lock:
+            self._queue += [("damage", 0, "", match)] * n
 
     def down_for(self, seconds: float) -> None:
         self._down_until = time.monotonic() + seconds
 
-    def _next_fault(self) -> tuple[str, int, str] | None:
+    def _next_fault(self, request: str) -> tuple[str, int, str, str] | None:
         with self._lock:
-            if self._queue:
-                self.faults += 1
-                return self._queue.pop(0)
+            self.requests.append(request)
+            for i, fault in enumerate(self._queue):
+                if fault[3] in request:
+                    self.faults += 1
+                    return self._queue.pop(i)
             if time.monotonic() < self._down_until:
                 self.faults += 1
-                return ("error", 503, "ServiceUnavailable")
+                return ("error", 503, "ServiceUnavailable", "")
             self.forwarded += 1
             return None
 
@@ -145,15 +155,15 @@ class _Forwarder(BaseHTTPRequestHandler):
 
     def _handle(self) -> None:
         body = self._body()
-        fault = self.owner._next_fault()
+        fault = self.owner._next_fault(f"{self.command} {self.path}")
         if fault is not None and fault[0] == "reset":
             # SO_LINGER 0: close() sends RST, what a crashed load balancer or a cut link looks like.
             self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             self.close_connection = True
             self.connection.close()
             return
-        if fault is not None:
-            _, status, code = fault
+        if fault is not None and fault[0] == "error":
+            _, status, code, _ = fault
             xml = (f'<?xml version="1.0" encoding="UTF-8"?><Error><Code>{code}</Code>'
                    f"<Message>injected by the test proxy</Message></Error>").encode()
             return self._reply(status, [("Content-Type", "application/xml")], xml)
@@ -164,6 +174,8 @@ class _Forwarder(BaseHTTPRequestHandler):
             upstream.request(self.command, self.path, body=body, headers=headers)
             response = upstream.getresponse()
             data = response.read()
+            if fault is not None and fault[0] == "damage" and data:
+                data = data[:-1] + bytes([data[-1] ^ 0xFF])  # same length, last byte altered
             kept = [(k, v) for k, v in response.getheaders()
                     if k.lower() not in ("transfer-encoding", "connection", "content-length")]
             if self.command == "HEAD":  # keep the object's length; a HEAD answer has no body

@@ -1,6 +1,7 @@
 """The contract suites of the cloud Protocols. Every implementation, fakes included, passes its
 suite unchanged:
-- `Store`: LocalStore, S3Store (against a moto server on loopback);
+- `Store`: LocalStore, S3Store (against a moto server on loopback), GcsStore (against
+  gcp-storage-emulator on loopback);
 - `NoticeSource`: the IMDSv2 and GCE watchers (against a fake metadata server), SIGTERM, the
   trace replay, an in-memory stand-in;
 - `Provider`: aws, gcp and local — a store each opens, and its notice source.
@@ -13,10 +14,12 @@ import pytest
 
 from cloud.aws import AwsProvider, ImdsSpotWatcher, S3Store
 from cloud.gcp import GcpPreemptionWatcher, GcpProvider
+from cloud.gcs import GcsStore
 from cloud.local import LocalProvider, TraceNoticeSource
 from cloud.provider import Provider, get_provider
-from cloud.store import LocalStore, MissingKey, Store, StoreURIError
+from cloud.store import ChecksumMismatch, LocalStore, MissingKey, Store, StoreURIError
 from cloud.open_store import open_store
+from gcs_server import gcs, gcs_server  # noqa: F401 (fixtures)
 from metadata_server import metadata, utc  # noqa: F401 (fixtures)
 from s3_server import s3, s3_server  # noqa: F401 (fixtures)
 from schedulers.clock import ManualClock
@@ -26,10 +29,13 @@ from schedulers.traces import Trace, TraceEvent, replay_schedule
 # ---- Store ----------------------------------------------------------------------------------------
 
 
-@pytest.fixture(params=["local", "s3"])
+@pytest.fixture(params=["local", "s3", "gcs"])
 def store(request, tmp_path):
     if request.param == "local":
         return LocalStore(tmp_path / "store")
+    if request.param == "gcs":
+        env = request.getfixturevalue("gcs")
+        return open_store(f"gs://{env.bucket}/runs/a")  # the endpoint comes from STORAGE_EMULATOR_HOST
     env = request.getfixturevalue("s3")
     return open_store(f"s3://{env.bucket}/runs/a")  # the endpoint comes from AWS_ENDPOINT_URL
 
@@ -75,6 +81,34 @@ def test_store_missing_keys_and_deletes(store, tmp_path):
     assert store.list() == []
     with pytest.raises(MissingKey):
         store.get("d/x")
+
+
+def test_store_put_file_returns_the_checksum_get_file_verifies(store, tmp_path):
+    payload = os.urandom(200_000)
+    (tmp_path / "w.bin").write_bytes(payload)
+    checksum = store.put_file("step-000002/w.bin", tmp_path / "w.bin")
+    algorithm, _, value = checksum.partition(":")
+    assert algorithm and value and algorithm.isidentifier() and "\n" not in checksum
+    assert store.put_file("again/w.bin", tmp_path / "w.bin") == checksum  # the same bytes, the same checksum
+    store.get_file("step-000002/w.bin", tmp_path / "back" / "w.bin", checksum=checksum)
+    assert (tmp_path / "back" / "w.bin").read_bytes() == payload
+
+
+@pytest.mark.parametrize("change", ["replaced", "truncated"])
+def test_store_get_file_refuses_an_object_that_is_not_the_checksummed_one(store, tmp_path, change):
+    payload = os.urandom(200_000)
+    (tmp_path / "w.bin").write_bytes(payload)
+    checksum = store.put_file("k/w.bin", tmp_path / "w.bin")
+    store.put("k/w.bin", os.urandom(len(payload)) if change == "replaced" else payload[:-1000])
+    (tmp_path / "back").mkdir()
+    with pytest.raises(ChecksumMismatch, match="k/w.bin") as err:
+        store.get_file("k/w.bin", tmp_path / "back" / "w.bin", checksum=checksum)
+    assert "\n" not in str(err.value)
+    assert list((tmp_path / "back").iterdir()) == []  # nothing at the path, no temporary left
+    (tmp_path / "back" / "w.bin").write_bytes(b"older")  # an existing file is not replaced either
+    with pytest.raises(ChecksumMismatch):
+        store.get_file("k/w.bin", tmp_path / "back" / "w.bin", checksum=checksum)
+    assert (tmp_path / "back" / "w.bin").read_bytes() == b"older"
 
 
 @pytest.mark.parametrize("key", ["", "/abs", "a//b", "a/../b", "trailing/", ".", ".tmp-x"])
@@ -203,7 +237,9 @@ def test_provider_contract(name, tmp_path, monkeypatch):
     store = provider.open_store(str(tmp_path / "ckpt"))
     store.put("x/y", b"z")
     assert provider.open_store(f"file://{tmp_path}/ckpt").get("x/y") == b"z"
-    for bad in ["s3:///no-bucket", "gs://bucket/x", "ftp://host/x", "file:///etc", str(tmp_path.parent)]:
+    bad_uris = ["s3:///no-bucket", "gs://Not_A_Bucket/x", "gcs://bucket/x", "ftp://host/x", "file:///etc",
+                str(tmp_path.parent)]
+    for bad in bad_uris + ([] if name == "gcp" else ["gs://bucket/x"]):  # gcp opens gs:// (next test)
         with pytest.raises(StoreURIError):
             provider.open_store(bad)
     clock = ManualClock()
@@ -216,3 +252,14 @@ def test_s3_uris_open_s3_stores_on_aws_and_gcp_not_local(s3):
         assert isinstance(store, S3Store) and store.endpoint_url == s3.endpoint
     with pytest.raises(StoreURIError, match="local provider stores in a folder"):
         LocalProvider().open_store(f"s3://{s3.bucket}/p")
+
+
+def test_gs_uris_open_gcs_stores_on_gcp_not_aws_or_local(gcs):
+    store = GcpProvider(endpoint_url="http://127.0.0.1:9", region="us-east-1").open_store(f"gs://{gcs.bucket}/p")
+    assert isinstance(store, GcsStore) and store.uri == f"gs://{gcs.bucket}/p"  # S3-only options left out
+    store.put("x", b"y")
+    assert store.get("x") == b"y"
+    with pytest.raises(StoreURIError, match="not a store the AWS provider opens"):
+        AwsProvider().open_store(f"gs://{gcs.bucket}/p")
+    with pytest.raises(StoreURIError, match="local provider stores in a folder"):
+        LocalProvider().open_store(f"gs://{gcs.bucket}/p")

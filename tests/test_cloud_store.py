@@ -5,6 +5,7 @@ run that resumes from S3 in a fresh folder with the weights of a run that never 
 
 import json
 import os
+import random
 import subprocess
 import sys
 import time
@@ -31,9 +32,12 @@ from spotlight.train.trainer import Trainer
 QUICK = Backoff(first_s=0.02, max_wait_s=0.2, give_up_after_s=30.0)
 
 
-def via(proxy, env, clock=None, backoff=Backoff()):
-    """An S3Store on `env`'s bucket that talks to the server through the fault proxy."""
-    return S3Store(env.bucket, "run", endpoint_url=proxy.url, clock=clock or ManualClock(), backoff=backoff)
+def via(proxy, env, clock=None, backoff=Backoff(), request_attempts=1):
+    """An S3Store on `env`'s bucket that talks to the server through the fault proxy. One attempt
+    per request by default: the tests of the whole-operation layer (`Backoff`, on the injected
+    clock) see every fault; botocore's own per-request retries have tests of their own."""
+    return S3Store(env.bucket, "run", endpoint_url=proxy.url, clock=clock or ManualClock(), backoff=backoff,
+                   request_attempts=request_attempts)
 
 
 # ---- the store ------------------------------------------------------------------------------------
@@ -114,6 +118,53 @@ def test_permanent_errors_fail_at_once(s3, fault_proxy, monkeypatch):
         S3Store(s3.bucket, clock=ManualClock()).put("a", b"x")
 
 
+def test_a_part_that_fails_once_is_retried_by_botocore_alone_and_the_other_parts_are_sent_once(
+        s3, fault_proxy, tmp_path):
+    part = 5 * 1024 * 1024  # S3's smallest part
+    store = S3Store(s3.bucket, "run", endpoint_url=fault_proxy.url, clock=ManualClock(),
+                    multipart_chunk_bytes=part)  # botocore's own retries: the default attempts
+    data = os.urandom(3 * part)
+    (tmp_path / "shard").write_bytes(data)
+    fault_proxy.fail(1, 503, "SlowDown", match="partNumber=2")
+    checksum = store.put_file("shard", tmp_path / "shard")
+    sent = [r.split("?")[1] for r in fault_proxy.requests if r.startswith("PUT ") and "partNumber=" in r]
+    parts = sorted(q.split("partNumber=")[1].split("&")[0] for q in sent)
+    assert parts == ["1", "2", "2", "3"]  # part 2 twice, the others once: 20 MiB sent for 15, not 30
+    assert fault_proxy.faults == 1 and store.retries == 0  # botocore retried; Backoff saw nothing
+    assert sum(r.startswith("POST ") and "uploads" in r for r in fault_proxy.requests) == 1  # one upload begun
+    # S3's full-object CRC-64/NVME of the three parts: the checksum of the whole file
+    from awscrt.checksums import crc64nvme
+    import base64
+    assert checksum == "crc64nvme:" + base64.b64encode(crc64nvme(data).to_bytes(8, "big")).decode()
+    store.get_file("shard", tmp_path / "back", checksum=checksum)
+    assert (tmp_path / "back").read_bytes() == data
+
+
+def test_botocores_retries_leave_the_runs_global_random_as_it_was(s3, fault_proxy):
+    """botocore's retry jitter draws from Python's global `random`, which checkpoints save: a push
+    must not move it (a resumed run restores it, an uninterrupted one would go on from the moved state)."""
+    store = S3Store(s3.bucket, "run", endpoint_url=fault_proxy.url, clock=ManualClock())
+    random.seed(7)
+    expected = random.getstate()
+    fault_proxy.fail(1, 503, "SlowDown")
+    store.put("a", b"x")
+    assert fault_proxy.faults == 1 and store.retries == 0  # retried by botocore, which drew its jitter
+    assert random.getstate() == expected
+
+
+def test_a_download_damaged_in_transit_is_caught_by_the_native_checksum_and_fetched_again(s3, fault_proxy, tmp_path):
+    store = via(fault_proxy, s3)
+    data = os.urandom(300_000)
+    (tmp_path / "w").write_bytes(data)
+    checksum = store.put_file("w", tmp_path / "w")
+    fault_proxy.damage(1, match="GET ")  # one byte of the body flipped on its way
+    store.get_file("w", tmp_path / "back", checksum=checksum)
+    assert (tmp_path / "back").read_bytes() == data and store.retries == 1 and fault_proxy.faults == 1
+    fault_proxy.damage(1, match="GET ")
+    assert store.get("w") == data and store.retries == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["back", "w"]  # no partial download left
+
+
 # ---- spot prices ----------------------------------------------------------------------------------
 
 
@@ -176,7 +227,7 @@ class Recording:
 
     def put_file(self, key, path):
         self.writes.append(key)
-        self.store.put_file(key, path)
+        return self.store.put_file(key, path)
 
     def __getattr__(self, name):
         return getattr(self.store, name)
@@ -227,8 +278,9 @@ def test_a_truncated_or_unfinished_checkpoint_is_never_resumed(s3, tmp_path):
     assert [c.step for c in checkpoint.list_checkpoints(fresh / "checkpoints")] == [2]
     assert sorted(p.name for p in fresh.iterdir()) == ["checkpoints", "config.yaml", "metrics.jsonl"]  # no staging left
     skipped = "\n".join(lines[-3:])
-    assert "step-000008 skipped: checkpoints/step-000008/model.safetensors has" in skipped and "truncated" in skipped
-    assert "step-000006 skipped: checkpoints/step-000006/optimizer.safetensors does not match its SHA-256" in skipped
+    # S3's own checksum of each replaced object differs from the one the manifest holds
+    assert "step-000008 skipped: checkpoints/step-000008/model.safetensors does not match its checksum" in skipped
+    assert "step-000006 skipped: checkpoints/step-000006/optimizer.safetensors does not match its checksum" in skipped
     assert "step-000004 skipped: unreadable MANIFEST.json" in skipped
     assert sync.pull(fresh, newer_than=2) is None  # nothing complete is newer than what the folder holds
 
@@ -292,7 +344,8 @@ def test_a_run_resumed_from_s3_in_a_fresh_folder_ends_with_the_weights_of_an_uni
 @pytest.mark.parametrize("uri, expected", [
     ("s3:///prefix", "s3:///prefix: no bucket (expected s3://BUCKET/PREFIX)"),
     ("s3://", "s3://: no bucket"),
-    ("gs://bucket/run", "Google Cloud Storage URIs are not supported yet"),
+    ("gs://My_Bucket/run", "is not a valid GCS bucket name"),  # gs:// itself is a store (tests/test_cloud_gcs.py)
+    ("gcs://bucket/run", "Google Cloud Storage URIs are gs://BUCKET/PREFIX"),
     ("s3://My_Bucket/run", "is not a valid S3 bucket name"),
     ("file:///etc", "file:///etc: a folder store outside the allowed folders"),
 ])

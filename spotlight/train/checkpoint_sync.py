@@ -5,13 +5,19 @@ under `step-N/` at its path in the run folder:
     step-000004/checkpoints/step-000004/{model.safetensors, optimizer.pt, state.json}
     step-000004/explorer/step-000004.json      (when exploration is on)
     step-000004/config.yaml, metrics.jsonl, cost.json, ... (every file directly in the run folder)
-    step-000004/MANIFEST.json                  {"step": 4, "files": {PATH: {"size", "sha256"}}}
+    step-000004/MANIFEST.json                  {"step": 4, "files": {PATH: {"size", "checksum"}}}
+
+A file's "checksum" is the one the store returned when it stored the file ("crc64nvme:..." on
+S3, "crc32c:..." on GCS, "sha256:..." in a folder: `cloud.store`): the store computed it from the
+bytes it received, and it verifies a download against it, natively where it can — so no byte is
+hashed here, and push and pull read each file once. (A manifest written before checksums, with a
+"sha256" per file, is still read: those files are hashed after download.)
 
 Invariants:
 - The manifest is written last, after every file it names. A stored checkpoint is complete when
   its manifest parses, names only files a run folder holds (the checkpoint's own, the explorer
   state of that step, files directly in the run folder), every file has the listed size and
-  SHA-256, and the checkpoint verifies as `spotlight.train.checkpoint` reads it (its own manifest, every
+  checksum, and the checkpoint verifies as `spotlight.train.checkpoint` reads it (its own manifest, every
   file decodes — data only, nothing is unpickled); anything else (a push cut short, a truncated,
   altered or planted object) is never resumed from — `pull` logs why and tries the next older one.
 - A pull installs into the run folder only verified files, and the checkpoint folder last (by
@@ -30,7 +36,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from cloud.store import MissingKey, Store, StoreError, check_key
+from cloud.store import ChecksumMismatch, MissingKey, Store, StoreError, check_key
 from spotlight.train import checkpoint
 from spotlight.train.checkpoint import sha256_of
 
@@ -116,9 +122,8 @@ class CheckpointSync:
         files: dict[str, dict[str, Any]] = {}
         for rel in checkpoint_files(out, step):
             path = out / rel
-            # Hash before sending: what the manifest promises is what this run wrote.
-            files[rel] = {"size": path.stat().st_size, "sha256": sha256_of(path)}
-            self.store.put_file(f"{base}/{rel}", path)
+            size = path.stat().st_size
+            files[rel] = {"size": size, "checksum": self.store.put_file(f"{base}/{rel}", path)}
         manifest = {"step": step, "files": files}
         self.store.put(f"{base}/{MANIFEST}", json.dumps(manifest, indent=1).encode())  # last: completes it
         return manifest
@@ -181,8 +186,8 @@ class CheckpointSync:
                 if not _belongs(rel, step):
                     return f"{MANIFEST} names {rel[:100]!r}, which no checkpoint of iteration {step} holds"
                 if not (isinstance(want, dict) and isinstance(want.get("size"), int)
-                        and isinstance(want.get("sha256"), str)):
-                    return f"{MANIFEST}: entry {rel!r} lacks an integer size and a sha256"
+                        and isinstance(want.get("checksum", want.get("sha256")), str)):
+                    return f"{MANIFEST}: entry {rel!r} lacks an integer size and a checksum"
         except MissingKey:
             return f"no {MANIFEST}"
         except (ValueError, KeyError, TypeError) as err:
@@ -193,13 +198,15 @@ class CheckpointSync:
         for rel, want in files.items():
             path = staging / rel
             try:
-                self.store.get_file(f"{base}/{rel}", path)
+                self.store.get_file(f"{base}/{rel}", path, checksum=want.get("checksum"))
             except MissingKey:
                 return f"{rel} is missing"
+            except ChecksumMismatch:
+                return f"{rel} does not match its checksum in {MANIFEST} (replaced or truncated)"
             size = path.stat().st_size
             if size != want["size"]:
                 return f"{rel} has {size} bytes, {MANIFEST} says {want['size']} (truncated?)"
-            if sha256_of(path) != want["sha256"]:
+            if "checksum" not in want and sha256_of(path) != want["sha256"]:  # a manifest from before checksums
                 return f"{rel} does not match its SHA-256 in {MANIFEST}"
         # The files are what was stored; are they a checkpoint? (hashes were just checked)
         why = checkpoint.verify(checkpoint.Checkpoint(staging / checkpoint_folder, step), hashes=False)
