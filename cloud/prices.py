@@ -8,7 +8,9 @@ snapshot, pre-June-2025 on-demand"). `region` is where the prices hold; an empty
 without the column (the format before regions), means the provider's `DEFAULT_REGION`. The shipped
 table (`cloud/prices.csv`) is a snapshot to refresh, not a live price: `refresh_from_aws` replaces
 spot prices with the median of EC2's spot price history, `refresh_from_sky` takes both prices from
-the catalog SkyPilot keeps under ~/.sky/catalogs/. Refreshed rows carry the new source and date.
+SkyPilot's catalog, asked through SkyPilot's API (`sky.catalog`) in SkyPilot's own virtualenv
+(`cloud/sky_catalog.py`; this module never imports `sky`). Refreshed rows carry the new source
+and date.
 
 Invariants: every row has a non-empty instance type and GPU name, a positive GPU count (at most
 `MAX_GPUS_PER_ROW`) and finite prices >= 0; an (instance type, region) pair is on one line only.
@@ -30,8 +32,11 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import math
+import os
 import statistics
+import subprocess
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timezone
@@ -101,6 +106,12 @@ class NodePrice:
 
 def today() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%d")
+
+
+def _clip(text: str, limit: int = 160) -> str:
+    """`text`'s first line, at most `limit` characters: what a one-line message quotes of another's."""
+    line = (text.strip().splitlines() or [""])[0]
+    return line if len(line) <= limit else line[:limit] + "..."
 
 
 def _quote(text: str) -> str:
@@ -336,74 +347,85 @@ def _ondemand_part(source: str) -> str:
     return head[len("on-demand:"):].strip() if head.startswith("on-demand:") else head
 
 
-def sky_catalog(provider: str, root: Path | None = None) -> Path | None:
-    """The newest SkyPilot catalog file for `provider` (~/.sky/catalogs/v<N>/<provider>/vms.csv), if any."""
-    root = root if root is not None else Path.home() / ".sky" / "catalogs"
-    versions = [p for p in root.glob("v*") if p.name[1:].isdigit() and (p / provider / "vms.csv").is_file()]
-    if not versions:
-        return None
-    return max(versions, key=lambda p: int(p.name[1:])) / provider / "vms.csv"
+SKY_CATALOG_SCRIPT = Path(__file__).with_name("sky_catalog.py")
+"""What SkyPilot's Python runs to answer a refresh's queries (its module docstring: the protocol)."""
+SKY_CATALOG_TIMEOUT_S = 300.0
+"""How long a refresh waits for SkyPilot: ~3 s with its catalogs cached; downloading one (SkyPilot
+does when none is cached, or the cached one is older than 7 h) has no timeout of its own."""
 
 
-def refresh_from_sky(table: PriceTable, root: Path | None = None,
-                     region: str | None = None) -> tuple[PriceTable, list[str]]:
+def refresh_from_sky(table: PriceTable, python: Path, region: str | None = None,
+                     timeout_s: float = SKY_CATALOG_TIMEOUT_S) -> tuple[PriceTable, list[str]]:
     """Both prices of every row whose instance type SkyPilot's catalog lists in the row's region (a row
     without one: `region`, else the provider's `DEFAULT_REGION`; with `region` given, only rows in it
     or without one are refreshed): on-demand as listed, spot as the median over the region's zones.
-    The catalog is read as a file (no `import sky`): columns InstanceType, Price, SpotPrice, Region.
-    The on-demand basis becomes the catalog's, which may predate a provider's price change."""
-    new: dict[tuple[str, str], PriceRow] = {}
+    The catalog is asked through SkyPilot's API (`sky.catalog`), all rows in one subprocess of
+    SkyPilot's Python (`python`, e.g. `cloud.sky.sky_python()`'s) running `cloud/sky_catalog.py`; no
+    `import sky` here. The on-demand basis becomes the catalog's, which may predate a provider's
+    price change. Returns the new table and what was not refreshed."""
+    rows = [r for r in table.rows() if region is None or r.region in ("", region)]
+    wanted: dict[tuple[str, str, str], list[PriceRow]] = {}
     skipped: list[str] = []
-    for provider in sorted({r.provider for r in table.rows()}):
-        path = sky_catalog(provider, root)
-        mine = [r for r in table.rows() if r.provider == provider]
-        if path is None:
-            skipped.append(f"{provider}: no SkyPilot catalog under {root or '~/.sky/catalogs'}")
+    for r in rows:
+        where = r.region or region or DEFAULT_REGION.get(r.provider)
+        if where is None:
+            skipped.append(f"{r.instance_type}: no region to ask SkyPilot's catalog for (the row names none "
+                           f"and {r.provider} has no default region)")
             continue
-        if region is not None:
-            mine = [r for r in mine if r.region in ("", region)]
-        found = _sky_prices(path, {r.instance_type for r in mine})
-        for old in mine:
-            where = old.region or region or DEFAULT_REGION.get(provider)
-            if (old.instance_type, where) not in found:
-                skipped.append(f"{old.instance_type}: not in {path} for region {where}")
-                continue
-            ondemand, spot = found[old.instance_type, where]
-            if spot is None:
-                skipped.append(f"{old.instance_type}: {path} has no spot price in {where}; spot price kept")
-            version = path.parent.parent.name
+        wanted.setdefault((r.provider, r.instance_type, where), []).append(r)
+    if not wanted:
+        return table, skipped
+    answer = _ask_sky_catalog([{"provider": p, "instance_type": i, "region": w} for p, i, w in wanted],
+                              python, timeout_s)
+    catalog = answer["catalog"]
+    for provider, error in answer["providers"].items():
+        if error is not None:
+            skipped.append(f"{provider}: no SkyPilot catalog it could load or download ({_clip(error)})")
+    new: dict[tuple[str, str], PriceRow] = {}
+    for found in answer["prices"]:
+        name, provider, where = found["instance_type"], found["provider"], found["region"]
+        named = f"SkyPilot's catalog {catalog}/{provider}"
+        if found["missing"] == "instance_type":
+            skipped.append(f"{name}: not in {named}")
+            continue
+        if found["missing"] == "region":
+            skipped.append(f"{name}: not in {named} for region {where}")
+            continue
+        if found["ondemand"] is None:
+            skipped.append(f"{name}: {named} has no on-demand price in {where} ({_clip(found['error'])})")
+            continue
+        # Rounded to a millionth of a dollar: SkyPilot's sum of VM and GPU prices carries float noise
+        # (9.46 + 78.37 = 87.83000000000001).
+        ondemand = round(found["ondemand"], 6)
+        spot = round(statistics.median(found["spot"].values()), 6) if found["spot"] else None
+        if spot is None:
+            skipped.append(f"{name}: {named} has no spot price in {where}; spot price kept")
+        for old in wanted[provider, name, where]:
             new[old.key] = replace(
                 old, ondemand_usd_h=ondemand, spot_usd_h=old.spot_usd_h if spot is None else spot,
-                source=f"skypilot catalog {version}/{provider} {where}"
-                       + ("" if spot is None else "; spot: median over zones"),
-                ondemand_basis=f"skypilot catalog {version} list price {where} (as of the catalog's snapshot)",
+                source=f"skypilot {answer['skypilot']} catalog {catalog}/{provider} {where}"
+                       + ("" if spot is None else f"; spot: median over {len(found['spot'])} zones"),
+                ondemand_basis=f"skypilot catalog {catalog} list price {where} (as of the catalog's snapshot)",
                 date=today())
     return table.replaced(new), skipped
 
 
-def _sky_prices(path: Path, wanted: set[str]) -> dict[tuple[str, str], tuple[float, float | None]]:
-    """{(instance type, region): (on-demand, median spot or None)} for `wanted` from a catalog CSV."""
+def _ask_sky_catalog(queries: list[dict[str, str]], python: Path, timeout_s: float) -> dict[str, Any]:
+    """`cloud/sky_catalog.py`'s answer to `queries`, from one run of SkyPilot's Python `python`; a
+    PriceError line when it cannot answer."""
+    from cloud.sky_catalog import MARK
+
+    env = {**os.environ, "SKYPILOT_DISABLE_USAGE_COLLECTION": "1"}
     try:
-        text = path.read_text()
+        proc = subprocess.run([str(python), str(SKY_CATALOG_SCRIPT)], input=json.dumps({"queries": queries}),
+                              capture_output=True, text=True, timeout=timeout_s, env=env)
+    except subprocess.TimeoutExpired:
+        raise PriceError(f"--refresh sky: SkyPilot's catalog did not answer in {timeout_s:g} s (downloading a "
+                         f"catalog over a network that drops the connection?)") from None
     except OSError as err:
-        raise PriceError(f"{path}: cannot read the SkyPilot catalog ({err.strerror})") from None
-    reader = csv.DictReader(text.splitlines())
-    need = ("InstanceType", "Price", "SpotPrice", "Region")
-    missing = [c for c in need if c not in (reader.fieldnames or [])]
-    if missing:
-        raise PriceError(f"{path}: line 1: missing column {missing[0]!r} (a SkyPilot catalog has {', '.join(need)})")
-    ondemand: dict[tuple[str, str], list[float]] = {}
-    spot: dict[tuple[str, str], list[float]] = {}
-    for raw in reader:
-        if raw["InstanceType"] not in wanted:
-            continue
-        key = (raw["InstanceType"], raw["Region"])
-        for column, into in (("Price", ondemand), ("SpotPrice", spot)):
-            try:
-                value = float(raw[column])
-            except (TypeError, ValueError):
-                continue  # an empty price: not sold that way there
-            if math.isfinite(value) and value >= 0:
-                into.setdefault(key, []).append(value)
-    return {key: (min(values), statistics.median(spot[key]) if spot.get(key) else None)
-            for key, values in ondemand.items()}
+        raise PriceError(f"--refresh sky: {python}: cannot run SkyPilot's Python ({err.strerror or err})") from None
+    lines = [line for line in proc.stdout.splitlines() if line.startswith(MARK)]
+    if proc.returncode != 0 or not lines:
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise PriceError(f"--refresh sky: {python}: SkyPilot could not be asked for prices ({_clip(tail)})")
+    return json.loads(lines[-1].removeprefix(MARK))

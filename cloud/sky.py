@@ -14,7 +14,9 @@ launched.
     `job_recovery`): a preempted node is recovered on its own, the others keep serving. Each joins
     the head's Ray cluster at `head-0.NAME` (its internal address) and advertises the `spot`
     custom resource, which is what the spot rollout workers are placed by.
-  Every node runs Ray with token auth, the token a secret the launch passes (`TOKEN_ENV`).
+  Every node runs Ray with token auth, the token a secret the launch passes (`TOKEN_ENV`); the
+  head also gets its checkpoint store's credentials as secrets (`cloud.credentials`). A task file
+  names secrets, never their values.
 - `run.yaml`: the resolved run config, file-mounted onto the head.
 
 SkyPilot pins `click<8.2`, which the Hugging Face stack does not accept, so SkyPilot lives in its
@@ -39,7 +41,7 @@ import os
 import re
 import secrets
 import subprocess
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -237,7 +239,7 @@ def _recovery(cloud: CloudConfig) -> dict[str, Any]:
     return {"strategy": cloud.job_recovery, "max_restarts_on_errors": cloud.max_restarts_on_errors}
 
 
-def head_task(cloud: CloudConfig, name: str, run_yaml: Path) -> dict[str, Any]:
+def head_task(cloud: CloudConfig, name: str, run_yaml: Path, store_secrets: Sequence[str] = ()) -> dict[str, Any]:
     gpu = accelerators(cloud)[0]
     resources: dict[str, Any] = {"accelerators": f"{gpu}:{cloud.gpus_per_node}", "use_spot": False,
                                  "ports": RAY_OPEN_PORTS,
@@ -287,7 +289,7 @@ def head_task(cloud: CloudConfig, name: str, run_yaml: Path) -> dict[str, Any]:
         "resources": resources,
         "file_mounts": {remote_config: str(run_yaml)},
         # Set by `spotlight launch` (`--secret`, from its own environment): never in a file or a log.
-        "secrets": {TOKEN_ENV: ""},
+        "secrets": {TOKEN_ENV: "", **{secret: "" for secret in store_secrets}},
         "setup": _SETUP,
         "run": run,
     }
@@ -356,17 +358,21 @@ def check_fleet(cloud: CloudConfig, spot_workers: int) -> None:
                           f"(a task each), got {spot_workers}")
 
 
-def fleet_tasks(cloud: CloudConfig, spot_workers: int, name: str, run_yaml: Path) -> list[dict[str, Any]]:
+def fleet_tasks(cloud: CloudConfig, spot_workers: int, name: str, run_yaml: Path,
+                store_secrets: Sequence[str] = ()) -> list[dict[str, Any]]:
     """The job group's documents: its header, the head, then one task per spot node."""
     header = {"name": name, "execution": "parallel", "primary_tasks": [HEAD_TASK],
               "termination_delay": TERMINATION_DELAY}
-    return [header, head_task(cloud, name, run_yaml), *(spot_task(cloud, i) for i in range(spot_workers))]
+    return [header, head_task(cloud, name, run_yaml, store_secrets),
+            *(spot_task(cloud, i) for i in range(spot_workers))]
 
 
-def write_tasks(cloud: CloudConfig, spot_workers: int, run_config: str, out: str | Path, name: str) -> list[Path]:
+def write_tasks(cloud: CloudConfig, spot_workers: int, run_config: str, out: str | Path, name: str,
+                store_secrets: Sequence[str] = ()) -> list[Path]:
     """Write run.yaml (the run config's text, `run_config`) and fleet.yaml (the job group) into
-    `out` for a run with that `cloud` section and `spot_workers` spot nodes; returns [fleet.yaml].
-    Nothing is written when the config cannot become tasks (a `ConfigError`)."""
+    `out` for a run with that `cloud` section and `spot_workers` spot nodes, the head declaring
+    the secrets named `store_secrets` (`cloud.credentials`); returns [fleet.yaml]. Nothing is
+    written when the config cannot become tasks (a `ConfigError`)."""
     name = check_name(name)
     check_fleet(cloud, spot_workers)
     out = Path(out).resolve()
@@ -376,7 +382,7 @@ def write_tasks(cloud: CloudConfig, spot_workers: int, run_config: str, out: str
     for stale in [*out.glob("workers-*.yaml"), out / "head.yaml"]:  # an earlier version's task files
         stale.unlink(missing_ok=True)
     path = out / "fleet.yaml"
-    path.write_text(yaml.dump_all(fleet_tasks(cloud, spot_workers, name, run_yaml), Dumper=_TaskDumper,
+    path.write_text(yaml.dump_all(fleet_tasks(cloud, spot_workers, name, run_yaml, store_secrets), Dumper=_TaskDumper,
                                   sort_keys=False, width=120))
     return [path]
 
@@ -438,15 +444,16 @@ def validate(paths: Sequence[Path], python: Path, timeout_s: float = 300.0) -> V
 Runner = Callable[..., subprocess.CompletedProcess]
 
 
-def launch_tasks(paths: Sequence[Path], name: str, sky: Path,
-                 run: Runner = subprocess.run) -> None:
+def launch_tasks(paths: Sequence[Path], name: str, sky: Path, run: Runner = subprocess.run,
+                 store_secrets: Mapping[str, str] | None = None) -> None:
     """Submit the job group (`write_tasks`' file) as one managed job named NAME (`sky jobs launch`).
-    Every node gets the fleet's Ray token, made here, as the secret $SPOTLIGHT_RAY_TOKEN: passed
-    through `sky`'s environment (`--secret NAME`), so it is in no command line, file or log. The
-    output of `sky` goes to the user."""
+    Every node gets the fleet's Ray token, made here, as the secret $SPOTLIGHT_RAY_TOKEN, and the
+    head its store's `store_secrets`: passed through `sky`'s environment (`--secret NAME`), so no
+    value is in a command line, file or log. The output of `sky` goes to the user."""
     (fleet,) = paths
-    env = {**os.environ, TOKEN_ENV: secrets.token_hex(32)}
-    args = ["jobs", "launch", str(fleet), "--secret", TOKEN_ENV, "-y", "-d"]
+    given = {TOKEN_ENV: secrets.token_hex(32), **(store_secrets or {})}
+    env = {**os.environ, **given}
+    args = ["jobs", "launch", str(fleet), *(a for secret in given for a in ("--secret", secret)), "-y", "-d"]
     proc = run([str(sky), *args], capture_output=False, text=True, env=env)
     if proc.returncode != 0:
         raise SkyError(f"`sky {' '.join(args)}` exited with {proc.returncode} (its output is above)")

@@ -335,7 +335,14 @@ def cmd_prices(args: argparse.Namespace) -> int:
     if args.refresh == "aws":
         table, skipped = prices.refresh_from_aws(table, region=args.region)
     elif args.refresh == "sky":
-        table, skipped = prices.refresh_from_sky(table, region=args.region)
+        from cloud import sky
+
+        python, why = sky.sky_python()
+        if python is None:  # one line saying how to make SkyPilot's environment
+            if os.environ.get(sky.SKY_PYTHON_ENV):
+                why += " (unset it to use the repo's .venv-sky, made by `make sky-venv`)"
+            raise ConfigError(f"--refresh sky: {why}")
+        table, skipped = prices.refresh_from_sky(table, python, region=args.region)
     else:
         skipped = []
     for line in skipped:
@@ -403,6 +410,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def cmd_launch(args: argparse.Namespace) -> int:
     from cloud import sky
+    from cloud.credentials import store_credentials
     from spotlight.launch_config import for_the_cloud
 
     cfg = load_config(args.config)
@@ -413,14 +421,18 @@ def cmd_launch(args: argparse.Namespace) -> int:
     except ConfigError as err:  # a cloud field that cannot become a task: name the config file
         raise ConfigError(f"{args.config}: {err}") from None
     cfg, changes = for_the_cloud(cfg, args.checkpoint_uri)
+    assert cfg.cloud.checkpoint_uri is not None  # for_the_cloud requires one
+    store = store_credentials(cfg.cloud.checkpoint_uri, cfg.cloud.provider, os.environ)
     python, why = sky.sky_python()
     if python is None and not args.dryrun:  # refused before the task files are written
         raise ConfigError(f"cannot launch: {why}")
     if python is None and args.strict:
         raise ConfigError(f"SkyPilot validation skipped (--strict): {why}")
-    paths = sky.write_tasks(cfg.cloud, cfg.runtime.spot_workers, to_yaml(cfg), out, name)
+    paths = sky.write_tasks(cfg.cloud, cfg.runtime.spot_workers, to_yaml(cfg), out, name, list(store.secrets))
     for change in changes:
         print(f"run.yaml for the fleet: {change}")
+    for note in store.notes:
+        print(note)
     print(f"wrote {out}/: run.yaml, " + ", ".join(p.name for p in paths))
     if python is None:
         print(f"spotlight: SkyPilot validation skipped: {why}", file=sys.stderr)
@@ -434,7 +446,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
         print(f"validated with SkyPilot {checked.version} ({python})")
         if args.dryrun:
             return 0
-        sky.launch_tasks(paths, name, python.parent / "sky")
+        sky.launch_tasks(paths, name, python.parent / "sky", store_secrets=store.secrets)
     except sky.SkyError as err:
         print(f"spotlight: error: {err}", file=sys.stderr)
         return 2
@@ -586,7 +598,7 @@ def build_parser() -> argparse.ArgumentParser:
                             description="Print the price table the cost meter uses: GPU instance types with "
                                         "on-demand and spot dollars per hour, each with its source and date. "
                                         "The shipped table is a snapshot; --refresh updates it from AWS's spot "
-                                        "price history or SkyPilot's local catalog.")
+                                        "price history or SkyPilot's catalog.")
     prices.add_argument("--gpu", help="only this GPU's rows (e.g. H100, A100-80GB, L4)")
     prices.add_argument("--json", action="store_true",
                         help="print the rows as a JSON list (instance_type, gpu, gpus, ondemand_usd_h, spot_usd_h, "
@@ -594,7 +606,8 @@ def build_parser() -> argparse.ArgumentParser:
     prices.add_argument("--table", metavar="CSV", help="read this price table instead of the shipped one")
     prices.add_argument("--refresh", choices=["aws", "sky"],
                         help="aws: spot prices of the aws rows from EC2's spot price history (boto3 credentials); "
-                             "sky: both prices from SkyPilot's catalog under ~/.sky/catalogs/")
+                             "sky: both prices from SkyPilot's catalog, asked through its API in its own "
+                             "virtualenv ($SPOTLIGHT_SKY_PYTHON, else .venv-sky: `make sky-venv`)")
     prices.add_argument("--region", help="region to refresh from (default: us-east-1 for aws, us-central1 for gcp)")
     prices.add_argument("--write", metavar="CSV", help="write the (refreshed) table here, for cloud.prices")
     prices.set_defaults(func=cmd_prices)
@@ -638,22 +651,24 @@ def build_parser() -> argparse.ArgumentParser:
     bench.set_defaults(func=cmd_bench)
 
     launch = sub.add_parser("launch", help="launch a run on a spot fleet with SkyPilot",
-                            description="Turn a run config into SkyPilot tasks - an on-demand head (Ray head, "
-                                        "controller, learner) and spot worker pools that join its Ray cluster - "
-                                        "check them with SkyPilot, and launch them (`sky launch` for the head, "
-                                        "`sky jobs launch` for each pool). SkyPilot runs from its own virtualenv: "
-                                        "$SPOTLIGHT_SKY_PYTHON, else .venv-sky (`make sky-venv`).")
+                            description="Turn a run config into a cloud one (device cuda, notice sources, a "
+                                        "checkpoint store) and into one SkyPilot job group - an on-demand head "
+                                        "(Ray head, controller, learner) and one spot task per spot node, joining "
+                                        "its Ray cluster with a token - check it with SkyPilot, and submit it "
+                                        "(`sky jobs launch`); the store's credentials go to the head as SkyPilot "
+                                        "secrets. SkyPilot runs from its own virtualenv: $SPOTLIGHT_SKY_PYTHON, "
+                                        "else .venv-sky (`make sky-venv`). See docs/launch-on-aws-gcp.md.")
     launch.add_argument("config", help="run config YAML with a `cloud:` section (e.g. experiments/tiny_dit.yaml)")
     launch.add_argument("--dryrun", action="store_true",
                         help="write and validate the task YAMLs only (no cloud account needed)")
     launch.add_argument("--out", metavar="DIR", help="folder for the task YAMLs (default: sky/<config name>)")
     launch.add_argument("--strict", action="store_true",
                         help="with --dryrun: fail (exit 2) when no SkyPilot environment is there to validate")
-    launch.add_argument("--name", help="run name: clusters and jobs are NAME-head and NAME-workers-<i> "
+    launch.add_argument("--name", help="run name: the managed job group NAME, its tasks head and spot-<i> "
                                        "(default: the config's file name)")
     launch.add_argument("--checkpoint-uri", metavar="URI",
-                        help="where the fleet's checkpoints live, s3://BUCKET/PREFIX (required unless the config "
-                             "sets cloud.checkpoint_uri to one): they must outlive the head")
+                        help="where the fleet's checkpoints live, s3://BUCKET/PREFIX or gs://BUCKET/PREFIX "
+                             "(required unless the config sets cloud.checkpoint_uri to one): they must outlive the head")
     launch.set_defaults(func=cmd_launch)
 
     sim = sub.add_parser("simulate", help="how long and how much a run takes on a spot fleet, per policy",

@@ -11,7 +11,8 @@ cloud run needs and says each change in one line:
   SkyPilot (a watcher whose endpoint is not there reads nothing, after a one-second timeout). Not
   for SP groups (`runtime.sp_degree > 1`), which take notices through Ray's drain instead;
 - `cloud.checkpoint_uri`: `--checkpoint-uri`, else the config's; required, and an object store
-  (`s3://`) — a folder would be on the head's disk, and go with it.
+  (`s3://` or `gs://`) — a folder would be on the head's disk, and go with it. Its credentials
+  reach the head as SkyPilot secrets (`cloud.credentials`).
 
 Anything it cannot turn into a cloud run is refused in one line (`ConfigError`, exit 2).
 """
@@ -22,6 +23,9 @@ from typing import Any
 
 from cloud.store import StoreURIError, parse_store_uri
 from spotlight.config import ConfigError, RunConfig, from_dict
+
+OBJECT_STORES = ("s3", "gs")
+"""The store schemes a launched run may use: stores that outlive every node."""
 
 
 def for_the_cloud(cfg: RunConfig, checkpoint_uri: str | None) -> tuple[RunConfig, list[str]]:
@@ -38,15 +42,15 @@ def for_the_cloud(cfg: RunConfig, checkpoint_uri: str | None) -> tuple[RunConfig
 
     uri = checkpoint_uri or cfg.cloud.checkpoint_uri
     if uri is None:
-        raise ConfigError("spotlight launch needs --checkpoint-uri s3://BUCKET/PREFIX (or cloud.checkpoint_uri): "
-                          "a fleet's checkpoints must outlive its head")
+        raise ConfigError("spotlight launch needs --checkpoint-uri s3://BUCKET/PREFIX or gs://BUCKET/PREFIX "
+                          "(or cloud.checkpoint_uri): a fleet's checkpoints must outlive its head")
     try:
         location = parse_store_uri(uri)
     except StoreURIError as err:
         raise ConfigError(f"--checkpoint-uri: {err}") from None
-    if location.scheme != "s3":
+    if location.scheme not in OBJECT_STORES:
         raise ConfigError(f"--checkpoint-uri {uri}: a folder is on the head's disk and is lost with it; "
-                          "a launched run needs an object store (s3://BUCKET/PREFIX)")
+                          "a launched run needs an object store (s3://BUCKET/PREFIX or gs://BUCKET/PREFIX)")
     set_("cloud", "checkpoint_uri", uri)
     if not cfg.device.startswith("cuda"):
         set_(None, "device", "cuda")

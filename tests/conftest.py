@@ -21,6 +21,20 @@ def _no_global_rng_leaks():
     torch.manual_seed(1234)
 
 
+@pytest.fixture(scope="session")
+def sky_python():
+    """SkyPilot's Python (its own virtualenv, `make sky-venv`): skipped without one, except under CI,
+    where the tests that ask SkyPilot must run."""
+    from cloud import sky
+
+    python, why = sky.sky_python()
+    if python is None:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI asks SkyPilot itself (task validation, catalog prices), but cannot: {why}")
+        pytest.skip(f"asking SkyPilot needs its virtualenv: {why}")
+    return python
+
+
 def small_dit_config(**over):
     """A tiny-DiT run small enough for unit tests: short warm start, 2 prompts x 4 samples."""
     base = {

@@ -11,7 +11,7 @@ import torch
 from cloud.cost import (BudgetPolicy, CostControl, CostMeter, DeadlinePolicy, Fleet, Forecast, PRIOR_FACTOR,
                         STOP_SLACK_S, Spent, load_spent, save_spent)
 from spotlight.train.iteration_time import iteration_seconds_lower_bound
-from cloud.prices import COLUMNS, OPTIONAL_COLUMNS, PriceError, PriceTable, refresh_from_aws, refresh_from_sky
+from cloud.prices import COLUMNS, OPTIONAL_COLUMNS, PriceError, PriceTable, refresh_from_aws
 from schedulers.clock import ManualClock
 from spotlight.cli import main
 from spotlight.train.cost_control import cost_control, fleet_of
@@ -91,34 +91,6 @@ def test_a_bad_price_table_is_one_line_naming_file_line_and_column(tmp_path, lin
     with pytest.raises(PriceError, match=expected) as err:
         PriceTable.load(path)
     assert str(err.value).startswith(f"{path}: ") and "\n" not in str(err.value)
-
-
-def test_refresh_from_a_sky_catalog_takes_the_regions_prices_with_new_source_and_date(tmp_path):
-    table = PriceTable.load(_table(tmp_path, ROW_H100, ROW_L4, "aws,g4dn.xlarge,T4,1,0.526,0.18,aws list,2025-06-05"))
-    catalog = tmp_path / "catalogs" / "v7" / "aws"
-    catalog.mkdir(parents=True)
-    (tmp_path / "catalogs" / "v5" / "aws").mkdir(parents=True)  # an older schema: not read
-    (tmp_path / "catalogs" / "v5" / "aws" / "vms.csv").write_text("InstanceType,Price,SpotPrice,Region\n"
-                                                                 "p5.48xlarge,1,1,us-east-1\n")
-    (catalog / "vms.csv").write_text(
-        "InstanceType,AcceleratorName,AcceleratorCount,vCPUs,MemoryGiB,GpuInfo,Price,SpotPrice,Region,"
-        "AvailabilityZone\n"
-        'p5.48xlarge,H100,8.0,192.0,2048.0,"{\'Gpus\': []}",55.04,20.0,us-east-1,use1-az1\n'
-        'p5.48xlarge,H100,8.0,192.0,2048.0,"{\'Gpus\': []}",55.04,30.0,us-east-1,use1-az2\n'
-        'p5.48xlarge,H100,8.0,192.0,2048.0,"{\'Gpus\': []}",55.04,22.0,us-east-1,use1-az4\n'
-        'p5.48xlarge,H100,8.0,192.0,2048.0,"{\'Gpus\': []}",60.00,5.0,eu-west-1,euw1-az1\n'
-        "m5.large,,,2.0,8.0,,0.096,0.03,us-east-1,use1-az1\n")
-    fresh, skipped = refresh_from_sky(table, root=tmp_path / "catalogs")
-    p5 = fresh.row("p5.48xlarge")
-    assert (p5.ondemand_usd_h, p5.spot_usd_h) == (55.04, 22.0)  # the us-east-1 zones' median spot
-    assert p5.source == "skypilot catalog v7/aws us-east-1; spot: median over zones" and p5.date == _today()
-    assert fresh.row("g4dn.xlarge") == table.row("g4dn.xlarge")  # not in the catalog: kept
-    assert fresh.row("g2-standard-4") == table.row("g2-standard-4")  # no gcp catalog: kept
-    assert any("g4dn.xlarge: not in" in s for s in skipped)
-    assert any(s.startswith("gcp: no SkyPilot catalog") for s in skipped)
-    # the refreshed table round-trips through its CSV
-    fresh.write(tmp_path / "fresh.csv")
-    assert PriceTable.load(tmp_path / "fresh.csv").rows() == fresh.rows()
 
 
 def test_refresh_from_aws_spot_price_history_on_a_real_ec2_api(s3, tmp_path):

@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from cloud import sky
+from cloud.credentials import AWS_KEYS, AWS_PLACE, GCS_KEY_ENV
 from spotlight.cli import main
 from spotlight.config import ConfigError, load_config, to_yaml
 
@@ -51,18 +52,15 @@ def _group(path):
 
 
 @pytest.fixture
-def sky_python():
-    python, why = sky.sky_python()
-    if python is None:
-        if os.environ.get("CI"):
-            pytest.fail(f"CI validates the task YAMLs with SkyPilot, but cannot: {why}")
-        pytest.skip(f"validating with SkyPilot needs its virtualenv: {why}")
-    return python
-
-
-@pytest.fixture
 def no_sky(monkeypatch, tmp_path):
     monkeypatch.setenv(sky.SKY_PYTHON_ENV, str(tmp_path / "no-such-python"))
+
+
+@pytest.fixture(autouse=True)
+def no_store_credentials(monkeypatch):
+    """No store credentials from the machine running the tests: each test sets what it needs."""
+    for name in (*AWS_KEYS, *AWS_PLACE, GCS_KEY_ENV, "GOOGLE_APPLICATION_CREDENTIALS"):
+        monkeypatch.delenv(name, raising=False)
 
 
 # ---- the tasks ----------------------------------------------------------------------------------
@@ -263,9 +261,11 @@ def test_a_task_skypilot_rejects_is_named_with_skypilots_reason(tmp_path, sky_py
 # ---- launching ----------------------------------------------------------------------------------
 
 
-def _fake_sky(tmp_path, fail_on=None):
-    """A `sky` executable that records its argv and the token in its environment, and fails on `fail_on`."""
+def _fake_sky(tmp_path, fail_on=None, record=()):
+    """A `sky` executable that records its argv and the token in its environment (and the
+    variables named in `record`, in sky-env.json), and fails on `fail_on`."""
     log = tmp_path / "sky-calls.jsonl"
+    env_log = tmp_path / "sky-env.json"
     exe = tmp_path / "bin" / "sky"
     exe.parent.mkdir()
     exe.write_text(textwrap.dedent(f"""\
@@ -275,6 +275,8 @@ def _fake_sky(tmp_path, fail_on=None):
         args = sys.argv[1:]
         with open({str(log)!r}, "a") as f:
             f.write(json.dumps(args + ["token=" + os.environ.get("SPOTLIGHT_RAY_TOKEN", "")]) + "\\n")
+        with open({str(env_log)!r}, "w") as f:
+            json.dump({{name: os.environ.get(name) for name in {list(record)!r}}}, f)
         if {fail_on!r} is not None and args[:2] == {fail_on!r}:
             print("sky: no spot capacity anywhere", file=sys.stderr)
             sys.exit(3)
@@ -303,12 +305,18 @@ def test_a_failed_launch_is_one_line_naming_the_command(tmp_path):
         sky.launch_tasks(paths, "fleet", exe)
 
 
-def test_launch_says_the_fleet_stops_by_itself_and_how_to_stop_it_now(tmp_path, capsys, monkeypatch, sky_python):
-    exe, log = _fake_sky(tmp_path)  # `sky` beside the Python that validates: what launch runs
+def _sky_beside_python(tmp_path, monkeypatch, sky_python, record=()):
+    """A fake `sky` beside a Python that is SkyPilot's (what launch validates with, then runs)."""
+    exe, log = _fake_sky(tmp_path, record=record)
     python = exe.parent / "python"
     python.write_text(f"#!/bin/sh\nexec {sky_python} \"$@\"\n")
     python.chmod(0o755)
     monkeypatch.setenv(sky.SKY_PYTHON_ENV, str(python))
+    return exe, log
+
+
+def test_launch_says_the_fleet_stops_by_itself_and_how_to_stop_it_now(tmp_path, capsys, monkeypatch, sky_python):
+    exe, log = _sky_beside_python(tmp_path, monkeypatch, sky_python)
     config = _config_file(tmp_path, _fleet(provider="aws", region="us-east-1"))
     assert main(["launch", str(config), "--out", str(tmp_path / "tasks"), "--name", "fleet", *STORE]) == 0
     out = capsys.readouterr().out.splitlines()
@@ -352,3 +360,98 @@ def test_skypilot_loads_a_fleet_that_bills_only_what_it_should(tmp_path, sky_pyt
                 assert "export RAY_AUTH_MODE=token" in task["run"] and task["secrets"] == ["SPOTLIGHT_RAY_TOKEN"]
         assert "pip install --quiet -r cloud/fleet.lock" in task["setup"], name
     assert "trap stop_ray EXIT" in tasks["head"]["run"]  # the run's end stops the head's Ray
+
+
+# ---- the store's credentials ---------------------------------------------------------------------
+
+
+def _files_text(folder):
+    return "".join(p.read_text(errors="replace") for p in Path(folder).rglob("*") if p.is_file())
+
+
+def test_the_stores_credentials_reach_the_head_as_secrets_and_no_file_or_output(tmp_path, capsys, monkeypatch,
+                                                                                sky_python):
+    keys = {"AWS_ACCESS_KEY_ID": "AKIAEXAMPLEKEYID0001", "AWS_SECRET_ACCESS_KEY": "s3cr3t-value-never-shown",
+            "AWS_ENDPOINT_URL": "https://storage.example.test"}
+    for name, value in keys.items():
+        monkeypatch.setenv(name, value)
+    exe, log = _sky_beside_python(tmp_path, monkeypatch, sky_python, record=list(keys))
+    config = _config_file(tmp_path, _fleet(provider="aws", region="us-east-1"))
+    out = tmp_path / "tasks"
+    assert main(["launch", str(config), "--out", str(out), "--name", "fleet", *STORE]) == 0  # validated, submitted
+    printed = capsys.readouterr()
+    (call,) = [json.loads(line) for line in log.read_text().splitlines()]
+    secrets_passed = [call[i + 1] for i, a in enumerate(call) if a == "--secret"]
+    assert sorted(secrets_passed) == sorted(["SPOTLIGHT_RAY_TOKEN", *keys])
+    assert json.loads((tmp_path / "sky-env.json").read_text()) == keys  # the values: in sky's environment only
+    docs = _group(out / "fleet.yaml")
+    assert docs[1]["secrets"] == {"SPOTLIGHT_RAY_TOKEN": "", **{k: "" for k in keys}}  # names, no values
+    assert all(task["secrets"] == {"SPOTLIGHT_RAY_TOKEN": ""} for task in docs[2:])  # the head alone
+    for value in keys.values():
+        assert value not in _files_text(out) and value not in printed.out + printed.err and value not in json.dumps(call)
+    assert "store credentials for the head (SkyPilot secrets): AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY" in printed.out
+
+
+def test_a_gcs_key_file_goes_to_the_head_as_one_secret(tmp_path, capsys, no_sky, monkeypatch):
+    key = {"type": "service_account", "project_id": "p", "private_key": "-----BEGIN PRIVATE KEY-----never-shown",
+           "client_email": "run@p.iam.gserviceaccount.com"}
+    (tmp_path / "key.json").write_text(json.dumps(key))
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path / "key.json"))
+    config = _config_file(tmp_path, _fleet(provider="gcp"))
+    out = tmp_path / "tasks"
+    assert main(["launch", str(config), "--dryrun", "--out", str(out), "--checkpoint-uri", "gs://fleet-bucket/r"]) == 0
+    printed = capsys.readouterr()
+    assert _group(out / "fleet.yaml")[1]["secrets"] == {"SPOTLIGHT_RAY_TOKEN": "", GCS_KEY_ENV: ""}
+    assert "never-shown" not in _files_text(out) + printed.out + printed.err
+    # a user's own login (not a service-account key) cannot be handed to a machine: one line
+    (tmp_path / "key.json").write_text(json.dumps({"type": "authorized_user", "refresh_token": "never-shown"}))
+    assert main(["launch", str(config), "--dryrun", "--out", str(out), "--checkpoint-uri", "gs://fleet-bucket/r"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "is not a service-account key" in line and "never-shown" not in line
+
+
+@pytest.mark.parametrize("provider, uri, says", [
+    ("gcp", "s3://fleet-bucket/r", "no AWS credentials in this environment"),
+    ("aws", "gs://fleet-bucket/r", "no GCS service-account key in this environment"),
+])
+def test_a_store_the_fleet_could_not_reach_is_refused_in_one_line(tmp_path, capsys, no_sky, provider, uri, says):
+    config = _config_file(tmp_path, _fleet(provider=provider))
+    assert main(["launch", str(config), "--dryrun", "--out", str(tmp_path / "t"), "--checkpoint-uri", uri]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("spotlight: error: ") and says in line
+    assert not (tmp_path / "t").exists()
+
+
+def test_without_keys_an_aws_head_uses_its_instance_role_and_says_so(tmp_path, capsys, no_sky):
+    config = _config_file(tmp_path, _fleet(provider="aws"))
+    assert main(["launch", str(config), "--dryrun", "--out", str(tmp_path / "t"), *STORE]) == 0
+    assert "the head reaches S3 with its node's instance role" in capsys.readouterr().out
+    assert _group(tmp_path / "t" / "fleet.yaml")[1]["secrets"] == {"SPOTLIGHT_RAY_TOKEN": ""}
+
+
+def test_half_a_key_pair_is_refused(tmp_path, capsys, no_sky, monkeypatch):
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAEXAMPLE")
+    config = _config_file(tmp_path, _fleet(provider="aws"))
+    assert main(["launch", str(config), "--dryrun", "--out", str(tmp_path / "t"), *STORE]) == 2
+    assert "AWS_SECRET_ACCESS_KEY go together" in capsys.readouterr().err
+
+
+def test_the_smoke_run_of_the_aws_gcp_page_launches_as_the_page_says(tmp_path, capsys, monkeypatch, sky_python):
+    """docs/launch-on-aws-gcp.md, step 4: its config, its command, the lines it shows."""
+    monkeypatch.setenv(sky.SKY_PYTHON_ENV, str(sky_python))
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAEXAMPLE")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "example")
+    out = tmp_path / "cloud_smoke"
+    smoke = sky.REPO_ROOT / "experiments" / "cloud_smoke.yaml"
+    assert main(["launch", str(smoke), "--checkpoint-uri=s3://my-spotlight-bucket/smoke", "--dryrun", "--strict",
+                 "--out", str(out)]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    page = (sky.REPO_ROOT / "docs" / "launch-on-aws-gcp.md").read_text()
+    for line in printed[:4]:
+        assert line in page, line
+    assert printed[-1].startswith("validated with SkyPilot 0.14.1")
+    docs = _group(out / "fleet.yaml")
+    assert [d["name"] for d in docs[1:]] == ["head", "spot-0", "spot-1"]
+    assert docs[1]["resources"]["accelerators"] == "T4:1" and docs[1]["resources"]["infra"] == "aws/us-east-1"
+    launched = load_config(out / "run.yaml")
+    assert launched.device == "cuda" and launched.cloud.budget_usd == 2.0
