@@ -185,6 +185,16 @@ class GRPOConfig:
     """`A = (r - mean_g) / (std_g + adv_eps)`; in (0, 1]."""
     kl_beta: float = 0.0
     """Weight of the KL penalty to the reference (warm-started) policy, in [0, 1e6]; 0 disables it."""
+    drop_zero_advantage_groups: bool = False
+    """Leave groups whose advantages are all zero (every sample rewarded the same) out of the
+    update, as flow_grpo does: they add no policy gradient, but kept they count in the loss's mean
+    and shrink the step by their share (common with exact-match LLM rewards). Off by default so
+    existing configs keep their results; when every group is all zero, all are kept."""
+    kl_estimator: Literal["exact", "flow_grpo"] = "exact"
+    """The DiT's KL per SDE step: "exact", the closed-form KL of the step's two Gaussians; or
+    "flow_grpo", flow_grpo's value, which is |dt| times it (5-50x smaller on the tiny config's 8 steps),
+    so that a `kl_beta` taken from flow_grpo's configs means what it meant there. An LLM's KL is
+    the k3 estimator per token either way, and takes "exact" only. docs/training.md."""
 
     def __post_init__(self) -> None:
         for name in ("clip_low", "clip_high", "adv_clip", "adv_eps"):
@@ -450,6 +460,9 @@ class RunConfig:
                   "KL reference yet)", self.grpo.kl_beta)
             check(self.runtime.sp_degree == 1, "runtime.sp_degree", f"1 with train.update_on: {on} (SP groups "
                   "compute rollouts only)", self.runtime.sp_degree)
+        if self.policy.kind == "llm":
+            check(self.grpo.kl_estimator == "exact", "grpo.kl_estimator", "exact for an llm policy (its KL is "
+                  "k3 per token; flow_grpo's scale is the DiT's SDE steps')", self.grpo.kl_estimator)
         llm_rewards = {"arithmetic"}
         if self.policy.kind == "llm":
             check(self.reward.name in llm_rewards, "reward.name", f"one of {sorted(llm_rewards)} for an llm policy",

@@ -49,6 +49,34 @@ def test_char_tokenizer_round_trips_through_save_and_load(tmp_path):
     assert loaded.decode([VOCAB["<bos>"]] + ids + [VOCAB["<eos>"]], skip_special_tokens=True) == "07+13=20"
 
 
+def test_the_saved_tokenizer_starts_with_bos_as_the_policy_does(tmp_path):
+    tok = build_char_tokenizer()
+    tok.save_pretrained(tmp_path)
+    loaded = AutoTokenizer.from_pretrained(tmp_path, local_files_only=True)
+    for t in (tok, loaded):
+        assert t("07+13=")["input_ids"] == [VOCAB["<bos>"]] + [VOCAB[c] for c in "07+13="]
+
+
+def test_final_through_plain_transformers_gives_the_policys_greedy_answers(tmp_path):
+    """`final/` is what users load: AutoTokenizer + AutoModelForCausalLM.generate must answer as
+    the policy does (a tokenizer without <bos> answered '07+13=' differently)."""
+    from transformers import AutoModelForCausalLM
+
+    cfg = make_cfg(seed=3)
+    policy = LLMPolicy.from_config(cfg)
+    prompts = prompt_set(cfg.prompts, cfg.seed)[:6]
+    policy.save_pretrained(tmp_path)
+    tok = AutoTokenizer.from_pretrained(tmp_path, local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(tmp_path, local_files_only=True).eval()
+    answers = []
+    for p in prompts:
+        inputs = tok(p.text, return_tensors="pt")
+        out = model.generate(**inputs, do_sample=False, max_new_tokens=cfg.policy.llm.max_new_tokens)
+        answers.append(tok.decode(out[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True))
+    assert answers == policy.greedy(prompts)
+    assert len(set(answers)) > 1  # answers that depend on the prompt: a check that can fail
+
+
 def test_tiny_model_is_seeded_and_leaves_global_rng_alone():
     torch.manual_seed(123)
     expected = torch.rand(3)
@@ -167,3 +195,12 @@ def test_warm_start_raises_greedy_accuracy():
     assert stats["accuracy"] == policy.accuracy(prompts)
     assert stats["accuracy"] > before + 0.05
     assert stats["loss"] < 1.5
+
+
+def test_flow_grpos_kl_scale_is_the_dits_only():
+    from spotlight.config import from_dict
+
+    data = make_cfg(kl_beta=0.1).to_dict()
+    data["grpo"]["kl_estimator"] = "flow_grpo"
+    with pytest.raises(ConfigError, match="grpo.kl_estimator: expected exact for an llm policy"):
+        from_dict(RunConfig, data)

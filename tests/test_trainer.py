@@ -106,3 +106,21 @@ def test_summary_standard_error_by_hand(tmp_path):
     assert s["reward_first3"] == pytest.approx(0.2) and s["reward_last3"] == pytest.approx(0.6)
     assert s["improvement_stderr"] == pytest.approx((0.01 / 3 + 0.01 / 3) ** 0.5)
     assert s["improvement_se"] == pytest.approx(0.4 / (0.02 / 3) ** 0.5)
+
+
+def test_dropping_zero_advantage_groups_changes_the_update_and_resumes_bit_identically(tmp_path):
+    """Exact-match rewards leave many LLM groups all wrong (all advantages zero): with
+    `grpo.drop_zero_advantage_groups` they are left out of the update, which then takes a larger step."""
+    on = {"drop_zero_advantage_groups": True}
+    dropping = Trainer(small_llm_config(grpo=on), tmp_path / "on", progress=False).build().train()
+    Trainer(small_llm_config(), tmp_path / "off", progress=False).build().train()
+    rows = [json.loads(line) for line in (tmp_path / "on" / "metrics.jsonl").read_text().splitlines()]
+    dropped = [r["groups_dropped"] for r in rows]
+    assert sum(dropped) > 0 and all(0 <= d < 4 for d in dropped), dropped  # of 4 groups; one is always kept
+    assert "groups_dropped" not in json.loads((tmp_path / "off" / "metrics.jsonl").read_text().splitlines()[0])
+    a, b = _final_weights(tmp_path / "on"), _final_weights(tmp_path / "off")
+    assert any(not torch.equal(a[k], b[k]) for k in a)
+    Trainer(small_llm_config(grpo=on, train={"steps": 2}), tmp_path / "resumed", progress=False).build().train()
+    Trainer(small_llm_config(grpo=on), tmp_path / "resumed", progress=False).build().train()
+    c = _final_weights(tmp_path / "resumed")
+    assert all(torch.equal(a[k], c[k]) for k in a) and dropping["steps"] == 4

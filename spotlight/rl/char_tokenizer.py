@@ -4,13 +4,16 @@ Every character is one token: a WordLevel model over single characters behind a 
 that isolates each character, and a `Fuse` decoder so decoding joins characters without spaces.
 The vocabulary is fixed (ids below are stable), so a model trained with it keeps meaning across
 runs; it round-trips through `save_pretrained` / `AutoTokenizer.from_pretrained(local_dir)`.
-Special tokens are not added by encoding: the policy prefixes `<bos>` itself, so the same code
-path works for pretrained tokenizers that have no bos token.
+Encoding with special tokens (transformers' default: `tok(text)`) puts `<bos>` first, as the
+policy's every sample starts, so a saved policy (`final/`) answers through plain `AutoTokenizer`
++ `generate` what it answers in training (tests/test_llm_policy.py). The policy itself encodes
+with `add_special_tokens=False` and prefixes `<bos>` on its own, so the same code path works for
+pretrained tokenizers that have no bos token.
 """
 
 from __future__ import annotations
 
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
 
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>")
@@ -25,6 +28,9 @@ def build_char_tokenizer() -> PreTrainedTokenizerFast:
     # [\s\S] (not ".") so newlines are isolated too; each piece is one vocabulary entry or <unk>.
     core.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
     core.decoder = decoders.Fuse()
+    bos = ("<bos>", VOCAB["<bos>"])
+    core.post_processor = processors.TemplateProcessing(single="<bos> $A", pair="<bos> $A <bos> $B",
+                                                        special_tokens=[bos])
     return PreTrainedTokenizerFast(
         tokenizer_object=core,
         pad_token="<pad>",

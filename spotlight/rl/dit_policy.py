@@ -21,7 +21,7 @@ from spotlight.config import RunConfig
 from spotlight.rl.dit_model import PixelDecoder, QwenVAEDecoder, build_transformer, pack, unpack, velocity
 from spotlight.rl.dit_sampler import FlowSDESampler, SampleState
 from spotlight.rl.flow_sde import qwen_image_sigmas, sde_mean_std
-from spotlight.rl.grpo import gaussian_kl_same_std, gaussian_logprob, ppo_clip_loss
+from spotlight.rl.grpo import flow_grpo_kl, gaussian_kl_same_std, gaussian_logprob, ppo_clip_loss
 from spotlight.rl.policy import Rollout, sum_stats
 from spotlight.rl.prompt_encoder import HashedWordEncoder, PromptEncoder, QwenPromptEncoder
 from spotlight.rl.prompts import Prompt
@@ -178,7 +178,8 @@ class DiTPolicy:
             with torch.no_grad():
                 v_ref = velocity(self.ref_model, x, sigma, emb, mask, self.side)
                 ref_mean, _ = sde_mean_std(x, v_ref, sigma, sigma_next, self.cfg.sampler.noise_level, float(sigmas[1]))
-            kl = gaussian_kl_same_std(mean, ref_mean, std)
+            kl = (gaussian_kl_same_std(mean, ref_mean, std) if g.kl_estimator == "exact"
+                  else flow_grpo_kl(mean, ref_mean, std, sigma_next - sigma))
             loss = loss + g.kl_beta * kl.sum()
             kl_sum = kl.detach().sum().item()
         (loss / total).backward()

@@ -23,6 +23,19 @@ def group_advantages(rewards: torch.Tensor, group_size: int, eps: float = 1e-4, 
     return adv.clamp(-clip, clip).view(-1).to(rewards.dtype)
 
 
+def informative_groups(advantages: torch.Tensor, group_size: int) -> list[int]:
+    """Indices of the groups with a non-zero advantage (equal rewards give a group all zeros), or of
+    every group when none has one (an update over nothing is not taken away).
+
+    advantages: (N,) with N = num_groups * group_size, groups contiguous. A group of zeros adds no
+    policy gradient but does count in the loss's denominator (all samples' or tokens' mean), so
+    keeping it shrinks the step by the share of such groups; flow_grpo drops them."""
+    if advantages.ndim != 1 or advantages.numel() % group_size != 0:
+        raise ValueError(f"advantages must be (num_groups * {group_size},), got {tuple(advantages.shape)}")
+    keep = (advantages.view(-1, group_size) != 0).any(dim=1).nonzero().flatten().tolist()
+    return keep or list(range(advantages.numel() // group_size))
+
+
 def group_std(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     """Per-group population std of rewards: (N,) -> (N / group_size,). The learning signal of a group."""
     return rewards.view(-1, group_size).std(dim=1, unbiased=False)
@@ -62,6 +75,17 @@ def gaussian_kl_same_std(mean: torch.Tensor, ref_mean: torch.Tensor, std: torch.
     """
     kl = (mean - ref_mean) ** 2 / (2 * std**2)
     return kl.flatten(1).mean(dim=1)
+
+
+def flow_grpo_kl(mean: torch.Tensor, ref_mean: torch.Tensor, std: torch.Tensor, dt: torch.Tensor) -> torch.Tensor:
+    """flow_grpo's KL penalty of one SDE step: the exact KL (`gaussian_kl_same_std`) times |dt|.
+
+    mean, ref_mean: (B, ...); std broadcastable, the step's std `std_dev_t * sqrt(|dt|)`; dt: (B,)
+    the step's sigma_next - sigma. Returns (B,). flow_grpo divides the squared mean gap by
+    `2 * std_dev_t**2`, the SDE's std *without* the step's sqrt(|dt|), so its value is |dt| times the
+    exact KL: 5-50x smaller on the tiny config's 8-step schedule (|dt| 0.02-0.2). A `kl_beta` from
+    flow_grpo's configs means this scale (`grpo.kl_estimator: flow_grpo`)."""
+    return gaussian_kl_same_std(mean, ref_mean, std) * dt.abs().to(mean.dtype)
 
 
 def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:

@@ -48,7 +48,7 @@ from spotlight.train import checkpoint
 from spotlight.train.checkpoint_sync import CheckpointSync
 from spotlight.config import ConfigError, RunConfig, load_config, to_yaml
 from spotlight.train.exploration import Explorer
-from spotlight.rl.grpo import group_advantages, group_std
+from spotlight.rl.grpo import group_advantages, group_std, informative_groups
 from spotlight.train.inflight import InflightStore
 from spotlight.runtime.learner import NonFiniteUpdate
 from spotlight.rl.prompts import draw_prompts, prompt_set
@@ -294,6 +294,13 @@ class Trainer:
         explored = ex.observe(step, requests, rewards) if ex is not None else {}
         with t("advantage"):
             adv = group_advantages(rewards, g, cfg.grpo.adv_eps, cfg.grpo.adv_clip)
+            # A rollout request is one prompt's group, so its result is that group's samples.
+            assert len(parts) * g == len(adv), f"{len(parts)} rollout results for {len(adv) // g} groups"
+            keep = informative_groups(adv, g) if cfg.grpo.drop_zero_advantage_groups else range(len(parts))
+            dropped = {"groups_dropped": len(parts) - len(keep)} if cfg.grpo.drop_zero_advantage_groups else {}
+            if dropped.get("groups_dropped"):
+                parts = [parts[i] for i in keep]
+                adv = adv.view(-1, g)[list(keep)].flatten()
         # While the learner trains, idle workers explore the next iteration's seeds with these weights
         # — after the last iteration too: a run extended later (--steps) resumes with them.
         session = ex.session(step + 1, rt.version) if ex is not None else None
@@ -305,6 +312,7 @@ class Trainer:
             "reward_std": rewards.std(unbiased=False).item(),
             "group_reward_std": group_std(rewards, g).mean().item(),
             "samples": len(rewards),
+            **dropped,
             **evaluation,
             "explored_samples": 0,
             "stale_rank_spearman": None,
