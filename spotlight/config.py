@@ -134,12 +134,24 @@ class SamplerConfig:
     """`a` in the SDE's std `sqrt(sigma / (1 - sigma)) * a`, in (0, 10]."""
     sde_window: tuple[int, int] | None = None
     """[first, last) steps that are stochastic (and trained on); the rest are ODE steps. None: all."""
+    guidance: float = 1.0
+    """True classifier-free guidance (Qwen-Image's `true_cfg_scale`; its pipeline's default is 4):
+    every velocity — rollout, exploration and the update's recomputed log-probs alike — is the
+    prompt's and the negative prompt's passes combined by `spotlight.rl.dit_model.true_cfg`. 1: off
+    (one pass); in [1, 100]."""
+    negative_prompt: str = " "
+    """The negative prompt's text with guidance > 1 (Qwen-Image's pipeline uses " "); at most 1,000
+    characters."""
 
     def __post_init__(self) -> None:
         check(self.num_steps > 0, "num_steps", "a positive integer", self.num_steps)
         at_most(self, ("num_steps",), 1000, " steps")
         check(self.noise_level > 0, "noise_level", "a number > 0", self.noise_level)
         at_most(self, ("noise_level",), 10)
+        check(self.guidance >= 1, "guidance", "a number >= 1 (1: no guidance)", self.guidance)
+        at_most(self, ("guidance",), 100)
+        check(isinstance(self.negative_prompt, str) and len(self.negative_prompt) <= 1000, "negative_prompt",
+              "a text of at most 1,000 characters", str(self.negative_prompt)[:40])
         if self.sde_window is not None:
             lo, hi = self.sde_window
             check(0 <= lo < hi <= self.num_steps, "sde_window",
@@ -460,6 +472,8 @@ class RunConfig:
                   "KL reference yet)", self.grpo.kl_beta)
             check(self.runtime.sp_degree == 1, "runtime.sp_degree", f"1 with train.update_on: {on} (SP groups "
                   "compute rollouts only)", self.runtime.sp_degree)
+        check(self.sampler.guidance == 1 or self.runtime.sp_degree == 1, "sampler.guidance",
+              "1 with runtime.sp_degree > 1 (SP groups sample without guidance yet)", self.sampler.guidance)
         if self.policy.kind == "llm":
             check(self.grpo.kl_estimator == "exact", "grpo.kl_estimator", "exact for an llm policy (its KL is "
                   "k3 per token; flow_grpo's scale is the DiT's SDE steps')", self.grpo.kl_estimator)

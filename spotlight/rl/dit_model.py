@@ -92,6 +92,17 @@ def velocity(model, x: torch.Tensor, sigma: torch.Tensor, emb: torch.Tensor, mas
     return out.to(x.dtype)
 
 
+def true_cfg(cond: torch.Tensor, uncond: torch.Tensor, scale: float) -> torch.Tensor:
+    """True classifier-free guidance with norm rescale, as Qwen-Image's pipeline combines its two
+    passes: `g = uncond + scale * (cond - uncond)`, then each token's vector rescaled to the
+    conditional's norm, `g * |cond| / |g|` (norms over the last dim, the packed channels).
+
+    cond, uncond: (B, S, 4C) velocities for the prompt and for the negative prompt. Returns (B, S, 4C).
+    At scale 1 it is `cond` itself (the rescale is then 1)."""
+    guided = uncond + scale * (cond - uncond)
+    return guided * (cond.norm(dim=-1, keepdim=True) / guided.norm(dim=-1, keepdim=True))
+
+
 class PixelDecoder:
     """Tiny config: the latent *is* the image. Channels 0-2 are RGB in [-1, 1]; channel 3 is unused."""
 

@@ -18,7 +18,8 @@ import torch
 import torch.nn.functional as F
 
 from spotlight.config import RunConfig
-from spotlight.rl.dit_model import PixelDecoder, QwenVAEDecoder, build_transformer, pack, unpack, velocity
+from spotlight.rl.dit_model import (PixelDecoder, QwenVAEDecoder, build_transformer, pack, true_cfg, unpack,
+                                    velocity)
 from spotlight.rl.dit_sampler import FlowSDESampler, SampleState
 from spotlight.rl.flow_sde import qwen_image_sigmas, sde_mean_std
 from spotlight.rl.grpo import flow_grpo_kl, gaussian_kl_same_std, gaussian_logprob, ppo_clip_loss
@@ -48,6 +49,7 @@ class DiTPolicy:
         self.decoder = decoder
         self.ref_model = None
         self._conditioned: tuple | None = None
+        self._negative_conditioning: tuple[torch.Tensor, torch.Tensor] | None = None
         dit = cfg.policy.dit
         self.side = dit.latent_side
         self.channels = model.config.out_channels
@@ -104,7 +106,27 @@ class DiTPolicy:
         """The sampler's velocity callable with the prompts' conditioning bound in."""
         emb, mask = self._conditioning(texts)
         net = model if model is not None else self.model
-        return lambda x, sigma: velocity(net, x, sigma, emb, mask, self.side)
+        return lambda x, sigma: self._velocity(net, x, sigma, emb, mask)
+
+    def _velocity(self, net, x: torch.Tensor, sigma: torch.Tensor, emb: torch.Tensor,
+                  mask: torch.Tensor) -> torch.Tensor:
+        """The velocity every path uses — rollout, exploration, the update and its KL reference —
+        so that a recomputed log-prob equals the rollout's: guided by the negative prompt when
+        `sampler.guidance` > 1 (`true_cfg`). x: (B, S, 4C); sigma: (B,); emb (B, T, D); mask (B, T)."""
+        v = velocity(net, x, sigma, emb, mask, self.side)
+        scale = self.cfg.sampler.guidance
+        if scale == 1:
+            return v
+        neg_emb, neg_mask = self._negative()
+        batch = x.shape[0]
+        uncond = velocity(net, x, sigma, neg_emb.expand(batch, -1, -1), neg_mask.expand(batch, -1), self.side)
+        return true_cfg(v, uncond, scale)
+
+    def _negative(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The negative prompt's conditioning, (1, T, D) and (1, T): encoded once."""
+        if self._negative_conditioning is None:
+            self._negative_conditioning = self._conditioning([self.cfg.sampler.negative_prompt])
+        return self._negative_conditioning
 
     def init_state(self, prompts: Sequence[Prompt], seeds: Sequence[int]) -> SampleState:
         return self.sampler.init([p.id for p in prompts], seeds, (self.tokens, 4 * self.channels), self.cfg.device)
@@ -168,7 +190,7 @@ class DiTPolicy:
         adv = advantages.to(traj.device)
         x, x_next = traj[si, st], traj[si, st + 1]
         sigma, sigma_next = sigmas[st], sigmas[st + 1]
-        v = velocity(self.model, x, sigma, emb, mask, self.side)
+        v = self._velocity(self.model, x, sigma, emb, mask)
         mean, std = sde_mean_std(x, v, sigma, sigma_next, self.cfg.sampler.noise_level, float(sigmas[1]))
         logp = gaussian_logprob(x_next, mean, std)
         loss_el, clipped = ppo_clip_loss(logp, old[si, sp], adv[si], g.clip_low, g.clip_high)
@@ -176,7 +198,7 @@ class DiTPolicy:
         kl_sum = 0.0
         if g.kl_beta > 0 and self.ref_model is not None:
             with torch.no_grad():
-                v_ref = velocity(self.ref_model, x, sigma, emb, mask, self.side)
+                v_ref = self._velocity(self.ref_model, x, sigma, emb, mask)
                 ref_mean, _ = sde_mean_std(x, v_ref, sigma, sigma_next, self.cfg.sampler.noise_level, float(sigmas[1]))
             kl = (gaussian_kl_same_std(mean, ref_mean, std) if g.kl_estimator == "exact"
                   else flow_grpo_kl(mean, ref_mean, std, sigma_next - sigma))
