@@ -3,9 +3,11 @@
 
 Each case runs the real CLI in a fresh, empty working directory (so nothing can land in the
 repo), with CI=true and no stdin; the files a case needs are written there first, and afterwards
-the directory must hold exactly those files. The child's peak memory is its own `ru_maxrss`
-(os.wait4), and an address-space limit of 2 GiB stops a regression that would fill the machine
-before the assertion could. `expect` is a piece of the error line: the case fails for the right
+the directory must hold exactly those files. The child's peak memory is its own VmHWM, which it
+reports as it exits (`ru_maxrss` from wait4 would not do: Linux carries the forking process's
+high-water mark into the child through fork and exec, so after a memory-hungry test file in the
+same pytest process every case failed at 650-700 MB), and an address-space limit of 2 GiB stops
+a regression that would fill the machine before the assertion could. `expect` is a piece of the error line: the case fails for the right
 reason, not for any reason.
 """
 
@@ -233,35 +235,46 @@ def _tree(folder: Path) -> set[str]:
     return {str(p.relative_to(folder)) for p in folder.rglob("*")}
 
 
-def _run(argv: list[str], cwd: Path) -> tuple[int, str, str, float, float]:
+# The CLI as `python -m spotlight.cli` would run it, writing its peak RSS (VmHWM: the memory map
+# its exec made, nothing inherited) to the file named first when it exits.
+_CLI = """
+import atexit, runpy, sys
+peak_file = sys.argv.pop(1)
+
+def report():
+    with open("/proc/self/status") as status:
+        peak = next(line.split()[1] for line in status if line.startswith("VmHWM:"))
+    with open(peak_file, "w") as out:
+        out.write(peak)
+
+atexit.register(report)
+sys.argv[0] = "spotlight"
+runpy.run_module("spotlight.cli", run_name="__main__", alter_sys=True)
+"""
+
+
+def _run(argv: list[str], cwd: Path, peak_file: Path) -> tuple[int, str, str, float, float]:
     """(exit code, stdout, stderr, seconds, peak MB) of the CLI run in `cwd`."""
     env = {k: v for k, v in os.environ.items() if k != "SPOTLIGHT_STORE_ROOTS"}
     env.update(CI="true", PYTHONUNBUFFERED="1")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
 
     def limit() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (ADDRESS_SPACE, ADDRESS_SPACE))
 
     start = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "spotlight.cli", *argv], cwd=cwd, env=env,
+    proc = subprocess.Popen([sys.executable, "-c", _CLI, str(peak_file), *argv], cwd=cwd, env=env,
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             preexec_fn=limit)
-    out: dict[str, bytes] = {}
-    readers = [threading.Thread(target=lambda name=name, pipe=pipe: out.__setitem__(name, pipe.read()))
-               for name, pipe in (("out", proc.stdout), ("err", proc.stderr))]
-    for r in readers:
-        r.start()
     killer = threading.Timer(6 * LIMIT_S, proc.kill)  # a hung case fails on time, not by hanging the suite
     killer.start()
     try:
-        _, status, usage = os.wait4(proc.pid, 0)  # its own peak RSS, not the max over all children
+        stdout, stderr = proc.communicate()
     finally:
         killer.cancel()
     seconds = time.monotonic() - start
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    for r in readers:
-        r.join()
-    return (proc.returncode, out["out"].decode(errors="replace"), out["err"].decode(errors="replace"), seconds,
-            usage.ru_maxrss / 1024)
+    peak_kb = float(peak_file.read_text()) if peak_file.is_file() else float("inf")
+    return proc.returncode, stdout.decode(errors="replace"), stderr.decode(errors="replace"), seconds, peak_kb / 1024
 
 
 @pytest.mark.parametrize("case", [c for _, c in CASES], ids=[i for i, _ in CASES])
@@ -281,7 +294,7 @@ def test_bad_input_is_one_line_and_exit_2(case, tmp_path):
         else:
             (cwd / name).write_text(content)
     before = _tree(cwd)
-    code, stdout, stderr, seconds, peak_mb = _run(case.argv, cwd)
+    code, stdout, stderr, seconds, peak_mb = _run(case.argv, cwd, tmp_path / "peak-kb")
     lines = stderr.splitlines()
     assert code == 2, (code, stderr[-2000:])
     assert "Traceback" not in stdout + stderr, stderr[-3000:]
