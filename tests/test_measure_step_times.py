@@ -1,0 +1,42 @@
+"""experiments/measure_step_times.py: the smoke run on CPU (tiny preset) writes step-time files the
+simulator reads; on a CUDA machine the GPU test runs the real preset's path (bfloat16, built on the
+device) at a small size, and is skipped without one."""
+
+import json
+
+import pytest
+import torch
+
+from experiments.measure_step_times import build, main
+from spotlight.sim.step_time import StepTimes
+
+
+def test_the_cpu_smoke_run_writes_step_time_files_the_simulator_reads(tmp_path, capsys):
+    main(["--out", str(tmp_path), "--preset", "tiny", "--device", "cpu", "--resolutions", "16", "32",
+          "--steps", "3", "--warmup", "1"])
+    measured = json.loads((tmp_path / "measured.json").read_text())
+    assert [r["resolution"] for r in measured["rows"]] == [16, 32] and measured["dtype"] == "torch.float32"
+    for row in measured["rows"]:
+        steps = StepTimes.load(tmp_path / f"cpu-{row['resolution']}.yaml")
+        assert steps.gpu == "cpu" and steps.denoise_step_s == row["plain_s"] > 0
+        assert steps.cfg_factor == pytest.approx(row["guided_s"] / row["plain_s"])  # measured: no range asserted
+    assert measured["rows"][1]["image_tokens"] == 4 * measured["rows"][0]["image_tokens"]
+    assert "ms per step" in capsys.readouterr().out
+
+
+def test_a_resolution_the_latents_cannot_patch_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="not divisible by 2"):
+        main(["--out", str(tmp_path), "--preset", "tiny", "--device", "cpu", "--resolutions", "15", "--steps", "1"])
+
+
+def test_building_leaves_the_default_dtype_as_it_was():
+    model = build("tiny", "cpu")
+    assert next(model.parameters()).dtype == torch.float32 and torch.get_default_dtype() == torch.float32
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_a_gpu_the_measurement_runs_on_the_device(tmp_path):
+    main(["--out", str(tmp_path), "--preset", "tiny", "--device", "cuda", "--resolutions", "64", "--steps", "3"])
+    measured = json.loads((tmp_path / "measured.json").read_text())
+    assert measured["gpu"] != "cpu" and measured["rows"][0]["plain_s"] > 0
