@@ -3,7 +3,9 @@
 store is made).
 
 Writes: an object is written by one upload (one multipart request up to 8 MiB, a resumable upload
-above), which GCS commits whole or not at all, so a reader sees the previous object or the new one.
+above, sent in `chunk_bytes` chunks, 64 MiB by default), which GCS commits whole or not at all, so
+a reader sees the previous object or the new one. The client retries a failed chunk alone (not the
+file: tests/test_cloud_gcs.py counts the bytes the server received).
 Every upload carries the client's crc32c of the bytes it sends and GCS refuses an object whose bytes
 do not match it; `put_file` returns "crc32c:<base64>" as GCS reports it in the upload's answer
 (`blob.crc32c`), never by reading the file again here.
@@ -59,6 +61,9 @@ EMULATOR_ENV = "STORAGE_EMULATOR_HOST"
 CRC32C = "crc32c"
 """The algorithm of a GCS store's checksums."""
 SCOPES = ["https://www.googleapis.com/auth/devstorage.read_write"]
+CHUNK_BYTES = 64 * 1024 * 1024
+"""A resumable upload's chunk (a multiple of GCS's 256 KiB): what a failed request re-sends at
+most. As S3's parts (`cloud.aws.MULTIPART_CHUNK_BYTES`); the client's own default is 100 MiB."""
 _TMP = ".tmp-"  # get_file's in-progress download, next to its destination
 # GCS's answer to an upload whose bytes do not match the checksum sent with them.
 _CHECKSUM_REFUSED = re.compile(r"(crc32c|md5).*doesn.t match", re.IGNORECASE)
@@ -177,9 +182,9 @@ class GcsStore:
 
     `prefix` is the object-name prefix inside `bucket` ('' for the whole bucket). `clock` and
     `backoff` decide how transient failures are waited out (a `ManualClock` in tests); `retries`
-    counts the retries taken so far. `client` replaces the `google.cloud.storage.Client` made here
-    from the environment's credentials; `project` is the client's project (else the key's, else
-    $GOOGLE_CLOUD_PROJECT; object operations need none).
+    counts the retries taken so far; `chunk_bytes` is a resumable upload's chunk. `client` replaces
+    the `google.cloud.storage.Client` made here from the environment's credentials; `project` is
+    the client's project (else the key's, else $GOOGLE_CLOUD_PROJECT; object operations need none).
     """
 
     def __init__(
@@ -191,7 +196,11 @@ class GcsStore:
         backoff: Backoff = Backoff(),
         client: Any = None,
         project: str | None = None,
+        chunk_bytes: int = CHUNK_BYTES,
     ) -> None:
+        if chunk_bytes <= 0 or chunk_bytes % (256 * 1024):
+            raise ValueError(f"GcsStore: chunk_bytes must be a positive multiple of 256 KiB, got {chunk_bytes}")
+        self.chunk_bytes = chunk_bytes
         self.bucket, self.prefix = bucket, prefix.strip("/")
         self.uri = f"gs://{bucket}/{self.prefix}" if self.prefix else f"gs://{bucket}"
         self.clock: Clock = clock if clock is not None else WallClock()
@@ -270,7 +279,8 @@ class GcsStore:
         name = self._name(key)
 
         def upload() -> str:
-            blob = self._bucket.blob(name)  # a fresh one per attempt: nothing carries over from a failed one
+            # A fresh blob per attempt: nothing carries over from a failed one.
+            blob = self._bucket.blob(name, chunk_size=self.chunk_bytes)
             blob.upload_from_filename(str(path), content_type="application/octet-stream", checksum=CRC32C)
             if not blob.crc32c:
                 raise StoreError(f"PUT {self.uri}/{key}: GCS answered the upload without a crc32c")

@@ -7,16 +7,17 @@ from __future__ import annotations
 
 from cloud.store import LocalStore, Store, parse_store_uri
 
-S3_ONLY_OPTIONS = frozenset({"endpoint_url", "region", "client"})
+S3_ONLY_OPTIONS = frozenset({"endpoint_url", "region", "client", "request_attempts", "multipart_chunk_bytes"})
 """Options only an S3Store takes (`client` is a boto3 client); a gs:// store ignores them."""
-GCS_ONLY_OPTIONS = frozenset({"project"})
+GCS_ONLY_OPTIONS = frozenset({"project", "chunk_bytes"})
 """Options only a GcsStore takes; an s3:// store ignores them."""
 
 
 def open_store(uri: str, **options: object) -> Store:
     """The store a URI names. `options` go to the cloud store's constructor (clock and backoff to
-    both; endpoint_url, region and client to an S3Store only; project to a GcsStore only) and are
-    ignored for a folder; a cloud SDK is imported only for its own URIs."""
+    both; endpoint_url, region, client, request_attempts and multipart_chunk_bytes to an S3Store
+    only; project and chunk_bytes to a GcsStore only) and are ignored for a folder; a cloud SDK is
+    imported only for its own URIs."""
     where = parse_store_uri(uri)
     if where.scheme == "s3":
         from cloud.aws import S3Store

@@ -77,16 +77,20 @@ class FaultProxy:
     forwards the next n requests and flips one byte of each answer's body; `down_for(s)` answers
     503 to everything for the next s seconds. With `match`, a fault waits for a request whose
     "METHOD /path?query" contains it. `faults` counts the requests it spoiled, `forwarded` those
-    it passed on unharmed, `requests` lists every request received as "METHOD /path?query"."""
+    it passed on unharmed, `requests` lists every request received as "METHOD /path?query" and
+    `request_bytes` the length of each one's body. `fail(..., after=k)` lets k matching requests
+    through before the fault."""
 
     def __init__(self, target: str) -> None:
         self.target = target.removeprefix("http://")
         self.faults = 0
         self.forwarded = 0
         self.requests: list[str] = []
+        self.request_bytes: list[int] = []
         self._lock = threading.Lock()
-        # (kind, status, code, match): kind "error", "reset" or "damage"; match "" fits any request
-        self._queue: list[tuple[str, int, str, str]] = []
+        # [kind, status, code, match, after]: kind "error", "reset" or "damage"; match "" fits any
+        # request; `after` matching requests pass before this fault
+        self._queue: list[list] = []
         self._down_until = 0.0
         proxy = self
 
@@ -99,31 +103,35 @@ class FaultProxy:
         self._thread.start()
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
 
-    def fail(self, n: int, status: int = 503, code: str = "SlowDown", match: str = "") -> None:
+    def fail(self, n: int, status: int = 503, code: str = "SlowDown", match: str = "", after: int = 0) -> None:
         with self._lock:
-            self._queue += [("error", status, code, match)] * n
+            self._queue += [["error", status, code, match, after] for _ in range(n)]
 
     def reset(self, n: int, match: str = "") -> None:
         with self._lock:
-            self._queue += [("reset", 0, "", match)] * n
+            self._queue += [["reset", 0, "", match, 0] for _ in range(n)]
 
     def damage(self, n: int, match: str = "") -> None:
         with self._lock:
-            self._queue += [("damage", 0, "", match)] * n
+            self._queue += [["damage", 0, "", match, 0] for _ in range(n)]
 
     def down_for(self, seconds: float) -> None:
         self._down_until = time.monotonic() + seconds
 
-    def _next_fault(self, request: str) -> tuple[str, int, str, str] | None:
+    def _next_fault(self, request: str, size: int) -> list | None:
         with self._lock:
             self.requests.append(request)
+            self.request_bytes.append(size)
             for i, fault in enumerate(self._queue):
                 if fault[3] in request:
+                    if fault[4] > 0:  # let this one through, and count it
+                        fault[4] -= 1
+                        break
                     self.faults += 1
                     return self._queue.pop(i)
             if time.monotonic() < self._down_until:
                 self.faults += 1
-                return ("error", 503, "ServiceUnavailable", "")
+                return ["error", 503, "ServiceUnavailable", "", 0]
             self.forwarded += 1
             return None
 
@@ -155,7 +163,7 @@ class _Forwarder(BaseHTTPRequestHandler):
 
     def _handle(self) -> None:
         body = self._body()
-        fault = self.owner._next_fault(f"{self.command} {self.path}")
+        fault = self.owner._next_fault(f"{self.command} {self.path}", len(body))
         if fault is not None and fault[0] == "reset":
             # SO_LINGER 0: close() sends RST, what a crashed load balancer or a cut link looks like.
             self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
@@ -163,7 +171,7 @@ class _Forwarder(BaseHTTPRequestHandler):
             self.connection.close()
             return
         if fault is not None and fault[0] == "error":
-            _, status, code, _ = fault
+            _, status, code, _, _ = fault
             xml = (f'<?xml version="1.0" encoding="UTF-8"?><Error><Code>{code}</Code>'
                    f"<Message>injected by the test proxy</Message></Error>").encode()
             return self._reply(status, [("Content-Type", "application/xml")], xml)

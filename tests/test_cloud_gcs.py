@@ -18,10 +18,10 @@ from gcs_server import gcs, gcs_fault_proxy, gcs_server  # noqa: F401 (fixtures)
 from schedulers.clock import ManualClock
 
 
-def via(proxy, env, monkeypatch, clock=None):
+def via(proxy, env, monkeypatch, clock=None, **options):
     """A GcsStore on `env`'s bucket that talks to the emulator through the fault proxy."""
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", proxy.url)
-    return GcsStore(env.bucket, "run", clock=clock or ManualClock())
+    return GcsStore(env.bucket, "run", clock=clock or ManualClock(), **options)
 
 
 def crc32c(data: bytes) -> str:
@@ -152,6 +152,21 @@ def test_a_big_file_goes_up_resumably_and_its_checksum_is_still_gcs_own(gcs, gcs
     checksum = store.put_file("big", tmp_path / "big")
     assert checksum == crc32c(data) and any("uploadType=resumable" in r for r in gcs_fault_proxy.requests)
     store.get_file("big", tmp_path / "back", checksum=checksum)
+    assert (tmp_path / "back").read_bytes() == data
+
+
+def test_a_chunk_that_fails_once_is_sent_again_alone(gcs, gcs_fault_proxy, monkeypatch, tmp_path):
+    chunk = 1024 * 1024
+    store = via(gcs_fault_proxy, gcs, monkeypatch, chunk_bytes=chunk)
+    data = os.urandom(9 * chunk)  # resumable (over 8 MiB): nine chunks
+    (tmp_path / "shard").write_bytes(data)
+    gcs_fault_proxy.fail(1, 503, "ServiceUnavailable", match="upload_id=", after=3)  # the fourth chunk's PUT
+    checksum = store.put_file("shard", tmp_path / "shard")
+    sent = sum(n for r, n in zip(gcs_fault_proxy.requests, gcs_fault_proxy.request_bytes) if r.startswith("PUT "))
+    assert gcs_fault_proxy.faults == 1 and store.retries == 0  # the client retried, Backoff saw nothing
+    assert sent == 10 * chunk  # the file once, and the failed chunk again: not the whole file twice
+    assert checksum == crc32c(data)
+    store.get_file("shard", tmp_path / "back", checksum=checksum)
     assert (tmp_path / "back").read_bytes() == data
 
 
