@@ -2,6 +2,7 @@
 notice, and a shipped trace is replayed fast — training still ends with the same weights as an
 undisturbed run, and no request is lost or committed twice."""
 
+import json
 import random
 from pathlib import Path
 
@@ -151,12 +152,18 @@ def test_a_dead_role_surfaces_as_itself_once_and_the_spending_is_saved(tmp_path)
 
 
 @pytest.mark.slow
-def test_local_and_ray_runs_of_an_llm_config_end_bit_identical(tmp_path):
-    """By default (runtime.torch_threads: 1 in every role and in the local runtime's process)."""
+@pytest.mark.parametrize("grpo", [{}, {"drop_zero_advantage_groups": True}], ids=["default", "dropping-groups"])
+def test_local_and_ray_runs_of_an_llm_config_end_bit_identical(tmp_path, grpo):
+    """By default (runtime.torch_threads: 1 in every role and in the local runtime's process), and
+    with zero-advantage groups left out (on Ray their results are then fetched and filtered)."""
     runs = {}
     for kind in ("local", "ray"):
-        cfg = small_llm_config(train={"steps": 3}, runtime={"kind": kind, "spot_workers": 1, "ondemand_workers": 1})
+        cfg = small_llm_config(train={"steps": 3}, grpo=grpo,
+                               runtime={"kind": kind, "spot_workers": 1, "ondemand_workers": 1})
         Trainer(cfg, tmp_path / kind, progress=False).build().train()
         (weights,) = (tmp_path / kind / "final").glob("*.safetensors")
         runs[kind] = load_file(str(weights))
     _assert_same_weights(runs["local"], runs["ray"])
+    if grpo:  # groups were really left out on Ray
+        rows = [json.loads(line) for line in (tmp_path / "ray" / "metrics.jsonl").read_text().splitlines()]
+        assert sum(r["groups_dropped"] for r in rows) > 0

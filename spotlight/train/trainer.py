@@ -294,13 +294,16 @@ class Trainer:
         explored = ex.observe(step, requests, rewards) if ex is not None else {}
         with t("advantage"):
             adv = group_advantages(rewards, g, cfg.grpo.adv_eps, cfg.grpo.adv_clip)
-            # A rollout request is one prompt's group, so its result is that group's samples.
-            assert len(parts) * g == len(adv), f"{len(parts)} rollout results for {len(adv) // g} groups"
-            keep = informative_groups(adv, g) if cfg.grpo.drop_zero_advantage_groups else range(len(parts))
-            dropped = {"groups_dropped": len(parts) - len(keep)} if cfg.grpo.drop_zero_advantage_groups else {}
-            if dropped.get("groups_dropped"):
-                parts = [parts[i] for i in keep]
-                adv = adv.view(-1, g)[list(keep)].flatten()
+            dropped: dict[str, int] = {}
+            if cfg.grpo.drop_zero_advantage_groups:
+                keep = informative_groups(adv, g)
+                dropped["groups_dropped"] = len(adv) // g - len(keep)
+                if dropped["groups_dropped"]:
+                    # One result per request, a request per prompt's group. On Ray the results come
+                    # through the controller here (they otherwise go from the queue to the learner).
+                    results = rt.fetch(parts)
+                    assert len(results) * g == len(adv), f"{len(results)} rollout results for {len(adv) // g} groups"
+                    parts, adv = [results[i] for i in keep], adv.view(-1, g)[keep].flatten()
         # While the learner trains, idle workers explore the next iteration's seeds with these weights
         # — after the last iteration too: a run extended later (--steps) resumes with them.
         session = ex.session(step + 1, rt.version) if ex is not None else None
