@@ -50,7 +50,6 @@ import json
 import logging
 import os
 import urllib.error
-import uuid
 import urllib.request
 from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime, timedelta, timezone
@@ -59,7 +58,7 @@ from typing import Any
 
 from cloud.retry import Backoff, GaveUp, keeping_global_random, one_line
 from cloud.store import (ChecksumMismatch, LocalStore, MissingKey, Store, StoreError, StoreURIError, check_key,
-                         parse_store_uri)
+                         parse_store_uri, replacing)
 from schedulers.clock import Clock, WallClock
 from schedulers.preemption import Cause, NoticeSource, PreemptionNotice
 
@@ -367,14 +366,8 @@ class S3Store:
 
     def get_file(self, key: str, path: Path, checksum: str | None = None) -> None:
         k = self._key(key)
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.parent / f".tmp-{path.name}-{uuid.uuid4().hex[:8]}"
-        try:
+        with replacing(path) as tmp:
             self._call("GET", key, lambda: self._download(key, k, tmp, checksum))
-            os.replace(tmp, path)
-        finally:
-            tmp.unlink(missing_ok=True)
 
     def _download(self, key: str, k: str, tmp: Path, checksum: str | None) -> None:
         """One GET streamed into `tmp`; botocore validates the body against S3's checksum as it

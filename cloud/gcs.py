@@ -44,13 +44,12 @@ import json
 import logging
 import os
 import re
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from cloud.retry import Backoff, GaveUp, keeping_global_random, one_line
-from cloud.store import ChecksumMismatch, MissingKey, StoreError, check_key
+from cloud.store import ChecksumMismatch, MissingKey, StoreError, check_key, replacing
 from schedulers.clock import Clock, WallClock
 
 log = logging.getLogger(__name__)
@@ -64,7 +63,6 @@ SCOPES = ["https://www.googleapis.com/auth/devstorage.read_write"]
 CHUNK_BYTES = 64 * 1024 * 1024
 """A resumable upload's chunk (a multiple of GCS's 256 KiB): what a failed request re-sends at
 most. As S3's parts (`cloud.aws.MULTIPART_CHUNK_BYTES`); the client's own default is 100 MiB."""
-_TMP = ".tmp-"  # get_file's in-progress download, next to its destination
 # GCS's answer to an upload whose bytes do not match the checksum sent with them.
 _CHECKSUM_REFUSED = re.compile(r"(crc32c|md5).*doesn.t match", re.IGNORECASE)
 # The client's message for a damaged download: the X-Goog-Hash checksum, then the received bytes'.
@@ -295,10 +293,7 @@ class GcsStore:
 
     def get_file(self, key: str, path: Path, checksum: str | None = None) -> None:
         name = self._name(key)
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.parent / f"{_TMP}{path.name}-{uuid.uuid4().hex[:8]}"
-        try:
+        with replacing(path) as tmp:
             generation = None
             if checksum is not None:
                 stored = self._call("GET", key, lambda: self._metadata(name))
@@ -310,9 +305,6 @@ class GcsStore:
             if checksum is not None and got != checksum:
                 raise ChecksumMismatch(f"{self.uri}/{key}: downloaded {got or 'without a crc32c to check'}, "
                                        f"expected {str(checksum)[:80]}")
-            os.replace(tmp, path)
-        finally:
-            tmp.unlink(missing_ok=True)
 
     def _metadata(self, name: str) -> Any:
         """The object's blob with its metadata (crc32c, generation); NotFound when there is none."""

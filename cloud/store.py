@@ -37,6 +37,8 @@ from __future__ import annotations
 import hashlib
 import os
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -192,6 +194,22 @@ def _copy_hashing(src, dst, digest) -> None:
         dst.write(block)
 
 
+@contextmanager
+def replacing(path: Path) -> Iterator[Path]:
+    """A temporary file next to `path` (named `.tmp-...`: a folder store never lists it) for the
+    block to write; renamed over `path` when the block ends, removed when it raises, so `path` is
+    the previous file or the whole new one. Parent folders are made. Every store's `get_file` and
+    `LocalStore`'s writes go through it."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f"{_TMP}{path.name}-{uuid.uuid4().hex[:8]}"
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def check_key(key: str) -> str:
     """`key` if it is a valid store key (see the module docstring), else ValueError."""
     parts = key.split("/") if isinstance(key, str) else [""]
@@ -214,17 +232,10 @@ class LocalStore:
         return self.root / check_key(key)
 
     def _write_atomically(self, key: str, write) -> None:
-        target = self._path(key)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.parent / f"{_TMP}{target.name}-{uuid.uuid4().hex[:8]}"
-        try:
-            with open(tmp, "wb") as f:
-                write(f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, target)
-        finally:
-            tmp.unlink(missing_ok=True)
+        with replacing(self._path(key)) as tmp, open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
 
     def put(self, key: str, data: bytes) -> None:
         self._write_atomically(key, lambda f: f.write(data))
@@ -245,19 +256,13 @@ class LocalStore:
         source = self._path(key)
         if not source.is_file():
             raise MissingKey(f"{self.uri}/{key}: no such object")
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.parent / f"{_TMP}{path.name}-{uuid.uuid4().hex[:8]}"
-        try:
+        with replacing(path) as tmp:
             digest = hashlib.sha256()
             with open(source, "rb") as src, open(tmp, "wb") as dst:
                 _copy_hashing(src, dst, digest)  # one read: the copy is the hash's pass
             got = f"{SHA256}:{digest.hexdigest()}"
             if checksum is not None and got != checksum:
                 raise ChecksumMismatch(f"{self.uri}/{key}: checksum {got[:80]}, expected {str(checksum)[:80]}")
-            os.replace(tmp, path)
-        finally:
-            tmp.unlink(missing_ok=True)
 
     def list(self, prefix: str = "") -> list[str]:
         if not self.root.is_dir():
