@@ -4,7 +4,7 @@
                     [--preemption-trace TRACE] [--trace-speedup F] [--checkpoint-uri URI]
                     [--budget-usd X] [--deadline-h H]
     spotlight prices [--gpu GPU] [--json] [--table CSV] [--refresh aws|sky] [--region R] [--write CSV]
-    spotlight bench throughput|scheduler|sp-regroup|sp-train|update [--json] [--agent process|local]
+    spotlight bench throughput|scheduler|sp-regroup|sp-train|update|lora [--json] [--agent process|local]
                     [--executors 1,2,4]
     spotlight launch CONFIG [--checkpoint-uri URI] [--dryrun] [--out DIR] [--strict] [--name NAME]
     spotlight simulate --trace TRACE [--policy all|NAME] [--gpus N] [--iterations N] [--resolution 512|1280] [--budget-usd X]
@@ -397,6 +397,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         except RuntimeError as err:  # the kill missed its update: a run that could not be timed, not bad input
             print(f"spotlight: error: bench update: {err}", file=sys.stderr)
             return 1
+    elif args.name == "lora":
+        from spotlight.bench.lora import run_lora_bench
+
+        result = run_lora_bench(progress=_progress(args))
     else:
         from spotlight.bench.scheduler import run_scheduler_bench
 
@@ -614,7 +618,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser("bench", help="benchmarks that print figures",
                            description="Benchmarks: figures of this machine, with ratios to a baseline run alongside.")
-    bench.add_argument("name", choices=["throughput", "scheduler", "sp-regroup", "sp-train", "update"],
+    bench.add_argument("name", choices=["throughput", "scheduler", "sp-regroup", "sp-train", "update", "lora"],
                        help="throughput: tiny-DiT denoising steps/s and trained samples/s; scheduler: queue "
                             "operations/s in-process and on Ray, and steps recomputed per preemption when a "
                             "shipped trace is replayed, against restarting requests from step 0; sp-regroup: "
@@ -624,7 +628,10 @@ def build_parser() -> argparse.ArgumentParser:
                             "training run against a cold restart of the group, and rollout requests/s at SP "
                             "degree 1 against 2; update: seconds of the tiny DiT's update with its gradient "
                             "computed by 1, 2, 4 rollout workers (train.update_on: fleet) against the learner "
-                            "alone, the per-executor efficiency, and the cost of a worker killed mid-update")
+                            "alone, the per-executor efficiency, and the cost of a worker killed mid-update; "
+                            "lora: bytes one weight publication moves with LoRA adapters against full weights "
+                            "(tiny DiT and LLM), with the adapter-to-full parameter ratio, and the real "
+                            "Qwen-Image transformer's counts at rank 64")
     bench.add_argument("--json", action="store_true", help="print one JSON object (and no progress on stderr)")
     bench.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
     bench.add_argument("--repeats", type=_int(*BENCH_LIMITS["repeats"]), default=None,

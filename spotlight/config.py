@@ -115,6 +115,39 @@ class LLMConfig:
         check(self.temperature > 0, "temperature", "a number > 0", self.temperature)
 
 
+DIT_LORA_TARGETS = ("to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out",
+                    "img_mlp.net.0.proj", "img_mlp.net.2", "txt_mlp.net.0.proj", "txt_mlp.net.2")
+"""The DiT's default LoRA targets: every attention and MLP linear of each Qwen-Image block, as the
+community's Flow-GRPO recipes for Qwen-Image train them (not the modulation or embedding layers)."""
+LLM_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+"""The LLM's default LoRA targets: every attention and MLP projection of a Qwen2 layer."""
+
+
+@dataclass
+class LoRAConfig:
+    """LoRA adapters (peft) instead of full-parameter training: only the adapters are trained,
+    published to workers and checkpointed; the base stays frozen (`spotlight.rl.lora`)."""
+
+    rank: int = 0
+    """Adapter rank r, 0..4,096; 0 trains every parameter (no LoRA)."""
+    alpha: float | None = None
+    """peft's lora_alpha (adapters scale by alpha / rank), in (0, 65,536]; null: alpha = rank."""
+    target_modules: list[str] | None = None
+    """Names (suffixes) of the linear layers that get adapters; null: the policy's defaults
+    (`DIT_LORA_TARGETS` / `LLM_LORA_TARGETS`)."""
+
+    def __post_init__(self) -> None:
+        check(0 <= self.rank <= 4096, "rank", "an integer in 0..4096 (0: no LoRA)", self.rank)
+        check(self.alpha is None or 0 < self.alpha <= 65536, "alpha", "a number in (0, 65536] or null", self.alpha)
+        check(self.target_modules is None or (0 < len(self.target_modules) <= 256 and all(
+            isinstance(m, str) and 0 < len(m) <= 200 for m in self.target_modules)), "target_modules",
+            "null or a list of 1..256 module names", self.target_modules)
+
+    @property
+    def enabled(self) -> bool:
+        return self.rank > 0
+
+
 @dataclass
 class PolicyConfig:
     """Which policy is trained; only the sub-config of that kind is used."""
@@ -122,6 +155,13 @@ class PolicyConfig:
     kind: Literal["dit", "llm"] = "dit"
     dit: DiTConfig = field(default_factory=DiTConfig)
     llm: LLMConfig = field(default_factory=LLMConfig)
+    lora: LoRAConfig = field(default_factory=LoRAConfig)
+
+    @property
+    def lora_targets(self) -> list[str]:
+        """The modules that get adapters: `lora.target_modules`, or this kind's defaults."""
+        default = DIT_LORA_TARGETS if self.kind == "dit" else LLM_LORA_TARGETS
+        return list(self.lora.target_modules or default)
 
 
 @dataclass
@@ -465,13 +505,17 @@ class RunConfig:
         check(ex.monitor_seeds <= ex.candidates_per_prompt, "exploration.monitor_seeds",
                f"at most exploration.candidates_per_prompt ({ex.candidates_per_prompt})", ex.monitor_seeds)
         if self.train.update_on != "learner":
-            # The workers hold no KL reference (the learner's frozen copy stays with it), and an SP
-            # group computes rollouts only.
+            # Without LoRA the workers hold no KL reference (the learner's frozen copy stays with it;
+            # with LoRA it is the base every worker has), and an SP group computes rollouts only.
             on = self.train.update_on
-            check(self.grpo.kl_beta == 0, "grpo.kl_beta", f"0 with train.update_on: {on} (the workers hold no "
-                  "KL reference yet)", self.grpo.kl_beta)
+            check(self.grpo.kl_beta == 0 or self.policy.lora.enabled, "grpo.kl_beta",
+                  f"0 with train.update_on: {on} unless policy.lora is on (the workers hold no KL reference "
+                  "without LoRA; with it the reference is their own base)", self.grpo.kl_beta)
             check(self.runtime.sp_degree == 1, "runtime.sp_degree", f"1 with train.update_on: {on} (SP groups "
                   "compute rollouts only)", self.runtime.sp_degree)
+        check(not self.policy.lora.enabled or self.runtime.sp_degree == 1, "policy.lora.rank",
+              "0 with runtime.sp_degree > 1 (SP groups load whole state dicts, not adapters, yet)",
+              self.policy.lora.rank)
         check(self.sampler.guidance == 1 or self.runtime.sp_degree == 1, "sampler.guidance",
               "1 with runtime.sp_degree > 1 (SP groups sample without guidance yet)", self.sampler.guidance)
         if self.policy.kind == "llm":

@@ -58,3 +58,20 @@ def test_update_benchmark_reports_fleet_update_seconds_efficiency_and_kill_cost(
     assert r["kill_workers_lost"] == 1 and r["kill_requests_lost"] == 0
     assert 1 <= r["kill_iteration"] < r["kill_replacement_iteration"] and r["kill_undisturbed_iterations"] >= 1
     assert r["machine"]["cpus"] >= 1 and r["machine"]["torch"]
+
+
+def test_lora_benchmark_reports_publication_bytes_shrinking_by_the_adapter_ratio():
+    from spotlight.bench.lora import run_lora_bench
+
+    r = run_lora_bench(qwen_image_rank=16)
+    for kind in ("dit", "llm"):
+        t = r[kind]
+        assert 0 < t["adapter_params"] < t["full_params"]
+        # float32: 4 bytes a parameter, plus the safetensors header (tensor names: a few KB)
+        assert 4 * t["full_params"] <= t["full_bytes"] < 4 * t["full_params"] + 16_384
+        assert 4 * t["adapter_params"] <= t["lora_bytes"] < 4 * t["adapter_params"] + 16_384
+        assert t["bytes_ratio"] == t["lora_bytes"] / t["full_bytes"] < 0.3
+        assert t["base_bytes_once"] == t["full_bytes"]  # the base goes once per worker, at full size
+    q = r["qwen_image"]
+    assert q["full_params"] > 20e9 and q["rank"] == 16
+    assert 0 < q["param_ratio"] == q["adapter_params"] / q["full_params"] < 0.01

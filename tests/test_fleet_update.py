@@ -18,7 +18,11 @@ from spotlight.train.trainer import Trainer
 
 from conftest import small_dit_config, small_llm_config
 
-CONFIGS = {"dit": small_dit_config, "llm": small_llm_config}
+# LoRA with a KL penalty: the workers' own base is the reference (without LoRA they have none).
+_LORA_KL = {"policy": {"lora": {"rank": 4, "alpha": 8}}, "grpo": {"kl_beta": 0.05}}
+CONFIGS = {"dit": small_dit_config, "llm": small_llm_config,
+           "dit-lora-kl": lambda **over: small_dit_config(**_LORA_KL, **over),
+           "llm-lora-kl": lambda **over: small_llm_config(**_LORA_KL, **over)}
 
 
 def _config(kind, update_on, runtime="local", **train):
@@ -85,12 +89,14 @@ def test_gradient_work_is_served_before_exploration_and_after_the_rollout():
     assert [lease.request.id for lease in queue.pull("w", 3)] == ["r", "t", "x"]
 
 
-@pytest.mark.parametrize("kind", ["dit", "llm"])
+@pytest.mark.parametrize("kind", list(CONFIGS))
 def test_the_local_runtime_updating_through_the_queue_ends_bit_identical(tmp_path, kind):
     _, alone, _ = _run(_config(kind, "learner"), tmp_path / "learner")
     _, fleet, rows = _run(_config(kind, "fleet"), tmp_path / "fleet")
     _assert_same_weights(alone, fleet)
     assert all(r["gradient_parts"] > 0 and r["gradient_parts_spot"] == 0 for r in rows)
+    if kind.endswith("kl"):  # the penalty was really computed (0 only while the adapters are zero)
+        assert rows[-1]["kl"] > 0, rows
 
 
 def test_auto_places_each_update_where_the_runs_own_updates_were_faster():
@@ -138,7 +144,7 @@ def _preemptions_in_updates():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["dit", "llm"])
+@pytest.mark.parametrize("kind", ["dit", "llm", "llm-lora-kl"])
 def test_spot_workers_killed_during_updates_change_no_weight(tmp_path, kind):
     from spotlight.runtime.ray_runtime import RayRuntime
 

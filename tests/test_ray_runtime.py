@@ -20,17 +20,18 @@ TRACES = Path(__file__).resolve().parents[1] / "experiments" / "traces"
 SPOT = 4
 
 
-def _config():
+def _config(**over):
     return small_dit_config(
         train={"steps": 5, "prompts_per_step": 4, "group_size": 4, "checkpoint_every": 5},
         sampler={"num_steps": 8},
         runtime={"kind": "ray", "spot_workers": SPOT, "ondemand_workers": 1},
+        **over,
     )
 
 
-def _run(tmp_path, name, actions):
-    runtime = RayRuntime(_config(), actions=actions)
-    summary = Trainer(_config(), tmp_path / name, progress=False).build(runtime).train()
+def _run(tmp_path, name, actions, **over):
+    runtime = RayRuntime(_config(**over), actions=actions)
+    summary = Trainer(_config(**over), tmp_path / name, progress=False).build(runtime).train()
     (weights,) = (tmp_path / name / "final").glob("*.safetensors")
     return summary, load_file(str(weights))
 
@@ -68,6 +69,20 @@ def test_chaos_kills_lose_and_duplicate_nothing_and_change_no_weight(tmp_path, u
     assert summary["preemptions"] >= 1 and summary["workers_lost"] >= 1, summary
     assert summary["requests_lost"] == 0 and summary["requests_duplicated"] == 0
     assert summary["requests_completed"] == 5 * 4
+    _assert_same_weights(weights, base_weights)
+
+
+@pytest.mark.slow
+def test_chaos_kills_change_no_adapter_of_a_lora_run(tmp_path):
+    """With LoRA the workers load the learner's base once and then adapters only: replacement
+    workers started mid-run must rebuild the same model, or the run's adapters would differ."""
+    lora = {"lora": {"rank": 4, "alpha": 8}}
+    _, base_weights = _run(tmp_path, "lora-undisturbed", [], policy=lora)
+    summary, weights = _run(tmp_path, "lora-chaos", chaos_schedule(seed=7, spot=SPOT, horizon_s=0.6), policy=lora)
+    assert summary["preemptions"] >= 1 and summary["workers_lost"] >= 1, summary
+    assert summary["requests_lost"] == 0 and summary["requests_duplicated"] == 0
+    assert all("lora_" in k for k in weights) and any(float(w.abs().sum()) > 0 for k, w in weights.items()
+                                                      if "lora_B" in k)
     _assert_same_weights(weights, base_weights)
 
 

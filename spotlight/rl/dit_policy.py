@@ -22,6 +22,7 @@ from spotlight.rl.dit_model import (PixelDecoder, QwenVAEDecoder, build_transfor
                                     velocity)
 from spotlight.rl.dit_sampler import FlowSDESampler, SampleState
 from spotlight.rl.flow_sde import qwen_image_sigmas, sde_mean_std
+from spotlight.rl.lora import base_state, frozen_reference, has_lora, lora_metadata
 from spotlight.rl.grpo import flow_grpo_kl, gaussian_kl_same_std, gaussian_logprob, ppo_clip_loss
 from spotlight.rl.policy import Rollout, sum_stats
 from spotlight.rl.prompt_encoder import HashedWordEncoder, PromptEncoder, QwenPromptEncoder
@@ -221,7 +222,7 @@ class DiTPolicy:
         return sum_stats(self.backward_part(rollout, advantages, i) for i in range(self.update_parts(rollout)))
 
     def set_reference(self) -> None:
-        self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
+        self.ref_model = frozen_reference(self.model)
 
     # ---- warm start ---------------------------------------------------------------------------
 
@@ -257,4 +258,22 @@ class DiTPolicy:
         return {"loss": sum(tail) / len(tail)}
 
     def save_pretrained(self, path: Path) -> None:
-        self.model.save_pretrained(str(path), safe_serialization=True)
+        """The transformer as diffusers saves it; with LoRA, the adapters as diffusers' LoRA file
+        (`pytorch_lora_weights.safetensors`, which `QwenImagePipeline.load_lora_weights` loads) and,
+        unless the base is a local pretrained checkpoint, the base transformer in `transformer/`."""
+        path = Path(path)
+        if not has_lora(self.model):
+            self.model.save_pretrained(str(path), safe_serialization=True)
+            return
+        from diffusers import QwenImagePipeline
+        from peft.utils import get_peft_model_state_dict
+        from safetensors.torch import save_file
+
+        if not self.cfg.policy.dit.pretrained_path:
+            (path / "transformer").mkdir(parents=True, exist_ok=True)
+            self.model.save_config(str(path / "transformer"))
+            save_file({k: v.detach().contiguous().cpu() for k, v in base_state(self.model).items()},
+                      str(path / "transformer" / "diffusion_pytorch_model.safetensors"))
+        adapters = {k: v.detach().contiguous().cpu() for k, v in get_peft_model_state_dict(self.model).items()}
+        QwenImagePipeline.save_lora_weights(str(path), transformer_lora_layers=adapters,
+                                            transformer_lora_adapter_metadata=lora_metadata(self.cfg))

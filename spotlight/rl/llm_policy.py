@@ -19,7 +19,6 @@ ends after (and includes) the first `<eos>`. Invariants:
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable
 from pathlib import Path
 from typing import Sequence
@@ -29,6 +28,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 
 from spotlight.rl.char_tokenizer import build_char_tokenizer
 from spotlight.config import ConfigError, LLMConfig, RunConfig
+from spotlight.rl.lora import base_state, frozen_reference, has_lora, peft_config
 from spotlight.rl.grpo import kl_k3, masked_mean, ppo_clip_loss
 from spotlight.rl.policy import Rollout, sum_stats
 from spotlight.rl.prompts import ARITHMETIC_OPERAND_MAX, Prompt, arithmetic_answer
@@ -238,7 +238,7 @@ class LLMPolicy:
 
     def set_reference(self) -> None:
         """Freeze a copy of the current weights as the KL reference."""
-        self.reference = copy.deepcopy(self.model).eval().requires_grad_(False)
+        self.reference = frozen_reference(self.model)
 
     def update_parts(self, rollout: Rollout) -> int:
         """Micro-batches of the update over `rollout`: `train.micro_batch` samples each."""
@@ -322,6 +322,25 @@ class LLMPolicy:
         return {"loss": loss.item(), "accuracy": self.accuracy(prompts)}
 
     def save_pretrained(self, path: Path | str) -> None:
-        """Model (safetensors + config) and tokenizer, loadable by `from_config` via `pretrained_path`."""
-        self.model.save_pretrained(path)
+        """Model (safetensors + config) and tokenizer, loadable by `from_config` via `pretrained_path`.
+        With LoRA: the adapter as peft saves one (`adapter_config.json`, `adapter_model.safetensors`:
+        `PeftModel.from_pretrained(base, path)` loads it) and the tokenizer; the base model in `base/`
+        unless it is a local pretrained checkpoint (the adapter config names it)."""
+        path = Path(path)
+        if not has_lora(self.model):
+            self.model.save_pretrained(path)
+            self.tokenizer.save_pretrained(path)
+            return
+        from peft.utils import get_peft_model_state_dict
+        from safetensors.torch import save_file
+
+        config = peft_config(self.cfg)
+        config.base_model_name_or_path = self.llm.pretrained_path or "base"
+        if not self.llm.pretrained_path:
+            self.model.save_pretrained(path / "base", state_dict=base_state(self.model))
+        config.save_pretrained(str(path))
+        # The names PeftModel.save_pretrained writes: the wrapper's prefix, no adapter name.
+        adapters = {"base_model.model." + k: v.detach().contiguous().cpu()
+                    for k, v in get_peft_model_state_dict(self.model).items()}
+        save_file(adapters, str(path / "adapter_model.safetensors"), metadata={"format": "pt"})
         self.tokenizer.save_pretrained(path)

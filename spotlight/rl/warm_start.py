@@ -38,7 +38,9 @@ def cache_dir(cfg: RunConfig) -> Path:
 def cache_path(cfg: RunConfig) -> Path:
     d = cfg.to_dict()
     ws = {k: v for k, v in d["warm_start"].items() if k != "cache_dir"}
-    key = {"v": WARM_START_VERSION, "seed": cfg.seed, "policy": d["policy"], "prompts": d["prompts"], "warm_start": ws}
+    # LoRA adapters go on after the warm start: a run with them shares the run's without them.
+    policy = {k: v for k, v in d["policy"].items() if k != "lora"}
+    key = {"v": WARM_START_VERSION, "seed": cfg.seed, "policy": policy, "prompts": d["prompts"], "warm_start": ws}
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     return cache_dir(cfg) / f"warm-start-{cfg.policy.kind}-{digest}.safetensors"
 

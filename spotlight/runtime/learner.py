@@ -14,8 +14,10 @@ from typing import Any
 import torch
 
 from spotlight.train import checkpoint
+from spotlight.train.model_card import write_model_card
 from spotlight.config import RunConfig
 from spotlight.rl.gradient import GradientSum, Gradients, part_gradient
+from spotlight.rl.lora import add_lora, base_state, trainable, trained_state
 from spotlight.rl.policy import Policy, Rollout
 from spotlight.rl.prompts import prompt_set
 from spotlight.rl.warm_start import apply_warm_start
@@ -51,9 +53,11 @@ class Learner:
         torch.manual_seed(cfg.seed)  # nothing should draw from it; seeded so that nothing varies if something does
         self.policy = build_policy(cfg)
         warm = apply_warm_start(self.policy, cfg, prompt_set(cfg.prompts, cfg.seed))
+        if cfg.policy.lora.enabled:  # after the warm start: it trains the base, the adapters start at zero
+            add_lora(self.policy.model, cfg)
         if cfg.grpo.kl_beta > 0:
             self.policy.set_reference()
-        self.optimizer = torch.optim.Adam(self.policy.model.parameters(), lr=cfg.train.lr)
+        self.optimizer = torch.optim.Adam(trainable(self.policy.model), lr=cfg.train.lr)
         skipped: list[str] = []
         ckpt = None if checkpoints is None else checkpoint.newest_usable(
             Path(checkpoints), skipped.append, use=lambda c: checkpoint.load(c, self.policy.model, self.optimizer))
@@ -63,8 +67,16 @@ class Learner:
                 "skipped": skipped}
 
     def weights(self) -> dict[str, torch.Tensor]:
-        """The current weights (version `self.version`) as a CPU state dict."""
-        return {k: v.detach().cpu().clone() for k, v in self.policy.model.state_dict().items()}
+        """The current weights (version `self.version`) as a CPU state dict: what training changes
+        (`trained_state`: every weight, or only the adapters with LoRA)."""
+        return {k: v.detach().cpu().clone() for k, v in trained_state(self.policy.model).items()}
+
+    def base(self) -> dict[str, torch.Tensor] | None:
+        """With LoRA, the frozen base's weights (CPU), which a worker loads once when it starts:
+        then `weights()` carries the adapters alone. None without LoRA."""
+        if not self.cfg.policy.lora.enabled:
+            return None
+        return {k: v.detach().cpu().clone() for k, v in base_state(self.policy.model).items()}
 
     def update(self, parts: list[Rollout], advantages: torch.Tensor) -> dict[str, float]:
         """`train.updates_per_step` optimiser steps over the rollout made of per-request `parts`
@@ -90,7 +102,7 @@ class Learner:
         self.optimizer.zero_grad(set_to_none=True)
         total.apply_to(self.policy.model)
         stats = total.stats()
-        stats["grad_norm"] = torch.nn.utils.clip_grad_norm_(self.policy.model.parameters(),
+        stats["grad_norm"] = torch.nn.utils.clip_grad_norm_(trainable(self.policy.model),
                                                             self.cfg.train.grad_clip).item()
         # One NaN step poisons every weight it touches (Adam spreads it through its moments), and
         # every later checkpoint would carry it: stop before the step instead.
@@ -114,4 +126,6 @@ class Learner:
         return str(checkpoint.save(Path(root), self.version, self.policy.model, self.optimizer).path)
 
     def save_final(self, path: Path) -> None:
+        """The trained policy in its libraries' formats (`Policy.save_pretrained`) and its model card."""
         self.policy.save_pretrained(Path(path))
+        write_model_card(Path(path), self.cfg, self.version)

@@ -90,9 +90,12 @@ class RayExecutor:
     the node lives on)."""
 
     def __init__(self, cfg: RunConfig, queue: Any, version: int, weights: Any, clock: Any,
-                 home: str | None = None, gpus: Any = None, log: Callable[[str], None] = print) -> None:
+                 home: str | None = None, gpus: Any = None, log: Callable[[str], None] = print,
+                 base: Any = None) -> None:
         self.cfg, self.queue, self.clock, self.log = cfg, queue, clock, log
         self.version, self.weights = version, weights
+        self.base = base
+        """With LoRA, the learner's frozen base (an ObjectRef): each worker loads it once, at start."""
         self.home = home
         """The node a worker of a replayed fleet runs on (the one-node local cluster's)."""
         self.gpus = gpus or (lambda node_id: 0)
@@ -110,7 +113,7 @@ class RayExecutor:
             actor = RolloutWorkerActor.options(**options).remote(
                 name, self.cfg, QueueClient(self.queue), commit_every=self.cfg.runtime.commit_every)
             # Actor calls from one caller run in order: build, then the weights, then (later) serve.
-            actor.build.remote()
+            actor.build.remote(self.base)
             worker = Worker(name, (node.name,), spot, handle=actor)
             ref = actor.set_weights.remote(self.version, self.weights)
             self._starting[ref], self._since[ref] = worker, self.clock.now()
@@ -231,9 +234,11 @@ class RayRuntime:
         self.version = info["step"]
         if rt.sp_degree > 1:  # elastic SP groups serve the requests (spotlight/runtime/ray_sp.py)
             from spotlight.runtime.ray_sp import RaySPExecutor
+        # With LoRA the base goes into the object store once; publishes carry the adapters alone.
+        lora = {"base": self.learner.base.remote()} if self.cfg.policy.lora.enabled else {}
         self.executor = (RaySPExecutor if rt.sp_degree > 1 else RayExecutor)(
             self.cfg, self.queue_actor, self.version, self.learner.weights.remote(),
-            self.clock, home=home, gpus=self.cluster.gpus if self.cluster else None, log=self.log)
+            self.clock, home=home, gpus=self.cluster.gpus if self.cluster else None, log=self.log, **lora)
         nodes = self.cluster.nodes() if self.cluster else fleet_nodes(rt.ondemand_workers, rt.spot_workers)
         self.engine = FleetEngine(self.clock, self.queue, self.executor, nodes,
                                   actions=[FleetAction(a.at_s, f"spot{a.slot}", a.action) for a in self.actions],

@@ -30,6 +30,7 @@ from schedulers.request import Kind, Request
 from spotlight.config import RunConfig
 from spotlight.runtime.learner import build_policy
 from spotlight.rl.gradient import part_gradient
+from spotlight.rl.lora import add_lora, load_trained_state
 from spotlight.rl.policy import Policy, Rollout
 from spotlight.rl.prompts import Prompt
 
@@ -70,10 +71,20 @@ class RolloutWorker:
         self._updater: tuple[Any, Policy] | None = None
         """(the weights handle loaded, a copy of the policy holding them): a later round's."""
 
-    def build(self) -> "RolloutWorker":
+    def build(self, base: dict[str, torch.Tensor] | None = None) -> "RolloutWorker":
+        """Make the policy (unless one is shared) and watch for notices. With LoRA, `base` is the
+        learner's frozen base (`Learner.base`), loaded once here; every publish then carries the
+        adapters alone, and the KL reference (the base) is at hand for the update's parts."""
         torch.set_num_threads(self.cfg.runtime.torch_threads)  # the same in every role (runtime.torch_threads)
         if self.policy is None:
             self.policy = build_policy(self.cfg)
+            if self.cfg.policy.lora.enabled:
+                if base is None:
+                    raise ValueError("a LoRA run's worker needs the learner's base weights (Learner.base)")
+                self.policy.model.load_state_dict(base)
+                add_lora(self.policy.model, self.cfg)
+                if self.cfg.grpo.kl_beta > 0:  # the base with the adapters off: the update's parts need it
+                    self.policy.set_reference()
         self._watch()
         return self
 
@@ -112,7 +123,7 @@ class RolloutWorker:
     def set_weights(self, version: int, state_dict: dict | None = None) -> None:
         """Load `state_dict` as weight version `version` (None: the shared policy already has them)."""
         if state_dict is not None:
-            self.policy.model.load_state_dict(state_dict)
+            load_trained_state(self.policy.model, state_dict)
         self.version = version
 
     def notify(self, notice: Any) -> None:
@@ -193,7 +204,7 @@ class RolloutWorker:
             if self._updater is None:
                 self._updater = (None, copy.deepcopy(self.policy))
             if not _same(self._updater[0], work.weights):
-                self._updater[1].model.load_state_dict(_resolve(work.weights))
+                load_trained_state(self._updater[1].model, _resolve(work.weights))
                 self._updater = (work.weights, self._updater[1])
             policy = self._updater[1]
         result = part_gradient(policy, self._update_data[1], advantages, work.index, device="cpu")

@@ -40,6 +40,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from cloud.codec import DecodeError, read_file, write_file
+from spotlight.rl.lora import load_trained_state, trained_state
 
 PREFIX = "step-"
 SKIPPED = ".skipped-"
@@ -111,8 +112,9 @@ def save(root: Path, step: int, model: torch.nn.Module, optimizer: torch.optim.O
     tmp = root / f".tmp-{PREFIX}{step:06d}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
+    # What training changed (`trained_state`: the adapters alone with LoRA; the base is rebuilt).
     # safetensors refuses shared or non-contiguous storage; state_dict tensors are plain parameters.
-    save_file({k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}, str(tmp / FILES[0]))
+    save_file({k: v.detach().contiguous().cpu() for k, v in trained_state(model).items()}, str(tmp / FILES[0]))
     write_file({"optimizer": optimizer.state_dict(), "rng": _rng_state()}, tmp / FILES[1])
     (tmp / FILES[2]).write_text(json.dumps({"step": step, **(extra or {})}))
     files = {}
@@ -218,7 +220,7 @@ def load(ckpt: Checkpoint, model: torch.nn.Module, optimizer: torch.optim.Optimi
     """Restore weights, optimiser and RNG states in place; returns state.json's contents. Raises
     CheckpointError — with model, optimiser and RNGs untouched — when anything does not fit."""
     loaded = read(ckpt, hashes)
-    own = model.state_dict()
+    own = trained_state(model)
     if loaded.weights.keys() != own.keys():
         diff = sorted(loaded.weights.keys() ^ own.keys())
         raise CheckpointError(f"{FILES[0]}: tensor names differ from the model's ({', '.join(diff[:3])}...)")
@@ -235,7 +237,7 @@ def load(ckpt: Checkpoint, model: torch.nn.Module, optimizer: torch.optim.Optimi
         _set_rng_state(rng_before)
         raise CheckpointError(f"{FILES[1]}: the optimiser or RNG state does not load "
                               f"({type(err).__name__}: {str(err)[:100]})") from None
-    model.load_state_dict(loaded.weights)  # names, shapes and dtypes checked above: cannot fail half-way
+    load_trained_state(model, loaded.weights)  # names, shapes and dtypes checked above: cannot fail half-way
     return loaded.state
 
 

@@ -1,0 +1,141 @@
+"""LoRA adapters (peft) on a policy's model, and the state that training moves around.
+
+With `policy.lora.rank` > 0 the model's base weights are frozen and peft's LoRA layers are injected
+into the target linears (`inject_adapter_in_model`: the model stays the diffusers / transformers
+class it was, so every forward call is unchanged). Only the adapters are trained, published to the
+workers and checkpointed: `trained_state` is what leaves the learner, `load_trained_state` what a
+worker or a checkpoint puts back. Without LoRA both are the whole `state_dict`, as before.
+
+Everything here is deterministic: the adapters' initial values (peft draws lora_A from the global
+RNG) come from a generator keyed by the run seed, and the global RNG is left as it was.
+
+The KL reference with LoRA is the base itself — the same model with its adapters switched off
+(`Reference`) — so it costs no copy of the weights (a 20B DiT cannot afford a second one).
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+import torch
+
+from spotlight.config import RunConfig
+from spotlight.rl.seeding import derive_seed
+
+ADAPTER = "default"
+"""peft's adapter name: the one `save_lora_weights` / `PeftModel.save_pretrained` write."""
+_LORA_INIT = 0x10A  # stream tag of the adapters' initial values
+
+
+def peft_config(cfg: RunConfig):
+    """The peft `LoraConfig` of `policy.lora` (its target modules, or the policy's defaults)."""
+    from peft import LoraConfig
+
+    lora = cfg.policy.lora
+    return LoraConfig(r=lora.rank, lora_alpha=lora.alpha or lora.rank, target_modules=cfg.policy.lora_targets,
+                      lora_dropout=0.0, bias="none")
+
+
+def lora_metadata(cfg: RunConfig) -> dict[str, Any]:
+    """The adapter's peft config as a dict (diffusers keeps it in its LoRA file, so a loader gets
+    the rank and alpha back: without it, alpha would default to the rank)."""
+    return peft_config(cfg).to_dict()
+
+
+def add_lora(model: torch.nn.Module, cfg: RunConfig) -> torch.nn.Module:
+    """Freeze `model` and inject LoRA adapters (`policy.lora`) into its target linears, in place;
+    returns it. lora_B starts at zero (peft's default), so the model still computes its base."""
+    from peft import inject_adapter_in_model
+
+    model.requires_grad_(False)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(derive_seed(cfg.seed, _LORA_INIT))
+        inject_adapter_in_model(peft_config(cfg), model, adapter_name=ADAPTER)
+    for name, p in model.named_parameters():
+        p.requires_grad_("lora_" in name)
+    if not has_lora(model):
+        raise ValueError(f"policy.lora.target_modules: none of {cfg.policy.lora_targets} names a layer of the model")
+    return model
+
+
+def has_lora(model: torch.nn.Module) -> bool:
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    return any(isinstance(m, BaseTunerLayer) for m in model.modules())
+
+
+def _adapters(model: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
+    # By name, not requires_grad: peft flips that flag while the adapters are off (`adapters_off`).
+    return {name: p for name, p in model.named_parameters() if "lora_" in name}
+
+
+def trainable(model: torch.nn.Module) -> list[torch.nn.Parameter]:
+    """The parameters the optimiser steps: all of them, or the adapters' with LoRA."""
+    return list(_adapters(model).values()) if has_lora(model) else list(model.parameters())
+
+
+def trained_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """What training changes, by name: the whole state dict, or only the adapters with LoRA.
+    The tensors are the model's own (callers copy them when they must not change)."""
+    return _adapters(model) if has_lora(model) else model.state_dict()
+
+
+def load_trained_state(model: torch.nn.Module, state: dict[str, Any]) -> None:
+    """Put a `trained_state` back; its names must be exactly the model's (a full state dict into
+    a LoRA model, or adapters into a plain one, is refused rather than half loaded)."""
+    if not has_lora(model):
+        model.load_state_dict(state)
+        return
+    own = set(_adapters(model))
+    if set(state) != own:
+        diff = sorted(set(state) ^ own)
+        raise KeyError(f"the state's tensor names differ from the model's adapters ({', '.join(diff[:3])}...)")
+    model.load_state_dict(state, strict=False)
+
+
+def base_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The frozen base's state dict under the names the model had before `add_lora` (peft moves a
+    wrapped linear's weights to `<name>.base_layer.*`): what a worker loads before its own `add_lora`."""
+    return {name.replace(".base_layer.", "."): t for name, t in model.state_dict().items() if "lora_" not in name}
+
+
+@contextmanager
+def adapters_off(model: torch.nn.Module) -> Iterator[None]:
+    """The model computes its base's outputs inside the block (every adapter disabled)."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    layers = [m for m in model.modules() if isinstance(m, BaseTunerLayer)]
+    for layer in layers:
+        layer.enable_adapters(False)
+    try:
+        yield
+    finally:
+        for layer in layers:
+            layer.enable_adapters(True)
+
+
+def frozen_reference(model: torch.nn.Module) -> Any:
+    """The KL reference for `model` as it is now: with LoRA the base (`Reference`: the adapters are
+    all the change training makes), else a frozen copy."""
+    if has_lora(model):
+        return Reference(model)
+    import copy
+
+    return copy.deepcopy(model).eval().requires_grad_(False)
+
+
+class Reference:
+    """The KL reference of a LoRA policy: its model with the adapters off (no copy of the weights).
+    Called like the model; `dtype` is the model's, as the velocity / log-prob helpers read it."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.dtype
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        with adapters_off(self.model):
+            return self.model(*args, **kwargs)

@@ -1,0 +1,79 @@
+"""final/README.md: the model card of a trained policy — what it is and how to load it.
+
+Hugging Face reads the YAML front matter (library, base model, tags); people read the rest: the
+base model, the reward, how many iterations trained it, the LoRA settings, a loading snippet that
+matches the files `save_pretrained` wrote, and the whole run config.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from spotlight.config import RunConfig
+
+
+def base_model(cfg: RunConfig) -> str:
+    """The base model's name: its local checkpoint folder, or the architecture built from the seed."""
+    if cfg.policy.kind == "dit":
+        dit = cfg.policy.dit
+        return dit.pretrained_path or f"random {dit.preset} QwenImageTransformer2DModel (seed {cfg.seed})"
+    return cfg.policy.llm.pretrained_path or f"random tiny Qwen2ForCausalLM (seed {cfg.seed})"
+
+
+def _loading(cfg: RunConfig) -> str:
+    lora = cfg.policy.lora.enabled
+    if cfg.policy.kind == "dit":
+        if not lora:
+            return ("from diffusers import QwenImageTransformer2DModel\n"
+                    "transformer = QwenImageTransformer2DModel.from_pretrained(\"final\")")
+        base = f'"{cfg.policy.dit.pretrained_path}", subfolder="transformer"' if cfg.policy.dit.pretrained_path \
+            else '"final/transformer"'
+        return ("from diffusers import QwenImagePipeline, QwenImageTransformer2DModel\n"
+                f"transformer = QwenImageTransformer2DModel.from_pretrained({base})\n"
+                "pipe = QwenImagePipeline(..., transformer=transformer)  # or QwenImagePipeline.from_pretrained(base)\n"
+                "pipe.load_lora_weights(\"final\")  # pytorch_lora_weights.safetensors")
+    if not lora:
+        return ("from transformers import AutoModelForCausalLM, AutoTokenizer\n"
+                "model = AutoModelForCausalLM.from_pretrained(\"final\")\n"
+                "tokenizer = AutoTokenizer.from_pretrained(\"final\")")
+    base = cfg.policy.llm.pretrained_path or "final/base"
+    return ("from peft import PeftModel\n"
+            "from transformers import AutoModelForCausalLM, AutoTokenizer\n"
+            f"model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(\"{base}\"), \"final\")\n"
+            "tokenizer = AutoTokenizer.from_pretrained(\"final\")")
+
+
+def model_card(cfg: RunConfig, iterations: int) -> str:
+    """The card of a policy trained for `iterations` GRPO iterations with `cfg`."""
+    lora = cfg.policy.lora
+    library = "peft" if lora.enabled and cfg.policy.kind == "llm" else \
+        "diffusers" if cfg.policy.kind == "dit" else "transformers"
+    front = {"library_name": library, "tags": ["spotlight", "grpo", "reinforcement-learning"]
+             + (["lora"] if lora.enabled else [])}
+    path = cfg.policy.dit.pretrained_path if cfg.policy.kind == "dit" else cfg.policy.llm.pretrained_path
+    if path:  # the Hub reads base_model as a model's name; a random base has none
+        front["base_model"] = Path(path).name
+    if lora.enabled:
+        what = (f"LoRA adapters (rank {lora.rank}, alpha {lora.alpha or lora.rank}) on "
+                f"{', '.join(cfg.policy.lora_targets)}; the base model is frozen")
+    else:
+        what = "every parameter trained"
+    algorithm = "Flow-GRPO" if cfg.policy.kind == "dit" else "token-level GRPO"
+    return "\n".join([
+        "---", yaml.safe_dump(front, sort_keys=False).strip(), "---", "",
+        f"# {cfg.policy.kind.upper()} policy trained with Spotlight", "",
+        f"- Base model: {base_model(cfg)}",
+        f"- Training: {algorithm}, {iterations} iterations of {cfg.train.prompts_per_step} prompts x "
+        f"{cfg.train.group_size} samples; {what}",
+        f"- Reward: {cfg.reward.name}",
+        f"- Prompts: {cfg.prompts.name} ({cfg.prompts.count})",
+        f"- Run seed: {cfg.seed}", "",
+        "## Loading", "", "```python", _loading(cfg), "```", "",
+        "## Run config", "", "```yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False).strip(), "```", ""])
+
+
+def write_model_card(path: Path, cfg: RunConfig, iterations: int) -> None:
+    Path(path).mkdir(parents=True, exist_ok=True)
+    (Path(path) / "README.md").write_text(model_card(cfg, iterations))

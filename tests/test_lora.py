@@ -1,0 +1,139 @@
+"""LoRA (`policy.lora`, spotlight/rl/lora.py): adapters injected with peft on the real tiny
+diffusers and transformers models; only they train, travel and are checkpointed; the KL reference
+is the base with the adapters off; workers rebuild the learner's exact model from its base and
+adapters. The learning runs and `final/` round trips are in tests/test_train_e2e.py, resume in
+tests/test_trainer.py, chaos on Ray in tests/test_ray_runtime.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from spotlight.config import ConfigError
+from spotlight.rl.dit_model import velocity
+from spotlight.rl.lora import (Reference, add_lora, base_state, has_lora, load_trained_state, trainable,
+                               trained_state)
+from spotlight.rl.prompts import prompt_set
+from spotlight.runtime.learner import Learner, build_policy
+from spotlight.runtime.rollout_worker import RolloutWorker
+
+from conftest import small_dit_config, small_llm_config
+
+LORA = {"lora": {"rank": 4, "alpha": 8}}
+
+
+def _dit_out(model, policy):
+    x = torch.randn(2, policy.tokens, 4 * policy.channels, generator=torch.Generator().manual_seed(1))
+    emb, mask = policy._conditioning(["red square", "blue"])
+    return velocity(model, x, torch.tensor([0.7, 0.2]), emb, mask, policy.side)
+
+
+def _perturb(model, seed=0):
+    """Adapters away from their zero start, as training moves them."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in trainable(model):
+            p.add_(torch.randn(p.shape, generator=g) * 0.05)
+
+
+def test_adapters_start_at_zero_are_the_only_trained_weights_and_are_seeded():
+    cfg = small_dit_config(policy=LORA)
+    policy = build_policy(cfg)
+    before = _dit_out(policy.model, policy)
+    torch.manual_seed(5)
+    expected_draw = torch.rand(3)
+    torch.manual_seed(5)
+    add_lora(policy.model, cfg)
+    assert torch.equal(torch.rand(3), expected_draw)  # the global RNG is left as it was
+    assert torch.equal(_dit_out(policy.model, policy), before)  # lora_B starts at zero
+    names = [n for n, p in policy.model.named_parameters() if p.requires_grad]
+    assert names and all("lora_" in n for n in names)
+    assert set(trained_state(policy.model)) == set(names)
+    # 12 target linears per block x 2 blocks x (A, B)
+    assert len(names) == 12 * 2 * 2
+    again = add_lora(build_policy(cfg).model, cfg)
+    other = add_lora(build_policy(small_dit_config(policy=LORA, seed=1)).model, small_dit_config(policy=LORA, seed=1))
+    a, b, c = trained_state(policy.model), trained_state(again), trained_state(other)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert any(not torch.equal(a[k], c[k]) for k in a if "lora_A" in k)
+
+
+def test_the_reference_is_the_base_with_no_copy_and_leaves_the_adapters_trainable():
+    cfg = small_dit_config(policy=LORA, grpo={"kl_beta": 0.01})
+    policy = build_policy(cfg)
+    base_out = _dit_out(policy.model, policy)
+    add_lora(policy.model, cfg)
+    policy.set_reference()
+    assert isinstance(policy.ref_model, Reference) and policy.ref_model.model is policy.model
+    _perturb(policy.model)
+    trained_out = _dit_out(policy.model, policy)
+    assert not torch.equal(trained_out, base_out)
+    with torch.no_grad():
+        assert torch.equal(_dit_out(policy.ref_model, policy), base_out)
+    assert torch.equal(_dit_out(policy.model, policy), trained_out)  # adapters back on
+    assert all(p.requires_grad for p in trainable(policy.model))
+
+
+def test_trained_state_refuses_a_full_state_dict_and_base_state_has_the_plain_names():
+    cfg = small_llm_config(policy=LORA)
+    policy = build_policy(cfg)
+    plain = {k: v.clone() for k, v in policy.model.state_dict().items()}
+    add_lora(policy.model, cfg)
+    base = base_state(policy.model)
+    assert base.keys() == plain.keys() and all(torch.equal(base[k], plain[k]) for k in plain)
+    with pytest.raises(KeyError, match="adapters"):
+        load_trained_state(policy.model, plain)
+    adapters = {k: torch.zeros_like(v) for k, v in trained_state(policy.model).items()}
+    load_trained_state(policy.model, adapters)
+    assert all(float(p.detach().abs().sum()) == 0 for p in trainable(policy.model))
+
+
+@pytest.mark.parametrize("config", [small_dit_config, small_llm_config])
+def test_a_worker_rebuilds_the_learners_model_from_its_base_and_published_adapters(config):
+    cfg = config(policy=LORA, warm_start={"steps": 5})
+    learner = Learner(cfg)
+    learner.build()
+    _perturb(learner.policy.model, seed=3)
+    weights, base = learner.weights(), learner.base()
+    assert set(weights) == set(trained_state(learner.policy.model)) and all("lora_" in k for k in weights)
+    assert len(learner.optimizer.param_groups[0]["params"]) == len(weights)
+
+    worker = RolloutWorker("w", cfg, queue=None).build(base)
+    worker.set_weights(1, weights)
+    assert has_lora(worker.policy.model)
+    prompts = prompt_set(cfg.prompts, cfg.seed)[:2]
+    a = learner.policy.rollout(prompts, [0, 1])
+    b = worker.policy.rollout(prompts, [0, 1])
+    assert a.data.keys() == b.data.keys() and all(torch.equal(a.data[k], b.data[k]) for k in a.data)
+    with pytest.raises(ValueError, match="base"):
+        RolloutWorker("w2", cfg, queue=None).build(None)
+
+
+def test_lora_config_is_checked():
+    with pytest.raises(ConfigError, match="policy.lora.rank"):
+        small_dit_config(policy=LORA, runtime={"sp_degree": 2})
+    with pytest.raises(ConfigError, match="rank"):
+        small_dit_config(policy={"lora": {"rank": -1}})
+    with pytest.raises(ConfigError, match="target_modules"):
+        small_dit_config(policy={"lora": {"rank": 2, "target_modules": []}})
+    cfg = small_dit_config(policy={"lora": {"rank": 2, "target_modules": ["no_such_layer"]}})
+    with pytest.raises(ValueError, match="no_such_layer"):
+        add_lora(build_policy(cfg).model, cfg)
+
+
+def test_the_model_card_names_the_base_reward_iterations_loading_and_config():
+    import yaml
+
+    from spotlight.train.model_card import model_card
+
+    cfg = small_llm_config(policy={**LORA, "llm": {"pretrained_path": "/models/Qwen2.5-0.5B"}})
+    card = model_card(cfg, 7)
+    front = yaml.safe_load(card.split("---")[1])
+    assert front["library_name"] == "peft" and front["base_model"] == "Qwen2.5-0.5B" and "lora" in front["tags"]
+    assert "Base model: /models/Qwen2.5-0.5B" in card and "7 iterations" in card and "Reward: arithmetic" in card
+    assert 'PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained("/models/Qwen2.5-0.5B"), "final")' in card
+    assert "rank 4, alpha 8" in card
+    assert yaml.safe_load(card.split("```yaml\n")[1].split("```")[0]) == cfg.to_dict()
+    full = model_card(small_dit_config(), 3)
+    assert "base_model" not in yaml.safe_load(full.split("---")[1])  # a random base has no name to give
+    assert "every parameter trained" in full and "QwenImageTransformer2DModel.from_pretrained" in full
