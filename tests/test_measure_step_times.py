@@ -16,12 +16,24 @@ def test_the_cpu_smoke_run_writes_step_time_files_the_simulator_reads(tmp_path, 
           "--steps", "3", "--warmup", "1"])
     measured = json.loads((tmp_path / "measured.json").read_text())
     assert [r["resolution"] for r in measured["rows"]] == [16, 32] and measured["dtype"] == "torch.float32"
+    assert measured["lora_rank"] == 64 and measured["lora_params"] > 0
     for row in measured["rows"]:
         steps = StepTimes.load(tmp_path / f"cpu-{row['resolution']}.yaml")
         assert steps.gpu == "cpu" and steps.denoise_step_s == row["plain_s"] > 0
         assert steps.cfg_factor == pytest.approx(row["guided_s"] / row["plain_s"])  # measured: no range asserted
+        # the LoRA update's row (forward + backward into the adapters), as the simulator's factor
+        assert row["lora_train_s"] > 0 and row["lora_train_guided_s"] > 0
+        assert steps.train_flops_factor == pytest.approx(row["lora_train_s"] / row["plain_s"])
     assert measured["rows"][1]["image_tokens"] == 4 * measured["rows"][0]["image_tokens"]
-    assert "ms per step" in capsys.readouterr().out
+    assert "LoRA update row" in capsys.readouterr().out
+
+
+def test_lora_rank_0_skips_the_update_rows(tmp_path):
+    main(["--out", str(tmp_path), "--preset", "tiny", "--device", "cpu", "--resolutions", "16", "--steps", "1",
+          "--lora-rank", "0"])
+    measured = json.loads((tmp_path / "measured.json").read_text())
+    assert measured["lora_params"] == 0 and "lora_train_s" not in measured["rows"][0]
+    assert StepTimes.load(tmp_path / "cpu-16.yaml").train_flops_factor == StepTimes().train_flops_factor
 
 
 def test_a_resolution_the_latents_cannot_patch_is_refused(tmp_path):
