@@ -35,7 +35,7 @@ from schedulers.request import Kind, Request
 
 _ALL_KINDS = tuple(sorted(Kind, key=lambda k: k.rank))
 _RELEASED = object()
-"""What a result released by `PullQueue.results(..., release=True)` is replaced with."""
+"""What a released result (`PullQueue.release`, `results(..., release=True)`) is replaced with."""
 
 
 class Status(Enum):
@@ -112,6 +112,8 @@ class PullQueue:
         """Append-only commit log of (request id, result): where results are stored."""
         self._done: dict[str, int] = {}
         """Request id -> its position in the commit log."""
+        self._results_held = 0
+        """Results in the commit log not released yet: what the queue's memory grows with."""
         self._counts: Counter[str] = Counter()
         self._expired_at: float | None = None
         """The clock time of the last full expiry check: until the clock moves nothing more can
@@ -234,6 +236,8 @@ class PullQueue:
                 self._queued[self._requests[request_id].kind] -= 1
             self._done[request_id] = len(self._log)
             self._log.append((request_id, result))
+            self._results_held += 1
+            self._drop_state(request_id)  # the result supersedes the partial state
             self._by_worker[worker, self._requests[request_id].kind] += 1
             self._status[request_id] = Status.COMPLETED
             del self._open[self._requests[request_id].kind][request_id]
@@ -270,6 +274,7 @@ class PullQueue:
                 if self._status[request_id] is Status.LEASED:
                     self._release(request_id)
                 self._status[request_id] = Status.CANCELLED
+                self._drop_state(request_id)
             self._open[kind].clear()
             self._heaps[kind].clear()  # every request of this kind that was queued is now cancelled
             self._queued[kind] = 0
@@ -287,15 +292,25 @@ class PullQueue:
 
     def results(self, ids: Iterable[str], release: bool = False) -> list[Any]:
         """Committed results in the order of `ids`; KeyError if any is not completed. With
-        `release`, the queue keeps them no longer (they stay completed; reading them again is a
-        KeyError): an update's gradients are consumed once, and would otherwise pile up."""
+        `release`, they are read once and released (`release`): an update's gradients, an
+        exploration round's samples."""
         with self._lock:
             ids = list(ids)
             out = [self._result(request_id) for request_id in ids]
             if release:
                 for request_id in ids:
-                    self._log[self._done[request_id]] = (request_id, _RELEASED)
+                    self._forget(request_id)
             return out
+
+    def release(self, ids: Iterable[str]) -> int:
+        """Keep the committed results of `ids` no longer: they stay completed, and reading one
+        again is a KeyError. A run releases each iteration's rollout once its update has used
+        it; results are whole trajectories (a Qwen-Image sample's is ~20 MB), and a queue that
+        kept every iteration's would grow until its process ran out of memory. Ids that are not
+        completed, or that this queue never had (results restored from an in-flight store), are
+        skipped. Returns how many were released."""
+        with self._lock:
+            return sum(self._forget(request_id) for request_id in ids)
 
     def committed(self, ids: Iterable[str]) -> tuple[dict[str, Any], dict[str, tuple[int, Any]]]:
         """What is committed of requests `ids`: (results of the completed ones, {id: (step, state)}
@@ -383,6 +398,7 @@ class PullQueue:
                 "requests_duplicated": sum(n > 1 for n in per_id.values()),
                 "queued": statuses[Status.QUEUED],
                 "leased": statuses[Status.LEASED],
+                "results_held": self._results_held,
             }
 
     # Internals: called with the lock held.
@@ -400,6 +416,20 @@ class PullQueue:
         if result is _RELEASED:
             raise KeyError(f"request {request_id!r}'s result was released after it was read")
         return result
+
+    def _forget(self, request_id: str) -> bool:
+        at = self._done.get(request_id)
+        if at is None or self._log[at][1] is _RELEASED:
+            return False
+        self._log[at] = (request_id, _RELEASED)
+        self._results_held -= 1
+        return True
+
+    def _drop_state(self, request_id: str) -> None:
+        """The request's committed partial state is of no more use (completed or cancelled)."""
+        r = self._requests[request_id]
+        if r.state is not None:
+            self._requests[request_id] = replace(r, state=None)
 
     def _holds(self, worker: str, request_id: str) -> bool:
         self._status_of(request_id)  # an unknown id is a caller bug, not a stale worker

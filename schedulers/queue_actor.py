@@ -63,6 +63,9 @@ class _QueueActor:
     def results(self, ids: Iterable[str], release: bool = False) -> list[Any]:
         return self._queue.results(ids, release)
 
+    def release(self, ids: Iterable[str]) -> int:
+        return self._queue.release(ids)
+
     def committed(self, ids: Iterable[str]) -> tuple[dict[str, Any], dict[str, tuple[int, Any]]]:
         return self._queue.committed(ids)
 
@@ -151,6 +154,9 @@ class QueueClient:
 
     def results(self, ids: Iterable[str], release: bool = False) -> list[Any]:
         return ray.get(self.handle.results.remote(ids, release))
+
+    def release(self, ids: Iterable[str]) -> int:
+        return ray.get(self.handle.release.remote(list(ids)))
 
     def stats(self) -> dict[str, int]:
         return ray.get(self.handle.stats.remote())

@@ -160,6 +160,28 @@ def test_cancel_ends_exploration_and_rejects_its_late_commits(queue: Any) -> Non
     assert (stats["requests_cancelled"], stats["stale_commits_rejected"]) == (2, 1)
 
 
+def test_released_results_and_finished_states_are_not_kept(queue: Any) -> None:
+    """A run releases each iteration's rollout after its update: a queue that kept every result
+    (and every completed request's last partial state) would grow for the whole run."""
+    queue.put([req("a"), req("b"), req("c", Kind.EXPLORATION)])
+    queue.pull("w1", max_requests=3)
+    for request_id in ("a", "b", "c"):
+        assert queue.checkpoint("w1", request_id, f"{request_id}@1", 1)
+    assert queue.complete("w1", "a", "ra") and queue.complete("w1", "b", "rb")
+    queue.cancel(Kind.EXPLORATION)
+    assert queue.stats()["results_held"] == 2
+    assert queue.committed(["a", "b", "c"]) == ({"a": "ra", "b": "rb"}, {})
+    if isinstance(queue, PullQueue):  # the partial states are gone, not just hidden
+        assert [queue._requests[i].state for i in "abc"] == [None, None, None]
+    # "a" read once and released; "b" released; "never-put" (restored from elsewhere) skipped
+    assert queue.results(["a"], release=True) == ["ra"]
+    assert queue.release(["a", "b", "never-put"]) == 1
+    assert queue.stats()["results_held"] == 0
+    with pytest.raises(KeyError, match="released"):
+        queue.result("b")
+    assert queue.status("b") is Status.COMPLETED and queue.stats()["requests_completed"] == 2
+
+
 def test_a_notified_worker_pulls_nothing_and_hears_the_notice(queue: Any) -> None:
     queue.put([req("a"), req("b")])
     queue.pull("w1")

@@ -33,6 +33,8 @@ def test_sample_budgeted_exploration_on_ray_ends_with_the_in_process_weights(tmp
     assert [r["explored_samples"] for r in ray_rows] == [16, 16, 16, 16]
     assert [r["reward_mean"] for r in ray_rows] == [r["reward_mean"] for r in local_rows]
     assert all(torch.equal(ray_weights[k], local_weights[k]) for k in local_weights)
+    for name in ("ray", "local"):  # every rollout and exploration result was released once used
+        assert json.loads((tmp_path / name / "summary.json").read_text())["queue_results_held"] == 0
 
 
 @pytest.mark.slow
@@ -48,3 +50,5 @@ def test_time_budgeted_exploration_is_cancelled_when_weights_are_published(tmp_p
     phases = rows
     assert all(r["explore_cancelled"] >= 1 for r in phases), phases
     assert all(r["time_publish_wait_s"] < 0.25 for r in phases), [r["time_publish_wait_s"] for r in phases]
+    # Cancelled exploration leaves no result behind either (completed-but-unscored ones included).
+    assert json.loads((tmp_path / "ray" / "summary.json").read_text())["queue_results_held"] == 0

@@ -47,6 +47,28 @@ def test_resume_from_checkpoint_gives_the_same_weights_as_an_uninterrupted_run(t
     assert summary["resumed_from"] == 2 and summary["steps"] == 4
 
 
+def test_the_queue_keeps_no_result_after_the_run_has_used_it(tmp_path):
+    """Rollouts (whole trajectories), evaluations and exploration samples are released from the
+    queue once used: a queue that kept every iteration's would grow until it ran out of memory."""
+    explore = {"enabled": True, "planner": "bandit", "samples_per_step": 16, "candidates_per_prompt": 12,
+               "request_size": 4, "round_samples": 8}
+    cfg = small_dit_config(train={"steps": 3, "eval_prompts": 2}, exploration=explore)
+    trainer = Trainer(cfg, tmp_path, progress=False, log=lambda line: None).build()
+    queue = trainer.runtime.queue
+    seen = []
+    iteration = trainer.iteration
+
+    def watched(step):
+        row = iteration(step)
+        seen.append(queue.stats()["results_held"])
+        return row
+
+    trainer.iteration = watched
+    summary = trainer.train()
+    assert summary["requests_completed"] > 3 * 2 and summary["queue_results_held"] == 0
+    assert seen == [0, 0, 0]  # after every iteration, not just at the end
+
+
 def test_a_crash_mid_run_resumes_from_the_newest_complete_checkpoint(tmp_path):
     cfg = small_dit_config(train={"steps": 3, "checkpoint_every": 1})
     t = Trainer(cfg, tmp_path, progress=False).build()

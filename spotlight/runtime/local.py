@@ -67,6 +67,11 @@ class Runtime(Protocol):
 
     def rewards(self, parts: list[Rollout]) -> torch.Tensor: ...
 
+    def release(self, requests: list[Request]) -> None:
+        """The queue keeps the results of `requests` no longer (`PullQueue.release`): the trainer
+        is done with them (an iteration's rollout after its update, an evaluation after its score)."""
+        ...
+
     def update(self, parts: list[Rollout], advantages: torch.Tensor,
                exploration: "ExplorationSession | None" = None) -> dict[str, float]:
         """One learner update; the new weights are published to the rollout workers. With
@@ -120,6 +125,8 @@ def scheduler_stats(queue_stats: dict[str, int], preemptions: int, workers_lost:
         "steps_recomputed": queue_stats["steps_recomputed"],
         # What restarting every preempted request from step 0 would have recomputed instead.
         "steps_recomputed_restart_baseline": queue_stats["steps_recomputed"] + queue_stats["steps_resumed"],
+        # Results the queue still holds: released as the run uses them, so 0 after a whole run.
+        "queue_results_held": queue_stats["results_held"],
     }
 
 
@@ -201,6 +208,9 @@ class LocalRuntime:
     def rewards(self, parts: list[Rollout]) -> torch.Tensor:
         return self.reward.score(parts)
 
+    def release(self, requests: list[Request]) -> None:
+        self.queue.release([r.id for r in requests])
+
     def update(self, parts: list[Rollout], advantages: torch.Tensor,
                exploration: "ExplorationSession | None" = None) -> dict[str, float]:
         explored = {}
@@ -233,7 +243,7 @@ class LocalRuntime:
         return self.engine.explore(session, self._score, self.version)
 
     def _score(self, requests: list[Request]) -> torch.Tensor:
-        return self.reward.score(self.queue.results([r.id for r in requests]))
+        return self.reward.score(self.queue.results([r.id for r in requests], release=True))  # scored once
 
     def save_checkpoint(self, root: Path) -> str:
         return self.learner.save_checkpoint(root)

@@ -270,6 +270,9 @@ class RayRuntime:
     def rewards(self, parts: list[Rollout]) -> torch.Tensor:
         return ray.get(self.reward.score.remote(parts))
 
+    def release(self, requests: list[Request]) -> None:
+        self.queue.release([r.id for r in requests])
+
     def update(self, parts: list[Rollout], advantages: torch.Tensor,
                exploration: ExplorationSession | None = None) -> dict[str, float]:
         start = self.clock.now()
@@ -310,7 +313,8 @@ class RayRuntime:
 
     def _score(self, requests: list[Request]) -> torch.Tensor:
         # The reward actor reads the results straight from the queue actor's reply.
-        return ray.get(self.reward.score.remote(self.queue_actor.results.remote([r.id for r in requests])))
+        # Scored once: released from the queue as they are read.
+        return ray.get(self.reward.score.remote(self.queue_actor.results.remote([r.id for r in requests], True)))
 
     def save_checkpoint(self, root: Path) -> str:
         return ray.get(self.learner.save_checkpoint.remote(root))

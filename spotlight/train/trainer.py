@@ -286,7 +286,9 @@ class Trainer:
         evaluation: dict[str, Any] = {}
         if cfg.train.eval_prompts:
             with t("eval"):
-                evaluation["eval_reward"] = rt.rewards(rt.rollout(self.evaluation_requests(step))).float().mean().item()
+                scored = self.evaluation_requests(step)
+                evaluation["eval_reward"] = rt.rewards(rt.rollout(scored)).float().mean().item()
+                rt.release(scored)
         with t("rollout"):
             parts = self._rollout(step, requests)
         with t("reward"):
@@ -309,6 +311,7 @@ class Trainer:
         session = ex.session(step + 1, rt.version) if ex is not None else None
         with t("update"):
             stats = rt.update(parts, adv, session)
+        rt.release(requests)  # the update has used them: the queue must not keep every iteration's
         return {
             "step": step,
             "reward_mean": rewards.mean().item(),
