@@ -75,3 +75,4 @@ def test_lora_benchmark_reports_publication_bytes_shrinking_by_the_adapter_ratio
     q = r["qwen_image"]
     assert q["full_params"] > 20e9 and q["rank"] == 16
     assert 0 < q["param_ratio"] == q["adapter_params"] / q["full_params"] < 0.01
+    assert q["bytes_ratio"] == pytest.approx(2 * q["param_ratio"])  # float32 adapters over a bfloat16 base

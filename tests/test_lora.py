@@ -109,6 +109,23 @@ def test_a_worker_rebuilds_the_learners_model_from_its_base_and_published_adapte
         RolloutWorker("w2", cfg, queue=None).build(None)
 
 
+def test_adapters_train_in_float32_over_a_bfloat16_base():
+    cfg = small_dit_config(policy=LORA)
+    policy = build_policy(cfg)
+    policy.model.to(torch.bfloat16)
+    add_lora(policy.model, cfg)
+    assert {p.dtype for p in trainable(policy.model)} == {torch.float32}
+    assert {t.dtype for t in base_state(policy.model).values()} == {torch.bfloat16}
+    _perturb(policy.model)
+    out = _dit_out(policy.model, policy)
+    out.square().mean().backward()
+    # (the last block's text-stream outputs feed nothing: its text adapters get no gradient)
+    grads = [p.grad for p in trainable(policy.model) if p.grad is not None]
+    assert len(grads) > len(trainable(policy.model)) // 2 and all(g.dtype == torch.float32 for g in grads)
+    with torch.no_grad():
+        assert not torch.equal(_dit_out(Reference(policy.model), policy), out.detach())
+
+
 def test_lora_config_is_checked():
     with pytest.raises(ConfigError, match="policy.lora.rank"):
         small_dit_config(policy=LORA, runtime={"sp_degree": 2})

@@ -12,7 +12,9 @@ loads the base once when it starts (`Learner.base`): `base_bytes_once`.
 
 The real Qwen-Image transformer (20B) is counted on the meta device (no memory, nothing
 published): its parameters, the adapters' at the community recipe's rank 64 / alpha 128 on the
-default targets, and the bf16 bytes each would publish.
+default targets, and the bytes each would publish — the base in bfloat16, the adapters in float32
+(they train in float32 over a bfloat16 base: `spotlight.rl.lora.add_lora`), so there the bytes
+ratio is twice the parameter ratio.
 """
 
 from __future__ import annotations
@@ -72,10 +74,12 @@ def _qwen_image(rank: int) -> dict[str, Any]:
         model = QwenImageTransformer2DModel(**QWEN_IMAGE_TRANSFORMER)
         full = sum(p.numel() for p in model.parameters())
         add_lora(model, cfg)
-    adapter = sum(p.numel() for p in trainable(model))
-    bf16 = torch.finfo(torch.bfloat16).bits // 8
+    adapters = trainable(model)
+    adapter = sum(p.numel() for p in adapters)
+    full_gb = full * (torch.finfo(torch.bfloat16).bits // 8) / 1e9
+    lora_gb = sum(p.numel() * p.element_size() for p in adapters) / 1e9
     return {"rank": rank, "full_params": full, "adapter_params": adapter, "param_ratio": adapter / full,
-            "full_bf16_gb": full * bf16 / 1e9, "lora_bf16_gb": adapter * bf16 / 1e9}
+            "full_bf16_gb": full_gb, "lora_float32_gb": lora_gb, "bytes_ratio": lora_gb / full_gb}
 
 
 def run_lora_bench(qwen_image_rank: int = QWEN_IMAGE_RANK, progress: bool = False) -> dict[str, Any]:

@@ -56,6 +56,12 @@ def add_lora(model: torch.nn.Module, cfg: RunConfig) -> torch.nn.Module:
         p.requires_grad_("lora_" in name)
     if not has_lora(model):
         raise ValueError(f"policy.lora.target_modules: none of {cfg.policy.lora_targets} names a layer of the model")
+    # Adapters train in float32 over a bfloat16 base (as diffusers' LoRA scripts cast them): a
+    # bfloat16 weight has 8 bits of mantissa, and Adam's small steps on it would round away.
+    # peft's layers cast their input to the adapters' dtype and the result back.
+    for p in _adapters(model).values():
+        if p.dtype != torch.float32:
+            p.data = p.data.float()
     return model
 
 
