@@ -11,7 +11,7 @@ import torch
 
 from spotlight.config import ConfigError
 from spotlight.rl.dit_model import velocity
-from spotlight.rl.lora import (Reference, add_lora, base_state, has_lora, load_trained_state, trainable,
+from spotlight.rl.lora import (LocalBase, Reference, add_lora, base_state, has_lora, load_trained_state, trainable,
                                trained_state)
 from spotlight.rl.prompts import prompt_set
 from spotlight.runtime.learner import Learner, build_policy
@@ -154,3 +154,50 @@ def test_the_model_card_names_the_base_reward_iterations_loading_and_config():
     full = model_card(small_dit_config(), 3)
     assert "base_model" not in yaml.safe_load(full.split("---")[1])  # a random base has no name to give
     assert "every parameter trained" in full and "QwenImageTransformer2DModel.from_pretrained" in full
+
+
+def _pretrained(folder, seed):
+    """A tiny DiT saved where `policy.dit.pretrained_path` reads it (each node's own disk)."""
+    build_policy(small_dit_config(seed=seed)).model.save_pretrained(str(folder))
+    return str(folder)
+
+
+def test_without_a_warm_start_workers_load_the_base_themselves_and_check_its_fingerprint(tmp_path):
+    """A pretrained base is read from each node's disk, not sent: only its fingerprint goes, and a
+    node whose folder holds other weights is refused rather than sampling with them."""
+    same, other = _pretrained(tmp_path / "a", seed=0), _pretrained(tmp_path / "b", seed=1)
+    cfg = small_dit_config(policy={**LORA, "dit": {"pretrained_path": same}}, warm_start={"steps": 0})
+    learner = Learner(cfg)
+    learner.build()
+    _perturb(learner.policy.model, seed=4)
+    base = learner.base()
+    assert isinstance(base, LocalBase) and base.fingerprint.startswith("crc64nvme:")
+    worker = RolloutWorker("w", cfg, queue=None).build(base)
+    worker.set_weights(1, learner.weights())
+    prompts = prompt_set(cfg.prompts, cfg.seed)[:2]
+    assert torch.equal(learner.policy.rollout(prompts, [0, 1]).images, worker.policy.rollout(prompts, [0, 1]).images)
+    elsewhere = small_dit_config(policy={**LORA, "dit": {"pretrained_path": other}}, warm_start={"steps": 0})
+    with pytest.raises(RuntimeError, match="not the learner's"):
+        RolloutWorker("w2", elsewhere, queue=None).build(base)
+
+
+@pytest.mark.slow
+def test_a_ray_run_on_a_pretrained_base_ends_with_the_local_runs_adapters(tmp_path):
+    from safetensors.torch import load_file
+
+    from spotlight.train.trainer import Trainer
+
+    folder = _pretrained(tmp_path / "base", seed=0)
+    adapters = {}
+    for kind in ("local", "ray"):
+        cfg = small_dit_config(policy={**LORA, "dit": {"pretrained_path": folder}}, warm_start={"steps": 0},
+                               train={"steps": 2, "checkpoint_every": 2},
+                               runtime={"kind": kind, "spot_workers": 2, "ondemand_workers": 1})
+        Trainer(cfg, tmp_path / kind, progress=False, log=lambda line: None).build().train()
+        final = tmp_path / kind / "final"
+        assert not (final / "transformer").exists()  # the base is the pretrained folder, named in the card
+        assert folder in (final / "README.md").read_text()
+        adapters[kind] = load_file(str(final / "pytorch_lora_weights.safetensors"))
+    assert adapters["ray"].keys() == adapters["local"].keys()
+    assert all(torch.equal(adapters["ray"][k], adapters["local"][k]) for k in adapters["local"])
+    assert any(float(v.abs().sum()) > 0 for k, v in adapters["ray"].items() if "lora_B" in k)

@@ -8,7 +8,8 @@ loads (the Ray runtime puts it in the object store once per version) — measure
 safetensors serialization in bytes, with the seconds `weights()` plus that serialization take.
 `bytes_ratio` = LoRA bytes / full bytes; `param_ratio` = adapter parameters / base parameters.
 They differ by the base's buffers and headers only, which a test bounds. With LoRA a worker also
-loads the base once when it starts (`Learner.base`): `base_bytes_once`.
+receives the base once when it starts, if the run warm-starts it (`Learner.base`; without a warm
+start each node loads it itself and only a fingerprint goes): `base_bytes_once`.
 
 The real Qwen-Image transformer (20B) is counted on the meta device (no memory, nothing
 published): its parameters, the adapters' at the community recipe's rank 64 / alpha 128 on the
@@ -28,7 +29,7 @@ import torch
 from safetensors.torch import save as safetensors_bytes
 
 from spotlight.config import RunConfig, load_config
-from spotlight.rl.lora import add_lora, trainable
+from spotlight.rl.lora import add_lora, base_state, trainable
 
 CONFIGS = {"dit": "experiments/tiny_dit_lora.yaml", "llm": "experiments/tiny_llm_lora.yaml"}
 QWEN_IMAGE_RANK = 64
@@ -44,10 +45,10 @@ def _publication(cfg: RunConfig) -> dict[str, Any]:
     start = time.perf_counter()
     published = len(safetensors_bytes(learner.weights()))
     seconds = time.perf_counter() - start
-    base = learner.base()
     params = sum(p.numel() for p in trainable(learner.policy.model))
-    return {"bytes": published, "publish_s": seconds, "trained_params": params,
-            "base_bytes_once": len(safetensors_bytes(base)) if base is not None else 0}
+    lora = cfg.policy.lora.enabled
+    base = len(safetensors_bytes({k: v.contiguous() for k, v in base_state(learner.policy.model).items()})) if lora else 0
+    return {"bytes": published, "publish_s": seconds, "trained_params": params, "base_bytes_once": base}
 
 
 def _tiny(path: str) -> dict[str, Any]:

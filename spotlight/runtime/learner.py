@@ -17,7 +17,7 @@ from spotlight.train import checkpoint
 from spotlight.train.model_card import write_model_card
 from spotlight.config import RunConfig
 from spotlight.rl.gradient import GradientSum, Gradients, part_gradient
-from spotlight.rl.lora import add_lora, base_state, trainable, trained_state
+from spotlight.rl.lora import LocalBase, add_lora, base_state, fingerprint, trainable, trained_state
 from spotlight.rl.policy import Policy, Rollout
 from spotlight.rl.prompts import prompt_set
 from spotlight.rl.warm_start import apply_warm_start
@@ -71,11 +71,19 @@ class Learner:
         (`trained_state`: every weight, or only the adapters with LoRA)."""
         return {k: v.detach().cpu().clone() for k, v in trained_state(self.policy.model).items()}
 
-    def base(self) -> dict[str, torch.Tensor] | None:
-        """With LoRA, the frozen base's weights (CPU), which a worker loads once when it starts:
-        then `weights()` carries the adapters alone. None without LoRA."""
+    def base(self) -> dict[str, torch.Tensor] | LocalBase | None:
+        """With LoRA, what a worker needs once, when it starts, to hold the learner's frozen base
+        (then `weights()` carries the adapters alone); None without LoRA.
+
+        Without a warm start every node builds the same base from the config (the pretrained
+        folder, or the seed's random weights), so only its fingerprint goes (`LocalBase`): a 41 GB
+        Qwen-Image base is read from each node's disk rather than sent from this one. A warm-started
+        base exists only here (a warm start on other hardware could round differently): its
+        weights go, as a CPU state dict."""
         if not self.cfg.policy.lora.enabled:
             return None
+        if self.cfg.warm_start.steps == 0:
+            return LocalBase(fingerprint(base_state(self.policy.model)))
         return {k: v.detach().cpu().clone() for k, v in base_state(self.policy.model).items()}
 
     def update(self, parts: list[Rollout], advantages: torch.Tensor) -> dict[str, float]:

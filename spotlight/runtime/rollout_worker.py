@@ -30,7 +30,7 @@ from schedulers.request import Kind, Request
 from spotlight.config import RunConfig
 from spotlight.runtime.learner import build_policy
 from spotlight.rl.gradient import part_gradient
-from spotlight.rl.lora import add_lora, load_trained_state
+from spotlight.rl.lora import LocalBase, add_lora, fingerprint, load_trained_state
 from spotlight.rl.policy import Policy, Rollout
 from spotlight.rl.prompts import Prompt
 
@@ -71,17 +71,25 @@ class RolloutWorker:
         self._updater: tuple[Any, Policy] | None = None
         """(the weights handle loaded, a copy of the policy holding them): a later round's."""
 
-    def build(self, base: dict[str, torch.Tensor] | None = None) -> "RolloutWorker":
-        """Make the policy (unless one is shared) and watch for notices. With LoRA, `base` is the
-        learner's frozen base (`Learner.base`), loaded once here; every publish then carries the
-        adapters alone, and the KL reference (the base) is at hand for the update's parts."""
+    def build(self, base: dict[str, torch.Tensor] | LocalBase | None = None) -> "RolloutWorker":
+        """Make the policy (unless one is shared) and watch for notices. With LoRA, `base` is what
+        `Learner.base` gives: the frozen base's weights, loaded once here, or the fingerprint the
+        base this node builds itself must match. Every publish then carries the adapters alone,
+        and the KL reference (the base) is at hand for the update's parts."""
         torch.set_num_threads(self.cfg.runtime.torch_threads)  # the same in every role (runtime.torch_threads)
         if self.policy is None:
             self.policy = build_policy(self.cfg)
             if self.cfg.policy.lora.enabled:
                 if base is None:
-                    raise ValueError("a LoRA run's worker needs the learner's base weights (Learner.base)")
-                self.policy.model.load_state_dict(base)
+                    raise ValueError("a LoRA run's worker needs the learner's base (Learner.base)")
+                if isinstance(base, LocalBase):
+                    own = fingerprint(self.policy.model.state_dict())
+                    if own != base.fingerprint:
+                        raise RuntimeError(
+                            f"worker {self.name}: the base model this node loaded ({own}) is not the learner's "
+                            f"({base.fingerprint}): policy's pretrained_path must hold the same weights on every node")
+                else:
+                    self.policy.model.load_state_dict(base)
                 add_lora(self.policy.model, self.cfg)
                 if self.cfg.grpo.kl_beta > 0:  # the base with the adapters off: the update's parts need it
                     self.policy.set_reference()
