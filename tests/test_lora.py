@@ -177,8 +177,11 @@ def test_without_a_warm_start_workers_load_the_base_themselves_and_check_its_fin
     prompts = prompt_set(cfg.prompts, cfg.seed)[:2]
     assert torch.equal(learner.policy.rollout(prompts, [0, 1]).images, worker.policy.rollout(prompts, [0, 1]).images)
     elsewhere = small_dit_config(policy={**LORA, "dit": {"pretrained_path": other}}, warm_start={"steps": 0})
+    refused = RolloutWorker("w2", elsewhere, queue=None)
     with pytest.raises(RuntimeError, match="not the learner's"):
-        RolloutWorker("w2", elsewhere, queue=None).build(base)
+        refused.build(base)
+    with pytest.raises(RuntimeError, match="not the learner's"):  # what the Ray runtime waits on says so too
+        refused.set_weights(1, learner.weights())
 
 
 @pytest.mark.slow

@@ -66,6 +66,8 @@ class RolloutWorker:
         self.sources: list[Any] = []
         self.watcher: Any = None
         self._explorer: Policy | None = None
+        self.refused: Exception | None = None
+        """Why `build` refused this worker (a base that is not the learner's), if it did."""
         self._update_data: tuple[Any, Rollout] | None = None
         """(the update's rollout handle, the rollout merged): the iteration's, for its parts."""
         self._updater: tuple[Any, Policy] | None = None
@@ -85,9 +87,11 @@ class RolloutWorker:
                 if isinstance(base, LocalBase):
                     own = fingerprint(self.policy.model.state_dict())
                     if own != base.fingerprint:
-                        raise RuntimeError(
+                        # Kept for set_weights too: on Ray nobody waits on build, the runtime waits on that.
+                        self.refused = RuntimeError(
                             f"worker {self.name}: the base model this node loaded ({own}) is not the learner's "
                             f"({base.fingerprint}): policy's pretrained_path must hold the same weights on every node")
+                        raise self.refused
                 else:
                     self.policy.model.load_state_dict(base)
                 add_lora(self.policy.model, self.cfg)
@@ -130,6 +134,8 @@ class RolloutWorker:
 
     def set_weights(self, version: int, state_dict: dict | None = None) -> None:
         """Load `state_dict` as weight version `version` (None: the shared policy already has them)."""
+        if self.refused is not None:
+            raise self.refused
         if state_dict is not None:
             load_trained_state(self.policy.model, state_dict)
         self.version = version
