@@ -149,7 +149,7 @@ def test_the_model_card_names_the_base_reward_iterations_loading_and_config():
     assert front["library_name"] == "peft" and front["base_model"] == "Qwen2.5-0.5B" and "lora" in front["tags"]
     assert "Base model: /models/Qwen2.5-0.5B" in card and "7 iterations" in card and "Reward: arithmetic" in card
     assert 'PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained("/models/Qwen2.5-0.5B"), "final")' in card
-    assert "rank 4, alpha 8" in card
+    assert "rank 4, alpha 8" in card and "warm-started for 20 supervised steps" in card
     assert yaml.safe_load(card.split("```yaml\n")[1].split("```")[0]) == cfg.to_dict()
     full = model_card(small_dit_config(), 3)
     assert "base_model" not in yaml.safe_load(full.split("---")[1])  # a random base has no name to give

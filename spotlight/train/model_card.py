@@ -15,11 +15,17 @@ from spotlight.config import RunConfig
 
 
 def base_model(cfg: RunConfig) -> str:
-    """The base model's name: its local checkpoint folder, or the architecture built from the seed."""
+    """The base model's name: its local checkpoint folder, or the architecture built from the seed
+    (and warm-started, when the run did)."""
     if cfg.policy.kind == "dit":
         dit = cfg.policy.dit
-        return dit.pretrained_path or f"random {dit.preset} QwenImageTransformer2DModel (seed {cfg.seed})"
-    return cfg.policy.llm.pretrained_path or f"random tiny Qwen2ForCausalLM (seed {cfg.seed})"
+        path, arch = dit.pretrained_path, f"{dit.preset} QwenImageTransformer2DModel"
+    else:
+        path, arch = cfg.policy.llm.pretrained_path, "tiny Qwen2ForCausalLM"
+    name = path or f"{arch}, random weights (seed {cfg.seed})"
+    if cfg.warm_start.steps:
+        name += f", warm-started for {cfg.warm_start.steps} supervised steps on synthetic data"
+    return name
 
 
 def _loading(cfg: RunConfig) -> str:
@@ -56,7 +62,7 @@ def model_card(cfg: RunConfig, iterations: int) -> str:
     if path:  # the Hub reads base_model as a model's name; a random base has none
         front["base_model"] = Path(path).name
     if lora.enabled:
-        what = (f"LoRA adapters (rank {lora.rank}, alpha {lora.alpha or lora.rank}) on "
+        what = (f"LoRA adapters (rank {lora.rank}, alpha {lora.alpha or lora.rank:g}) on "
                 f"{', '.join(cfg.policy.lora_targets)}; the base model is frozen")
     else:
         what = "every parameter trained"
