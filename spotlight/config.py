@@ -516,8 +516,6 @@ class RunConfig:
         check(not self.policy.lora.enabled or self.runtime.sp_degree == 1, "policy.lora.rank",
               "0 with runtime.sp_degree > 1 (SP groups load whole state dicts, not adapters, yet)",
               self.policy.lora.rank)
-        check(self.sampler.guidance == 1 or self.runtime.sp_degree == 1, "sampler.guidance",
-              "1 with runtime.sp_degree > 1 (SP groups sample without guidance yet)", self.sampler.guidance)
         if self.policy.kind == "llm":
             check(self.grpo.kl_estimator == "exact", "grpo.kl_estimator", "exact for an llm policy (its KL is "
                   "k3 per token; flow_grpo's scale is the DiT's SDE steps')", self.grpo.kl_estimator)

@@ -158,3 +158,38 @@ def test_forming_a_group_of_an_impossible_degree_is_a_clear_error():
     with pytest.raises(ValueError, match=r"members \['a', 'b'\] are not alive and ready"):
         coord.form([["a", "b"]])
     coord.close()
+
+
+def test_a_group_of_two_samples_with_true_cfg_exactly_as_one_process_does():
+    """`sampler.guidance` > 1 in SP groups: a member samples with the run's `DiTPolicy`, whose every
+    velocity is the guided pair (`DiTPolicy._velocity`), each pass through Ulysses attention — so
+    a degree-2 group's guided sample is the single-process guided sample, bit for bit."""
+    from spotlight.rl.prompts import Prompt
+    from spotlight.rl.sp_member import build_policy
+
+    spec = serve_spec(default_config({"sampler": {"num_steps": 4, "guidance": 4.0}}), arch=tiny_arch(2),
+                      timeout_s=30.0)
+    model = spec.build_model()
+    queue = PullQueue(WallClock(), lease_s=600.0)
+    coord = Coordinator(spec, [NodeAgent("n0", spec, NodeWeights.share(model.state_dict()))], queue,
+                        step_time=UlyssesStepTime(), max_tokens_per_device=32)
+    try:
+        for name in ("m0", "m1"):
+            coord.add("n0", name)
+        coord.wait_ready()
+        coord.wait_formed()
+        assert [g.degree for g in coord.groups.values()] == [2]
+        queue.put(request("guided"))
+        coord.plan()
+        coord.run_until(lambda: queue.is_done(["guided"]), 120, "the guided request")
+        got = queue.result("guided")
+    finally:
+        coord.close()
+    prompts = [Prompt(3, "a red image")] * 2
+    guided = build_policy(spec, model, "cpu")
+    want = guided.advance(prompts, guided.init_state(prompts, [11, 12]))
+    assert torch.equal(got.trajectory, want.trajectory) and torch.equal(got.log_probs, want.log_probs)
+    plain_spec = serve_spec(default_config({"sampler": {"num_steps": 4}}), arch=tiny_arch(2))
+    plain = build_policy(plain_spec, model, "cpu")
+    unguided = plain.advance(prompts, plain.init_state(prompts, [11, 12]))
+    assert not torch.equal(unguided.trajectory, want.trajectory)  # the guidance is really applied
