@@ -195,12 +195,16 @@ class NodeAgent:
     def publish(self, version: int, state: dict[str, Any]) -> None:
         """New weights: `state` becomes the node's live copy (version `version`), and every live
         member loads it after whatever it was told before (`protocol.Load`); members started from
-        now on copy it. The previous copy is freed once no member maps it."""
-        self.weights = NodeWeights.share(state, version)
+        now on copy it. The previous copy is freed once no member maps it. A `state` naming only
+        some of the node's tensors (the adapters of a LoRA run, whose base never changes) replaces
+        those alone, and the members load those alone."""
+        partial = self.weights is not None and len(state) < len(self.weights.tensors)
+        self.weights = self.weights.updated(state, version) if partial else NodeWeights.share(state, version)
+        load = {name: self.weights.tensors[name] for name in state} if partial else self.weights.tensors
         for h in self.members.values():
             if h.alive:
                 with contextlib.suppress(OSError, ValueError):  # its death is reported by receive
-                    h.channel.send(P.Load(version, self.weights.tensors), shared=True)
+                    h.channel.send(P.Load(version, load), shared=True)
 
     def send(self, name: str, msg: Any) -> None:
         with contextlib.suppress(OSError, ValueError):  # a closed pipe: its death is reported by receive

@@ -145,7 +145,7 @@ class Member:
         elif isinstance(msg, P.Load):
             # Queued behind the request it may arrive during (Load does not interrupt): the new
             # weights apply from the next request on, and the node's copy is read, never written.
-            copy_into(self.model, msg.tensors)
+            copy_into(self.model, msg.tensors, subset=True)  # a partial publish names the trained part
             self.version = msg.version
         elif isinstance(msg, P.Export):
             self.channel.send(P.Exported(self.name, NodeWeights.share(self.model.state_dict()).tensors), shared=True)

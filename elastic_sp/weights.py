@@ -45,6 +45,15 @@ class NodeWeights:
             out[name] = t
         return cls(out, version)
 
+    def updated(self, state: StateDict, version: int) -> NodeWeights:
+        """This copy with `state`'s tensors replaced (a partial publish: `state` names some of
+        them), as version `version`. New shared tensors for those: members still mapping the old
+        ones are not written under; the unchanged ones are shared, not copied."""
+        extra = sorted(set(state) - set(self.tensors))
+        if extra:
+            raise ValueError(f"a partial publish names tensors the node's weights lack: {extra[:3]}")
+        return NodeWeights({**self.tensors, **NodeWeights.share(state).tensors}, version)
+
     @classmethod
     def from_checkpoint(cls, path: str | Path, version: int = 0) -> NodeWeights:
         """Load once from the checkpoint store into the node's shared memory."""
@@ -54,17 +63,21 @@ class NodeWeights:
         return sum(t.numel() * t.element_size() for t in self.tensors.values())
 
 
-def copy_into(model: torch.nn.Module, source: StateDict) -> int:
+def copy_into(model: torch.nn.Module, source: StateDict, subset: bool = False) -> int:
     """The intra-node copy: overwrite `model`'s parameters and buffers with `source`'s tensors
-    (same names and shapes; ValueError names the first mismatch). Returns bytes copied."""
+    (same names and shapes; ValueError names the first mismatch). With `subset`, `source` may name
+    only some of them (a partial publish: the trained part of a model whose rest is frozen); the
+    others are left as they are. Returns bytes copied."""
     target = model.state_dict()
-    missing = sorted(set(target) - set(source))
+    missing = [] if subset else sorted(set(target) - set(source))
     extra = sorted(set(source) - set(target))
     if missing or extra:
         raise ValueError(f"weights do not match the model: missing {missing[:3]}, unexpected {extra[:3]}")
     copied = 0
     with torch.no_grad():
         for name, t in target.items():
+            if name not in source:
+                continue
             src = source[name]
             if src.shape != t.shape:
                 raise ValueError(f"weight {name}: model has shape {tuple(t.shape)}, source {tuple(src.shape)}")

@@ -513,9 +513,6 @@ class RunConfig:
                   "without LoRA; with it the reference is their own base)", self.grpo.kl_beta)
             check(self.runtime.sp_degree == 1, "runtime.sp_degree", f"1 with train.update_on: {on} (SP groups "
                   "compute rollouts only)", self.runtime.sp_degree)
-        check(not self.policy.lora.enabled or self.runtime.sp_degree == 1, "policy.lora.rank",
-              "0 with runtime.sp_degree > 1 (SP groups load whole state dicts, not adapters, yet)",
-              self.policy.lora.rank)
         if self.policy.kind == "llm":
             check(self.grpo.kl_estimator == "exact", "grpo.kl_estimator", "exact for an llm policy (its KL is "
                   "k3 per token; flow_grpo's scale is the DiT's SDE steps')", self.grpo.kl_estimator)

@@ -193,3 +193,48 @@ def test_a_group_of_two_samples_with_true_cfg_exactly_as_one_process_does():
     plain = build_policy(plain_spec, model, "cpu")
     unguided = plain.advance(prompts, plain.init_state(prompts, [11, 12]))
     assert not torch.equal(unguided.trajectory, want.trajectory)  # the guidance is really applied
+
+
+def test_a_partial_publish_loads_the_lora_adapters_alone_and_the_group_samples_the_trained_model():
+    """LoRA in SP groups: members hold the learner's structure (`sp_member.build_model` injects the
+    adapters), the node starts from the whole model, and a publish naming only the adapters
+    replaces those alone — the group then samples exactly what one process with them samples."""
+    from spotlight.rl.lora import trainable, trained_state
+    from spotlight.rl.prompts import Prompt
+    from spotlight.rl.sp_member import build_policy
+
+    cfg = default_config({"sampler": {"num_steps": 4}, "policy": {"lora": {"rank": 4, "alpha": 8}}})
+    spec = serve_spec(cfg, arch=tiny_arch(2), timeout_s=30.0)
+    model = spec.build_model()
+    prompts = [Prompt(3, "a red image")] * 2
+    untrained = build_policy(spec, model, "cpu")
+    before = untrained.advance(prompts, untrained.init_state(prompts, [11, 12]))
+    queue = PullQueue(WallClock(), lease_s=600.0)
+    agent = NodeAgent("n0", spec, NodeWeights.share(model.state_dict()))
+    coord = Coordinator(spec, [agent], queue, step_time=UlyssesStepTime(), max_tokens_per_device=32)
+    try:
+        for name in ("m0", "m1"):
+            coord.add("n0", name)
+        coord.wait_ready()
+        coord.wait_formed()
+        assert [g.degree for g in coord.groups.values()] == [2]
+        g = torch.Generator().manual_seed(0)
+        with torch.no_grad():  # the learner's update, as far as the node can tell
+            for p in trainable(model):
+                p.add_(torch.randn(p.shape, generator=g) * 0.05)
+        adapters = {k: v.clone() for k, v in trained_state(model).items()}
+        frozen = {k: v for k, v in agent.weights.tensors.items() if k not in adapters}
+        agent.publish(1, adapters)
+        assert agent.weights.version == 1 and len(agent.weights.tensors) == len(model.state_dict())
+        assert all(agent.weights.tensors[k] is t for k, t in frozen.items())  # the base is not copied again
+        queue.put(Request("trained", Kind.ROLLOUT, prompt_id=3, prompt_text="a red image", seeds=(11, 12),
+                          weight_version=1))
+        coord.plan()
+        coord.run_until(lambda: queue.is_done(["trained"]), 120, "the request at the new adapters")
+        got = queue.result("trained")
+    finally:
+        coord.close()
+    policy = build_policy(spec, model, "cpu")
+    want = policy.advance(prompts, policy.init_state(prompts, [11, 12]))
+    assert torch.equal(got.trajectory, want.trajectory) and torch.equal(got.log_probs, want.log_probs)
+    assert not torch.equal(got.trajectory, before.trajectory)  # the published adapters were used

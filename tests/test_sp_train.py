@@ -153,6 +153,24 @@ def test_sp_degree_2_trains_to_the_weights_of_sp_degree_1(tmp_path, reference) -
     assert set(runtime.executor.stats()) == {"sp_regroups", "sp_regroup_s"}
 
 
+@pytest.mark.slow
+def test_a_lora_run_at_sp_degree_2_ends_with_the_adapters_of_sp_degree_1(tmp_path) -> None:
+    """LoRA in SP groups: each node starts from the learner's whole model, then every publish
+    carries the adapters alone (a partial publish the node agents merge)."""
+    from spotlight.train.trainer import Trainer
+
+    lora = {"lora": {"rank": 4, "alpha": 8}}
+    # The degree-1 reference in one process (the local runtime ends with the Ray runtime's weights).
+    Trainer(small_dit_config(**RUN, policy=lora), tmp_path / "sp1", progress=False).build().train()
+    one = load_file(str(tmp_path / "sp1" / "final" / "pytorch_lora_weights.safetensors"))
+    summary, two, run = train(tmp_path / "sp2", small_dit_config(
+        **RUN, policy=lora, runtime={"kind": "ray", "spot_workers": 2, "ondemand_workers": 0, "sp_degree": 2}))
+    assert all("lora_" in k for k in two) and any(float(v.abs().sum()) > 0 for k, v in two.items() if "lora_B" in k)
+    assert_same_weights(two, one)
+    assert [g.degree for g in run.executor.coord.groups.values()] == [2]
+    assert summary["requests_duplicated"] == summary["requests_lost"] == 0
+
+
 def mid_request(coord: Any, on: Callable[[Any], bool] = lambda g: True) -> Any:
     """A degree-2 group (`on` it) computing a rollout request it has committed a step of, frozen
     (its members SIGSTOPped) and checked to hold it still with steps left once the coordinator has

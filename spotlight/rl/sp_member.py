@@ -25,6 +25,7 @@ from schedulers.request import Kind
 from spotlight.config import RunConfig, config_from_yaml, to_yaml
 from spotlight.rl.dit_model import _MODEL_INIT, QWEN_IMAGE_TRANSFORMER, TINY_TRANSFORMER, PixelDecoder, velocity
 from spotlight.rl.dit_policy import DiTPolicy
+from spotlight.rl.lora import add_lora
 from spotlight.rl.policy import Rollout
 from spotlight.rl.prompt_encoder import HashedWordEncoder
 from spotlight.rl.prompts import Prompt
@@ -69,12 +70,17 @@ def run_config(spec: ServeSpec) -> RunConfig:
 
 def build_model(spec: ServeSpec) -> torch.nn.Module:
     """The transformer of `spec.arch`, randomly initialised from the run seed the way
-    `dit_model.build_transformer` does, eval mode, no gradients."""
+    `dit_model.build_transformer` does, with the run's LoRA adapters (`policy.lora`) injected as
+    the learner injects them; eval mode, no gradients. With LoRA the node's weights are the
+    learner's whole model (`Learner.full_state`) once, then its adapters at every publish."""
     from diffusers import QwenImageTransformer2DModel
 
+    cfg = run_config(spec)
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(derive_seed(run_config(spec).seed, _MODEL_INIT))
+        torch.manual_seed(derive_seed(cfg.seed, _MODEL_INIT))
         model = QwenImageTransformer2DModel(**spec.arch)
+    if cfg.policy.lora.enabled:  # the learner's structure: its whole state dict copies in by name
+        add_lora(model, cfg)
     return model.eval().requires_grad_(False)
 
 

@@ -86,6 +86,12 @@ class Learner:
             return LocalBase(fingerprint(base_state(self.policy.model)))
         return {k: v.detach().cpu().clone() for k, v in base_state(self.policy.model).items()}
 
+    def full_state(self) -> dict[str, torch.Tensor]:
+        """The whole model's state dict (CPU; with LoRA: the base under peft's names and the
+        adapters): what an SP node's members start from (`RaySPExecutor`), before the adapters
+        of each version."""
+        return {k: v.detach().cpu().clone() for k, v in self.policy.model.state_dict().items()}
+
     def update(self, parts: list[Rollout], advantages: torch.Tensor) -> dict[str, float]:
         """`train.updates_per_step` optimiser steps over the rollout made of per-request `parts`
         (in request order), every micro-batch computed here; bumps the version."""

@@ -234,8 +234,10 @@ class RayRuntime:
         self.version = info["step"]
         if rt.sp_degree > 1:  # elastic SP groups serve the requests (spotlight/runtime/ray_sp.py)
             from spotlight.runtime.ray_sp import RaySPExecutor
-        # With LoRA the base goes into the object store once; publishes carry the adapters alone.
-        lora = {"base": self.learner.base.remote()} if self.cfg.policy.lora.enabled else {}
+        # With LoRA the base goes into the object store once (SP nodes: the whole model, the
+        # structure their members copy by name); publishes carry the adapters alone.
+        base = self.learner.full_state if rt.sp_degree > 1 else self.learner.base
+        lora = {"base": base.remote()} if self.cfg.policy.lora.enabled else {}
         self.executor = (RaySPExecutor if rt.sp_degree > 1 else RayExecutor)(
             self.cfg, self.queue_actor, self.version, self.learner.weights.remote(),
             self.clock, home=home, gpus=self.cluster.gpus if self.cluster else None, log=self.log, **lora)

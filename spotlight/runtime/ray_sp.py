@@ -79,12 +79,16 @@ class RaySPExecutor:
 
     def __init__(self, cfg: RunConfig, queue_actor: Any, version: int, weights: Any, clock: Any,
                  home: str | None = None, gpus: Callable[[str | None], int] | None = None,
-                 log: Callable[[str], None] = print) -> None:
+                 log: Callable[[str], None] = print, base: Any = None) -> None:
         check_sp(cfg)
         self.cfg, self.clock, self.home, self.log = cfg, clock, home, log
         self.gpus = gpus or (lambda node_id: 0)
         self.weights = weights
         """The newest published weights (an ObjectRef): what a node that joins starts from."""
+        self.base = base
+        """With LoRA, the learner's whole model (`Learner.full_state`, an ObjectRef) that a joining
+        node starts from before the newest adapters (`weights`: published weights carry the
+        adapters alone)."""
         # Rendezvous stores listen in this process: on a cluster joined by address, on this node's
         # Ray address, which the other nodes reach.
         host = ray.util.get_node_ip_address() if cfg.runtime.address else "127.0.0.1"
@@ -95,7 +99,12 @@ class RaySPExecutor:
         self.sp = SPExecutor(self.coord, self._agent_for, version, keep_events=False)
 
     def _agent_for(self, node: Node) -> RayAgent:
-        return RayAgent.start(node.name, self.spec, self.weights, self.sp.version, self._placement(node))
+        if self.base is None:
+            return RayAgent.start(node.name, self.spec, self.weights, self.sp.version, self._placement(node))
+        # LoRA: the whole model once, then the newest adapters (the agent takes calls in order).
+        agent = RayAgent.start(node.name, self.spec, self.base, self.sp.version, self._placement(node))
+        agent.publish(self.sp.version, self.weights)
+        return agent
 
     def _placement(self, node: Node) -> dict[str, Any]:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
