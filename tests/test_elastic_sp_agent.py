@@ -160,6 +160,31 @@ def test_forming_a_group_of_an_impossible_degree_is_a_clear_error():
     coord.close()
 
 
+def group_of_two(spec, agent: NodeAgent) -> tuple[PullQueue, Coordinator]:
+    """Two members on `agent`'s node, formed into one group of degree 2 (at most 32 of the 64 image
+    tokens per device)."""
+    queue = PullQueue(WallClock(), lease_s=600.0)
+    coord = Coordinator(spec, [agent], queue, step_time=UlyssesStepTime(), max_tokens_per_device=32)
+    try:
+        for name in ("m0", "m1"):
+            coord.add("n0", name)
+        coord.wait_ready()
+        coord.wait_formed()
+        assert [g.degree for g in coord.groups.values()] == [2]
+    except BaseException:
+        coord.close()
+        raise
+    return queue, coord
+
+
+def serve(queue: PullQueue, coord: Coordinator, req: Request):
+    """`req` computed to the end by the group; its result."""
+    queue.put(req)
+    coord.plan()
+    coord.run_until(lambda: queue.is_done([req.id]), 120, f"request {req.id}")
+    return queue.result(req.id)
+
+
 def test_a_group_of_two_samples_with_true_cfg_exactly_as_one_process_does():
     """`sampler.guidance` > 1 in SP groups: a member samples with the run's `DiTPolicy`, whose every
     velocity is the guided pair (`DiTPolicy._velocity`), each pass through Ulysses attention — so
@@ -170,19 +195,9 @@ def test_a_group_of_two_samples_with_true_cfg_exactly_as_one_process_does():
     spec = serve_spec(default_config({"sampler": {"num_steps": 4, "guidance": 4.0}}), arch=tiny_arch(2),
                       timeout_s=30.0)
     model = spec.build_model()
-    queue = PullQueue(WallClock(), lease_s=600.0)
-    coord = Coordinator(spec, [NodeAgent("n0", spec, NodeWeights.share(model.state_dict()))], queue,
-                        step_time=UlyssesStepTime(), max_tokens_per_device=32)
+    queue, coord = group_of_two(spec, NodeAgent("n0", spec, NodeWeights.share(model.state_dict())))
     try:
-        for name in ("m0", "m1"):
-            coord.add("n0", name)
-        coord.wait_ready()
-        coord.wait_formed()
-        assert [g.degree for g in coord.groups.values()] == [2]
-        queue.put(request("guided"))
-        coord.plan()
-        coord.run_until(lambda: queue.is_done(["guided"]), 120, "the guided request")
-        got = queue.result("guided")
+        got = serve(queue, coord, request("guided"))
     finally:
         coord.close()
     prompts = [Prompt(3, "a red image")] * 2
@@ -209,15 +224,9 @@ def test_a_partial_publish_loads_the_lora_adapters_alone_and_the_group_samples_t
     prompts = [Prompt(3, "a red image")] * 2
     untrained = build_policy(spec, model, "cpu")
     before = untrained.advance(prompts, untrained.init_state(prompts, [11, 12]))
-    queue = PullQueue(WallClock(), lease_s=600.0)
     agent = NodeAgent("n0", spec, NodeWeights.share(model.state_dict()))
-    coord = Coordinator(spec, [agent], queue, step_time=UlyssesStepTime(), max_tokens_per_device=32)
+    queue, coord = group_of_two(spec, agent)
     try:
-        for name in ("m0", "m1"):
-            coord.add("n0", name)
-        coord.wait_ready()
-        coord.wait_formed()
-        assert [g.degree for g in coord.groups.values()] == [2]
         g = torch.Generator().manual_seed(0)
         with torch.no_grad():  # the learner's update, as far as the node can tell
             for p in trainable(model):
@@ -227,11 +236,8 @@ def test_a_partial_publish_loads_the_lora_adapters_alone_and_the_group_samples_t
         agent.publish(1, adapters)
         assert agent.weights.version == 1 and len(agent.weights.tensors) == len(model.state_dict())
         assert all(agent.weights.tensors[k] is t for k, t in frozen.items())  # the base is not copied again
-        queue.put(Request("trained", Kind.ROLLOUT, prompt_id=3, prompt_text="a red image", seeds=(11, 12),
-                          weight_version=1))
-        coord.plan()
-        coord.run_until(lambda: queue.is_done(["trained"]), 120, "the request at the new adapters")
-        got = queue.result("trained")
+        got = serve(queue, coord, Request("trained", Kind.ROLLOUT, prompt_id=3, prompt_text="a red image",
+                                          seeds=(11, 12), weight_version=1))
     finally:
         coord.close()
     policy = build_policy(spec, model, "cpu")
