@@ -147,6 +147,11 @@ class LoRAConfig:
     def enabled(self) -> bool:
         return self.rank > 0
 
+    @property
+    def lora_alpha(self) -> float:
+        """peft's lora_alpha: `alpha`, or the rank when it is null."""
+        return self.alpha or self.rank
+
 
 @dataclass
 class PolicyConfig:
@@ -156,6 +161,11 @@ class PolicyConfig:
     dit: DiTConfig = field(default_factory=DiTConfig)
     llm: LLMConfig = field(default_factory=LLMConfig)
     lora: LoRAConfig = field(default_factory=LoRAConfig)
+
+    @property
+    def pretrained_path(self) -> str | None:
+        """The local checkpoint folder of the policy of this kind, if any."""
+        return self.dit.pretrained_path if self.kind == "dit" else self.llm.pretrained_path
 
     @property
     def lora_targets(self) -> list[str]:

@@ -34,7 +34,7 @@ def peft_config(cfg: RunConfig):
     from peft import LoraConfig
 
     lora = cfg.policy.lora
-    return LoraConfig(r=lora.rank, lora_alpha=lora.alpha or lora.rank, target_modules=cfg.policy.lora_targets,
+    return LoraConfig(r=lora.rank, lora_alpha=lora.lora_alpha, target_modules=cfg.policy.lora_targets,
                       lora_dropout=0.0, bias="none")
 
 

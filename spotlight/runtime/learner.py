@@ -38,6 +38,11 @@ def build_policy(cfg: RunConfig) -> Policy:
     return LLMPolicy.from_config(cfg)
 
 
+def _on_cpu(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A copy of `state` on the CPU that later steps do not change (what leaves the learner)."""
+    return {k: v.detach().cpu().clone() for k, v in state.items()}
+
+
 class Learner:
     def __init__(self, cfg: RunConfig) -> None:
         self.cfg = cfg
@@ -69,7 +74,7 @@ class Learner:
     def weights(self) -> dict[str, torch.Tensor]:
         """The current weights (version `self.version`) as a CPU state dict: what training changes
         (`trained_state`: every weight, or only the adapters with LoRA)."""
-        return {k: v.detach().cpu().clone() for k, v in trained_state(self.policy.model).items()}
+        return _on_cpu(trained_state(self.policy.model))
 
     def base(self) -> dict[str, torch.Tensor] | LocalBase | None:
         """With LoRA, what a worker needs once, when it starts, to hold the learner's frozen base
@@ -84,13 +89,13 @@ class Learner:
             return None
         if self.cfg.warm_start.steps == 0:
             return LocalBase(fingerprint(base_state(self.policy.model)))
-        return {k: v.detach().cpu().clone() for k, v in base_state(self.policy.model).items()}
+        return _on_cpu(base_state(self.policy.model))
 
     def full_state(self) -> dict[str, torch.Tensor]:
         """The whole model's state dict (CPU; with LoRA: the base under peft's names and the
         adapters): what an SP node's members start from (`RaySPExecutor`), before the adapters
         of each version."""
-        return {k: v.detach().cpu().clone() for k, v in self.policy.model.state_dict().items()}
+        return _on_cpu(self.policy.model.state_dict())
 
     def update(self, parts: list[Rollout], advantages: torch.Tensor) -> dict[str, float]:
         """`train.updates_per_step` optimiser steps over the rollout made of per-request `parts`

@@ -17,12 +17,9 @@ from spotlight.config import RunConfig
 def base_model(cfg: RunConfig) -> str:
     """The base model's name: its local checkpoint folder, or the architecture built from the seed
     (and warm-started, when the run did)."""
-    if cfg.policy.kind == "dit":
-        dit = cfg.policy.dit
-        path, arch = dit.pretrained_path, f"{dit.preset} QwenImageTransformer2DModel"
-    else:
-        path, arch = cfg.policy.llm.pretrained_path, "tiny Qwen2ForCausalLM"
-    name = path or f"{arch}, random weights (seed {cfg.seed})"
+    arch = f"{cfg.policy.dit.preset} QwenImageTransformer2DModel" if cfg.policy.kind == "dit" \
+        else "tiny Qwen2ForCausalLM"
+    name = cfg.policy.pretrained_path or f"{arch}, random weights (seed {cfg.seed})"
     if cfg.warm_start.steps:
         name += f", warm-started for {cfg.warm_start.steps} supervised steps on synthetic data"
     return name
@@ -34,8 +31,8 @@ def _loading(cfg: RunConfig) -> str:
         if not lora:
             return ("from diffusers import QwenImageTransformer2DModel\n"
                     "transformer = QwenImageTransformer2DModel.from_pretrained(\"final\")")
-        base = f'"{cfg.policy.dit.pretrained_path}", subfolder="transformer"' if cfg.policy.dit.pretrained_path \
-            else '"final/transformer"'
+        path = cfg.policy.pretrained_path
+        base = f'"{path}", subfolder="transformer"' if path else '"final/transformer"'
         return ("from diffusers import QwenImagePipeline, QwenImageTransformer2DModel\n"
                 f"transformer = QwenImageTransformer2DModel.from_pretrained({base})\n"
                 "pipe = QwenImagePipeline(..., transformer=transformer)  # or QwenImagePipeline.from_pretrained(base)\n"
@@ -44,7 +41,7 @@ def _loading(cfg: RunConfig) -> str:
         return ("from transformers import AutoModelForCausalLM, AutoTokenizer\n"
                 "model = AutoModelForCausalLM.from_pretrained(\"final\")\n"
                 "tokenizer = AutoTokenizer.from_pretrained(\"final\")")
-    base = cfg.policy.llm.pretrained_path or "final/base"
+    base = cfg.policy.pretrained_path or "final/base"
     return ("from peft import PeftModel\n"
             "from transformers import AutoModelForCausalLM, AutoTokenizer\n"
             f"model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(\"{base}\"), \"final\")\n"
@@ -58,11 +55,10 @@ def model_card(cfg: RunConfig, iterations: int) -> str:
         "diffusers" if cfg.policy.kind == "dit" else "transformers"
     front = {"library_name": library, "tags": ["spotlight", "grpo", "reinforcement-learning"]
              + (["lora"] if lora.enabled else [])}
-    path = cfg.policy.dit.pretrained_path if cfg.policy.kind == "dit" else cfg.policy.llm.pretrained_path
-    if path:  # the Hub reads base_model as a model's name; a random base has none
-        front["base_model"] = Path(path).name
+    if cfg.policy.pretrained_path:  # the Hub reads base_model as a model's name; a random base has none
+        front["base_model"] = Path(cfg.policy.pretrained_path).name
     if lora.enabled:
-        what = (f"LoRA adapters (rank {lora.rank}, alpha {lora.alpha or lora.rank:g}) on "
+        what = (f"LoRA adapters (rank {lora.rank}, alpha {lora.lora_alpha:g}) on "
                 f"{', '.join(cfg.policy.lora_targets)}; the base model is frozen")
     else:
         what = "every parameter trained"
