@@ -35,7 +35,8 @@ from schedulers.input_file import (SEED_MAX, ConfigError, InputError, InputFileE
 
 MAX_CONFIG_BYTES = 1 << 20
 """Largest config file read (1 MiB; the shipped ones are under 1 KB)."""
-BUILTIN_REWARDS = ("colour", "jpeg_compressibility", "jpeg_incompressibility", "arithmetic", "clip_score")
+BUILTIN_REWARDS = ("colour", "jpeg_compressibility", "jpeg_incompressibility", "arithmetic", "clip_score",
+                   "ocr", "answer_match")
 """The rewards `spotlight.rl.rewards.BUILTIN` builds (tests/test_config.py checks the two agree);
 others come from the `spotlight.rewards` entry-point group. Named here so that a config is checked
 at load without importing torch."""
@@ -213,25 +214,95 @@ class SamplerConfig:
         return range(lo, hi)
 
 
+DIT_REWARDS = ("colour", "jpeg_compressibility", "jpeg_incompressibility", "clip_score", "ocr")
+"""Built-in rewards that score images (a DiT policy's)."""
+LLM_REWARDS = ("arithmetic", "answer_match")
+"""Built-in rewards that score completions (an LLM policy's)."""
+_FUNCTION = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*|[^\x00-\x1f:][^\x00-\x1f]*\.py:[A-Za-z_]\w*")
+"""A user reward: `package.module:name` or `path/to/file.py:name`."""
+
+
+@dataclass
+class RewardComponent:
+    """One term of the reward: a built-in or registered reward (`name`) or a callable of the
+    user's (`function`), scaled by `weight`. Exactly one of `name` and `function` is set."""
+
+    name: str | None = None
+    """A built-in reward (`DIT_REWARDS`, `LLM_REWARDS`) or one registered under the
+    `spotlight.rewards` entry-point group; checked at load."""
+    function: str | None = None
+    """A Python callable of the user's: "package.module:name" or "path/to/file.py:name" (a path
+    relative to the working directory). It is called as `f(outputs, prompts, metadata)` with the
+    batch's decoded outputs (DiT: a list of PIL images; LLM: a list of completion strings), the
+    prompt strings and each prompt's metadata dict, and returns one finite float per sample."""
+    weight: float = 1.0
+    """Its weight in the sum, a finite number in [-1e6, 1e6] (negative: a penalty)."""
+    model_path: str | None = None
+    """Local weights of a model-based reward (clip_score); null: `reward.model_path`."""
+
+    def __post_init__(self) -> None:
+        check((self.name is None) != (self.function is None), "name",
+              "exactly one of name (a built-in reward) and function (module:callable or file.py:callable)",
+              self.name if self.name is not None else self.function)
+        if self.name is not None and self.name not in BUILTIN_REWARDS:
+            names = reward_names()
+            check(self.name in names, "name", f"one of {', '.join(names)}", self.name)
+        if self.function is not None:
+            check(len(self.function) <= 1000 and _FUNCTION.fullmatch(self.function) is not None, "function",
+                  "package.module:callable or path/to/file.py:callable", self.function)
+        check(abs(self.weight) <= 1e6, "weight", "a number in [-1e6, 1e6]", self.weight)
+
+    @property
+    def label(self) -> str:
+        """What metrics call this component: the reward's name, or the callable's."""
+        return self.name if self.name is not None else self.function.rsplit(":", 1)[1]
+
+
 @dataclass
 class RewardConfig:
-    """The reward; see `spotlight.rl.rewards` for the names."""
+    """The reward: one built-in reward by `name`, or several `components` summed by weight; see
+    `spotlight.rl.rewards` for the names."""
 
     name: str = "colour"
-    """colour | jpeg_compressibility | jpeg_incompressibility | arithmetic | clip_score, or a name
-    registered under the `spotlight.rewards` entry-point group; checked at load."""
+    """The one-component shorthand, used when `components` is empty: a name of `DIT_REWARDS` or
+    `LLM_REWARDS`, or one registered under the `spotlight.rewards` entry-point group; checked at load."""
+    components: list[RewardComponent] = field(default_factory=list)
+    """Rewards combined by weight, `[{name: ocr, weight: 1.0}, {function: "my_reward.py:score",
+    weight: 0.5}]`, at most 32; each one's mean and std are in the metrics. Empty: `name` alone."""
     model_path: str | None = None
     """Local weights for model-based rewards (clip_score: a CLIP/PickScore folder); `spotlight train`
     checks that it is an existing folder before it builds anything."""
     colour_width: float = 0.5
     """Colour reward: `exp(-|rgb - target|^2 / colour_width)` per pixel; in (0, 1e6]."""
+    workers: int = 1
+    """Reward actors on Ray, 1..1,024: an iteration's batch is split between them (stateless)."""
+    num_gpus: float = 0.0
+    """GPUs each reward actor holds on Ray, 0..8 (fractions share one): model-based rewards (OCR,
+    CLIP) then run on it. 0: CPU."""
+    timeout_s: float = 600.0
+    """Longest one component may take to score one batch, in (0, 86,400] s: a reward that hangs
+    longer is stopped, tried once more, then stops the run naming the component."""
 
     def __post_init__(self) -> None:
-        if self.name not in BUILTIN_REWARDS:
+        if not self.components and self.name not in BUILTIN_REWARDS:
             names = reward_names()
             check(self.name in names, "name", f"one of {', '.join(names)}", self.name)
         check(self.colour_width > 0, "colour_width", "a number > 0", self.colour_width)
         at_most(self, ("colour_width",), 1e6)
+        check(len(self.components) <= 32, "components", "at most 32 components", len(self.components))
+        labels = [c.label for c in self.components]
+        for i, label in enumerate(labels):
+            check(labels.count(label) == 1, f"components[{i}]", "a reward used once (each component "
+                  "is a metric of its own)", label)
+        check(1 <= self.workers <= 1024, "workers", "an integer in 1..1024", self.workers)
+        check(0 <= self.num_gpus <= 8, "num_gpus", "a number in [0, 8]", self.num_gpus)
+        check(self.timeout_s > 0, "timeout_s", "a number > 0", self.timeout_s)
+        at_most(self, ("timeout_s",), 86400, " s")
+
+    @property
+    def terms(self) -> list[RewardComponent]:
+        """The reward's components: `components`, or `name` with weight 1."""
+        return list(self.components) or [RewardComponent(name=self.name)]
 
 
 @dataclass
@@ -295,6 +366,18 @@ class TrainConfig:
     iteration chose its own seeds (exploration picks contrasting ones: their mean is not the policy's)."""
     eval_seeds: int = 8
     """Seeds per evaluation prompt, 1..4,096."""
+    eval_every: int = 1
+    """Iterations between evaluations, 1..1,000,000 (when evaluation is on: `eval_prompts` > 0 or
+    `prompts.eval_path`); the last iteration is always evaluated. Each writes the per-component
+    eval rewards to the metrics and, for a DiT, a grid of the samples under `eval/` and in
+    TensorBoard (an LLM's completions: a JSONL file there)."""
+    ema_decay: float = 0.0
+    """An exponential moving average of the trained parameters (the adapters with LoRA), updated
+    after every optimiser step with this decay, in [0, 1); 0: off. When on, evaluation samples with
+    it and `final/` holds it; checkpointed and resumed exactly."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the update's backward pass instead of keeping them (diffusers' and
+    transformers' own gradient checkpointing): less memory, ~30% more update time, the same result."""
     update_on: str = "learner"
     """Who computes the update's gradient: "learner" (the learner alone), "fleet" (every
     rollout worker, spot and on-demand, pulls its micro-batches from the queue as `TRAIN`
@@ -310,8 +393,10 @@ class TrainConfig:
         check(self.lr > 0, "lr", "a number > 0", self.lr)
         check(self.eval_prompts >= 0, "eval_prompts", "an integer >= 0", self.eval_prompts)
         check(self.eval_seeds > 0, "eval_seeds", "a positive integer", self.eval_seeds)
+        check(self.eval_every > 0, "eval_every", "a positive integer", self.eval_every)
+        check(0 <= self.ema_decay < 1, "ema_decay", "a number in [0, 1) (0: no EMA)", self.ema_decay)
         check(self.grad_clip > 0, "grad_clip", "a number > 0", self.grad_clip)
-        at_most(self, ("steps", "checkpoint_every"), 1_000_000)
+        at_most(self, ("steps", "checkpoint_every", "eval_every"), 1_000_000)
         at_most(self, ("prompts_per_step", "micro_batch", "eval_prompts"), 65536)
         at_most(self, ("group_size", "eval_seeds"), 4096)
         at_most(self, ("updates_per_step",), 1000)
@@ -324,15 +409,29 @@ class TrainConfig:
 
 @dataclass
 class PromptsConfig:
-    """The prompt set; prompts are drawn per iteration from it, deterministically from the seed."""
+    """The prompt set; prompts are drawn per iteration from it, deterministically from the seed.
+    A file of the user's (`path`) or a built-in set (`name`)."""
 
     name: Literal["colours", "arithmetic"] = "colours"
+    """The built-in set, used when `path` is null: `colours` (a DiT's) or `arithmetic` (an LLM's)."""
     count: int = 8
-    """Size of the prompt set, 1..1,000,000 (colours: at most the number of named colours)."""
+    """Size of the built-in set, 1..1,000,000 (colours: at most the number of named colours); a
+    file's prompts are all used."""
+    path: str | None = None
+    """The user's prompts (`spotlight.rl.prompt_file`): a `.txt` file (one prompt a line), a
+    `.jsonl` file (`{"prompt": ..., other fields}`: the other fields are the prompt's metadata,
+    handed to rewards), or a flow_grpo dataset folder (its `train.txt` or `train_metadata.jsonl`)."""
+    eval_path: str | None = None
+    """Held-out prompts for evaluation (`train.eval_every`), read like `path`; null: a dataset
+    folder's `test.txt` / `test_metadata.jsonl` when `path` is one, else prompts of the training set."""
 
     def __post_init__(self) -> None:
         check(self.count > 0, "count", "a positive integer", self.count)
         at_most(self, ("count",), 1_000_000)
+        for name in ("path", "eval_path"):
+            value = getattr(self, name)
+            check(value is None or (0 < len(value) <= 4096 and "\x00" not in value), name,
+                  "null or a file or folder path", value)
 
 
 @dataclass
@@ -526,15 +625,20 @@ class RunConfig:
         if self.policy.kind == "llm":
             check(self.grpo.kl_estimator == "exact", "grpo.kl_estimator", "exact for an llm policy (its KL is "
                   "k3 per token; flow_grpo's scale is the DiT's SDE steps')", self.grpo.kl_estimator)
-        llm_rewards = {"arithmetic"}
-        if self.policy.kind == "llm":
-            check(self.reward.name in llm_rewards, "reward.name", f"one of {sorted(llm_rewards)} for an llm policy",
-                   self.reward.name)
-            check(self.prompts.name == "arithmetic", "prompts.name", "'arithmetic' for an llm policy", self.prompts.name)
-        else:
-            check(self.reward.name not in llm_rewards, "reward.name", "an image reward for a dit policy",
-                   self.reward.name)
-            check(self.prompts.name == "colours", "prompts.name", "'colours' for a dit policy", self.prompts.name)
+        kind = self.policy.kind
+        other, own = (DIT_REWARDS, "an image reward") if kind == "llm" else (LLM_REWARDS, "a text reward")
+        for i, term in enumerate(self.reward.terms):
+            where = f"reward.components[{i}].name" if self.reward.components else "reward.name"
+            check(term.name not in other, where, f"a reward for a {kind} policy ({term.name} is {own})", term.name)
+        if self.prompts.path is None:
+            builtin = "arithmetic" if kind == "llm" else "colours"
+            check(self.prompts.name == builtin, "prompts.name", f"'{builtin}' for a {kind} policy (or "
+                  "prompts.path: a prompt file of yours)", self.prompts.name)
+
+    @property
+    def evaluates(self) -> bool:
+        """Whether the run evaluates fixed prompts and seeds (`train.eval_every`)."""
+        return self.train.eval_prompts > 0 or self.prompts.eval_path is not None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

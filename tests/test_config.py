@@ -29,7 +29,7 @@ def test_yaml_round_trip(tmp_path):
     ("policy:\n  dit:\n    resolution: 15\n", "policy.dit.resolution: expected a size whose latent side"),
     ("seed: 1\ntrain: @x\n", "line 2: not valid YAML"),
     ("- 1\n", "expected a mapping of RunConfig fields"),
-    ("policy:\n  kind: llm\n", "reward.name: expected one of ['arithmetic'] for an llm policy"),
+    ("policy:\n  kind: llm\n", "reward.name: expected a reward for a llm policy (colour is an image reward)"),
     # issue 13: every float finite, every number in its range, the file itself bounded
     ("train:\n  lr: .inf\n", "train.lr: expected a finite number, got inf"),
     ("grpo:\n  clip_high: .nan\n", "grpo.clip_high: expected a finite number, got nan"),

@@ -40,7 +40,10 @@ def cache_path(cfg: RunConfig) -> Path:
     ws = {k: v for k, v in d["warm_start"].items() if k != "cache_dir"}
     # LoRA adapters go on after the warm start: a run with them shares the run's without them.
     policy = {k: v for k, v in d["policy"].items() if k != "lora"}
-    key = {"v": WARM_START_VERSION, "seed": cfg.seed, "policy": policy, "prompts": d["prompts"], "warm_start": ws}
+    # The warm start trains on the built-in sets' synthetic data; an unset prompt file adds nothing
+    # to the key, so caches made before `prompts.path` existed still hit.
+    prompts = {k: v for k, v in d["prompts"].items() if v is not None and k != "eval_path"}
+    key = {"v": WARM_START_VERSION, "seed": cfg.seed, "policy": policy, "prompts": prompts, "warm_start": ws}
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     return cache_dir(cfg) / f"warm-start-{cfg.policy.kind}-{digest}.safetensors"
 
