@@ -627,12 +627,14 @@ class RunConfig:
                   "k3 per token; flow_grpo's scale is the DiT's SDE steps')", self.grpo.kl_estimator)
         kind = self.policy.kind
         other, own = (DIT_REWARDS, "an image reward") if kind == "llm" else (LLM_REWARDS, "a text reward")
+        article = "an" if kind == "llm" else "a"
         for i, term in enumerate(self.reward.terms):
             where = f"reward.components[{i}].name" if self.reward.components else "reward.name"
-            check(term.name not in other, where, f"a reward for a {kind} policy ({term.name} is {own})", term.name)
+            check(term.name not in other, where, f"a reward for {article} {kind} policy ({term.name} is {own})",
+                  term.name)
         if self.prompts.path is None:
             builtin = "arithmetic" if kind == "llm" else "colours"
-            check(self.prompts.name == builtin, "prompts.name", f"'{builtin}' for a {kind} policy (or "
+            check(self.prompts.name == builtin, "prompts.name", f"'{builtin}' for {article} {kind} policy (or "
                   "prompts.path: a prompt file of yours)", self.prompts.name)
 
     @property

@@ -29,7 +29,7 @@ def test_yaml_round_trip(tmp_path):
     ("policy:\n  dit:\n    resolution: 15\n", "policy.dit.resolution: expected a size whose latent side"),
     ("seed: 1\ntrain: @x\n", "line 2: not valid YAML"),
     ("- 1\n", "expected a mapping of RunConfig fields"),
-    ("policy:\n  kind: llm\n", "reward.name: expected a reward for a llm policy (colour is an image reward)"),
+    ("policy:\n  kind: llm\n", "reward.name: expected a reward for an llm policy (colour is an image reward)"),
     # issue 13: every float finite, every number in its range, the file itself bounded
     ("train:\n  lr: .inf\n", "train.lr: expected a finite number, got inf"),
     ("grpo:\n  clip_high: .nan\n", "grpo.clip_high: expected a finite number, got nan"),
@@ -39,7 +39,7 @@ def test_yaml_round_trip(tmp_path):
     ("seed: -1\n", "seed: expected an integer in [0, 4294967295], got -1"),
     ("seed: 4294967296\n", "seed: expected an integer in [0, 4294967295]"),
     ("device: banana\n", "device: expected cpu, cuda, cuda:N or mps, got 'banana'"),
-    ("reward:\n  name: bogus\n", "reward.name: expected one of arithmetic, clip_score, colour"),
+    ("reward:\n  name: bogus\n", "reward.name: expected one of answer_match, arithmetic, clip_score, colour"),
     ("", "empty config file"),
     ("seed: 1\nseed: 2\n", "line 2: duplicate key 'seed'"),
     ("a: &x 1\nseed: *x\n", "line 1: YAML anchors and aliases are not accepted"),
