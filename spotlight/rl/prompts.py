@@ -6,7 +6,8 @@ the prompt. `arithmetic`: "12+07=" — the tiny LLM's task; the answer is comput
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -36,8 +37,12 @@ ARITHMETIC_OPERAND_MAX = 20
 @dataclass(frozen=True)
 class Prompt:
     id: int
-    """Stable index in the prompt set; part of every random stream of its samples."""
+    """Stable index in the prompt set; part of every random stream of its samples. Evaluation
+    prompts of their own file (`prompts.eval_path`) count from `EVAL_PROMPT_ID0`."""
     text: str
+    metadata: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    """A jsonl prompt's other fields (flow_grpo's GenEval `tag`/`include`, GSM8K's `answer`, ...),
+    handed to rewards; empty for a txt line and the built-in sets."""
 
 
 def colour_of(text: str) -> tuple[float, float, float]:
