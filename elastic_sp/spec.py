@@ -44,7 +44,8 @@ class Builder(Protocol):
 
     def build_model(self, spec: ServeSpec) -> torch.nn.Module:
         """The transformer of `spec.arch`, eval mode, no gradients; its initial weights are a
-        function of the spec alone (every member builds the same ones)."""
+        function of the spec alone (every member builds the same ones) — or read from a local
+        folder the workload's config names, which every node holds the same copy of."""
         ...
 
     def build_policy(self, spec: ServeSpec, model: torch.nn.Module, device: str) -> Any:
@@ -78,7 +79,8 @@ class Builder(Protocol):
 class ServeSpec:
     arch: dict[str, Any]
     """`QwenImageTransformer2DModel` keyword arguments (elastic_sp reads the heads and the head
-    dimension; the builder builds the model from all of them)."""
+    dimension; the builder builds the model from all of them, or loads it from a folder whose
+    config they are)."""
     config: str
     """The workload's run config as YAML text: opaque here, read only by the builder (the seed of
     the model's initialisation and of the sampling streams, the sampler, the text conditioning)."""

@@ -220,8 +220,33 @@ def check_train_inputs(cfg: RunConfig, args: argparse.Namespace, out: Path) -> N
         if path and not Path(path).is_dir():
             raise ConfigError(f"{where}{name}: {short(path)} is not an existing folder (expected local weights; "
                               "nothing is downloaded)")
-    if cfg.reward.name == "clip_score" and not cfg.reward.model_path:
-        raise ConfigError(f"{where}reward.model_path: expected a local CLIP/PickScore folder for clip_score, got null")
+    problem = cfg.policy.llm.folder_problem() if cfg.policy.kind == "llm" and cfg.policy.llm.pretrained_path else None
+    if problem is not None:  # file names and config.json only: no import, no weights read
+        raise ConfigError(f"{where}policy.llm.pretrained_path: {problem}")
+    if cfg.policy.kind == "dit" and cfg.policy.dit.pretrained_path:  # file names and JSON configs: no weights read
+        from spotlight.rl.dit_model import check_pipeline_folder
+        check_pipeline_folder(cfg, where)
+    if cfg.prompts.path is not None or cfg.prompts.eval_path is not None:
+        from spotlight.rl.prompt_file import evaluation_prompts, run_prompts
+
+        try:  # read in full now: a bad line costs one error before anything starts
+            evaluation_prompts(cfg, run_prompts(cfg.prompts, cfg.seed))
+        except ConfigError as err:
+            raise ConfigError(f"{where}{err}") from None
+    for i, term in enumerate(cfg.reward.terms):  # each reward component's weights, or its function's file or module
+        field = f"reward.components[{i}]" if cfg.reward.components else "reward"
+        if term.model_path and not Path(term.model_path).is_dir():
+            raise ConfigError(f"{where}{field}.model_path: {short(term.model_path)} is not an existing folder (expected "
+                              "local weights; nothing is downloaded)")
+        if term.name == "clip_score" and not (term.model_path or cfg.reward.model_path):
+            raise ConfigError(f"{where}reward.model_path: expected a local CLIP/PickScore folder for clip_score, got null")
+    if any(term.function is not None for term in cfg.reward.terms):
+        from spotlight.rl.user_reward import check_config  # looks only: nothing of the user's is imported yet
+
+        try:
+            check_config(cfg.reward)
+        except ConfigError as err:
+            raise ConfigError(f"{where}{err}") from None
     if cfg.device != "cpu":
         import torch  # only here: a CPU run needs torch for none of these checks
 
@@ -265,6 +290,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         from schedulers.traces import load_trace
 
         trace = load_trace(args.preemption_trace)
+    from spotlight.rl.rewards import RewardError
     from spotlight.runtime.learner import NonFiniteUpdate
     from spotlight.train.trainer import Trainer, make_runtime
 
@@ -283,6 +309,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     except NonFiniteUpdate as err:  # not bad input: the run itself failed (exit 1), in one line too
         print(f"spotlight: error: {err}", file=sys.stderr)
         return 1
+    except RewardError as err:  # a reward component failed twice (the user's function, often): exit 2
+        print(f"spotlight: error: {err}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print(f"spotlight: interrupted; {_kept(out, cfg)}", file=sys.stderr)
         return 130

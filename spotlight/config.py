@@ -53,42 +53,158 @@ def reward_names() -> list[str]:
 
 @dataclass
 class DiTConfig:
-    """The diffusion transformer (diffusers `QwenImageTransformer2DModel`)."""
+    """The diffusion transformer (diffusers `QwenImageTransformer2DModel`), and where its text
+    conditioning, decoding and sigma schedule come from."""
 
     preset: Literal["tiny", "qwen-image"] = "tiny"
-    """`tiny`: a random 2-layer config that trains on CPU; `qwen-image`: the released 20B config."""
+    """`tiny`: a random 2-layer config that trains on CPU, computed in float32; `qwen-image`: the
+    released 20B config, computed in bfloat16. With `pretrained_path` the architecture is the
+    folder's, and the preset still picks the dtype (of the transformer, text encoder and VAE alike)."""
     pretrained_path: str | None = None
-    """Local folder of a diffusers Qwen-Image checkpoint (with `transformer/`, and `vae/` and
-    `text_encoder/` for real decoding and prompts). Nothing is downloaded."""
+    """Local folder of a diffusers Qwen-Image checkpoint; nothing is downloaded. Either a pipeline
+    folder (what `QwenImagePipeline.save_pretrained` writes: model_index.json, transformer/,
+    text_encoder/, tokenizer/, vae/, scheduler/): prompts then go through its text encoder, samples
+    are decoded by its VAE and follow its scheduler's sigmas, whatever `preset` says, and there is
+    no synthetic warm start (`warm_start.steps` must be 0). Or a transformer alone (its own folder,
+    or one holding only transformer/): the stand-in text encoder, and the preset's decoding (tiny:
+    the latent is the image; qwen-image needs a vae/). `spotlight train` checks the folder before
+    anything starts (`spotlight.rl.dit_model.check_pipeline_folder`)."""
     resolution: int = 16
-    """Image side in pixels, 1..4096. Tiny preset: latent = pixels (1 latent pixel per image pixel);
-    qwen-image: the VAE downsamples by 8. Must give a latent side divisible by the patch size 2."""
+    """Image side in pixels, 1..4096, a multiple of 2 x `vae_scale`: the latent side (resolution /
+    `vae_scale`) must divide by the patch size 2."""
     text_tokens: int = 8
-    """Prompt length in tokens for the deterministic stand-in text encoder, 1..4096."""
+    """Prompt length in tokens for the deterministic stand-in text encoder, 1..4096 (a pipeline's
+    text encoder gives every prompt its own length)."""
 
     def __post_init__(self) -> None:
         check(self.resolution > 0, "resolution", "a positive integer", self.resolution)
         at_most(self, ("resolution",), 4096, " pixels")
-        check(self.latent_side % 2 == 0, "resolution",
-               f"a size whose latent side ({self.latent_side}) divides by the patch size 2", self.resolution)
+        scale = self.vae_scale
+        check(self.resolution % (2 * scale) == 0, "resolution",
+               f"a size whose latent side (resolution / {scale}) divides by the patch size 2: "
+               f"a multiple of {2 * scale}",
+               self.resolution)
         check(self.text_tokens > 0, "text_tokens", "a positive integer", self.text_tokens)
         at_most(self, ("text_tokens",), 4096)
 
     @property
+    def pipeline(self) -> bool:
+        """Whether `pretrained_path` is a diffusers pipeline folder: it holds model_index.json,
+        text_encoder/, tokenizer/ or vae/ (`check_pipeline_folder` then wants them all). Read from
+        the disk of the machine that asks, every time."""
+        path = Path(self.pretrained_path) if self.pretrained_path else None
+        return path is not None and ((path / "model_index.json").is_file() or any(
+            (path / sub).is_dir() for sub in ("text_encoder", "tokenizer", "vae")))
+
+    @property
     def vae_scale(self) -> int:
+        """Image pixels per latent pixel. A `pretrained_path` with vae/: its VAE's downsampling,
+        2 ** len(temperal_downsample) as `QwenImagePipeline` computes it (8 for Qwen-Image's), whatever
+        the preset; otherwise the preset's (tiny: 1, the latent is the image; qwen-image: 8).
+
+        Read from the disk of the machine that asks, every time (no cache to go stale): so config
+        validation does not fail for a folder that is not there (yet) — a missing folder or an
+        unreadable vae/config.json gives the preset's, and `check_pipeline_folder` (run by
+        `spotlight train` and by `DiTPolicy.from_config`) then names what is wrong. A config sent
+        to another node (an SP member's spec, a worker) is validated again there, against its copy."""
+        file = Path(self.pretrained_path) / "vae" / "config.json" if self.pretrained_path else None
+        if file is not None and file.is_file():
+            try:
+                downsample = json.loads(file.read_text()).get("temperal_downsample")
+            except (OSError, ValueError, AttributeError):
+                downsample = None
+            if isinstance(downsample, list) and len(downsample) <= 8:
+                return 2 ** len(downsample)
         return 1 if self.preset == "tiny" else 8
 
     @property
     def latent_side(self) -> int:
         return self.resolution // self.vae_scale
 
+    def folder_problem(self) -> str | None:
+        """What makes `pretrained_path` unusable as the DiT's folder, in a few words; None when
+        nothing is found wrong. Only file names and JSON configs are read (no import, no weights),
+        so `spotlight train` refuses a bad folder before anything starts
+        (`spotlight.rl.dit_model.check_pipeline_folder`); loading can still fail, and says so.
+
+        A pipeline folder (`pipeline`) must hold every component `QwenImagePipeline` loads, of
+        Qwen-Image's classes, whose shapes fit together: the transformer's joint_attention_dim is
+        the text encoder's hidden size, its out_channels the VAE's z_dim and in_channels 4 x z_dim
+        (latents packed in 2x2 patches). A transformer alone must be one, and the qwen-image preset
+        needs a vae/ to decode."""
+        path = Path(self.pretrained_path or "")
+        shown = short(str(path))
+        if not path.is_dir():
+            return f"{shown} is not an existing folder (expected local weights; nothing is downloaded)"
+
+        def config(file: Path) -> dict[str, Any] | str:
+            """The JSON object in `file`, or what is wrong with it."""
+            where = f"{shown}: {file.relative_to(path)}"
+            if not file.is_file():
+                return f"{where} is missing"
+            try:
+                if file.stat().st_size > MAX_CONFIG_BYTES:
+                    return f"{where} is over {MAX_CONFIG_BYTES >> 20} MiB (expected a model config)"
+                data = json.loads(file.read_text(encoding="utf-8"))
+            except (OSError, UnicodeDecodeError, ValueError) as err:
+                return f"{where} is not readable JSON ({type(err).__name__})"
+            return data if isinstance(data, dict) else f"{where} is not a JSON object"
+
+        def of_class(data: dict[str, Any], file: str, name: str) -> str | None:
+            got = data.get("_class_name")
+            return None if got in (None, name) else f"{shown}: {file} names {short(got)} (expected {name})"
+
+        if not self.pipeline:
+            sub = "transformer/" if (path / "transformer").is_dir() else ""
+            transformer = config(path / sub / "config.json")
+            if isinstance(transformer, str):
+                return f"{transformer} (expected a diffusers pipeline folder or a QwenImageTransformer2DModel folder)"
+            if self.preset != "tiny":
+                return (f"{shown} has no vae/ to decode the qwen-image preset's latents (expected a diffusers "
+                        "QwenImagePipeline folder)")
+            return of_class(transformer, f"{sub}config.json", "QwenImageTransformer2DModel")
+        parts = ("transformer", "text_encoder", "tokenizer", "vae", "scheduler")
+        missing = [f"{p}/" for p in parts if not (path / p).is_dir()]
+        missing += [] if (path / "model_index.json").is_file() else ["model_index.json"]
+        if missing:
+            return (f"{shown} is a diffusers pipeline folder without {', '.join(missing)} (expected what "
+                    f"QwenImagePipeline.save_pretrained writes: model_index.json, {', '.join(p + '/' for p in parts)})")
+        transformer, text, vae = (config(path / p / "config.json") for p in ("transformer", "text_encoder", "vae"))
+        if isinstance(transformer, str) or isinstance(text, str) or isinstance(vae, str):
+            return next(c for c in (transformer, text, vae) if isinstance(c, str))
+        wrong = (of_class(transformer, "transformer/config.json", "QwenImageTransformer2DModel")
+                 or of_class(vae, "vae/config.json", "AutoencoderKLQwenImage"))
+        if wrong is not None:
+            return wrong
+        archs = text.get("architectures") or []
+        if "Qwen2_5_VLForConditionalGeneration" not in archs:
+            return (f"{shown}: text_encoder/config.json names {short(archs)} (expected "
+                    "Qwen2_5_VLForConditionalGeneration, Qwen-Image's text encoder)")
+        text_config = text.get("text_config")  # transformers 5 nests it; older configs are flat
+        hidden = (text_config if isinstance(text_config, dict) else {}).get("hidden_size", text.get("hidden_size"))
+        joint, z = transformer.get("joint_attention_dim"), vae.get("z_dim")
+        if joint != hidden:
+            return (f"{shown}: the transformer's joint_attention_dim ({short(joint)}) is not the text encoder's "
+                    f"hidden size ({short(hidden)}): they are not parts of one pipeline")
+        channels = (transformer.get("in_channels"), transformer.get("out_channels"))
+        if not isinstance(z, int) or channels != (4 * z, z):
+            return (f"{shown}: the transformer's in/out channels ({short(channels[0])}/{short(channels[1])}) do not "
+                    f"fit the VAE's z_dim ({short(z)}: expected 4 x z_dim in, z_dim out)")
+        downsample = vae.get("temperal_downsample")
+        if not isinstance(downsample, list) or len(downsample) > 8:
+            return (f"{shown}: vae/config.json's temperal_downsample is {short(downsample)} (expected a list of "
+                    "0..8 flags)")
+        return None
+
 
 @dataclass
 class LLMConfig:
-    """The causal language model (a transformers Qwen2 architecture)."""
+    """The causal language model: the tiny Qwen2 built from the seed, or a local transformers folder."""
 
     pretrained_path: str | None = None
-    """Local folder with a transformers causal LM and its tokenizer; empty means the tiny config."""
+    """Local folder with a transformers causal LM and its tokenizer, as `save_pretrained` writes
+    them (config.json, weights, tokenizer files); null means the tiny config. Prompts go through
+    the tokenizer's chat template when it has one; the tiny sizes below are then unused."""
     hidden_size: int = 64
     """Tiny config sizes: hidden_size 1..65,536, num_layers 1..1,024, num_heads and num_kv_heads
     1..1,024, intermediate_size 1..262,144 (beyond the largest released LLMs)."""
@@ -114,6 +230,39 @@ class LLMConfig:
         check(self.num_heads % self.num_kv_heads == 0, "num_kv_heads",
                f"a divisor of num_heads ({self.num_heads})", self.num_kv_heads)
         check(self.temperature > 0, "temperature", "a number > 0", self.temperature)
+
+    def folder_problem(self) -> str | None:
+        """What makes `pretrained_path` (an existing folder) unusable as a transformers causal LM
+        with its tokenizer, in a few words; None when nothing is found wrong. Only its file names
+        and config.json are read (no import, no weights), so `spotlight train` refuses a bad folder
+        before anything starts; loading can still fail, and `LLMPolicy.from_config` says so."""
+        path = Path(self.pretrained_path or "")
+        shown = short(str(path))
+        config = path / "config.json"
+        if not config.is_file():
+            return f"{shown} has no config.json (expected a transformers causal LM folder, as save_pretrained writes)"
+        try:
+            if config.stat().st_size > MAX_CONFIG_BYTES:
+                return f"{shown}: config.json is over {MAX_CONFIG_BYTES >> 20} MiB (expected a model config)"
+            data = json.loads(config.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError) as err:
+            return f"{shown}: config.json is not readable JSON ({type(err).__name__})"
+        if not isinstance(data, dict):
+            return f"{shown}: config.json is not a JSON object"
+        arch = data.get("architectures")
+        # The class names transformers gives causal LMs (Qwen2ForCausalLM, GPT2LMHeadModel).
+        if isinstance(arch, list) and arch and not any(
+                isinstance(a, str) and a.endswith(("ForCausalLM", "LMHeadModel")) for a in arch):
+            return f"{shown} is not a causal LM: config.json names {short(arch)} (expected a *ForCausalLM)"
+        if not arch and not data.get("model_type"):
+            return f"{shown}: config.json names no architectures and no model_type (expected a transformers config)"
+        names = {p.name for p in path.iterdir()}
+        if not names & {"tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "tiktoken.model"}:
+            return (f"{shown} has no tokenizer files (expected tokenizer.json, or tokenizer.model / vocab.json, "
+                    "as tokenizer.save_pretrained writes them)")
+        if not any(n.endswith((".safetensors", ".bin", ".safetensors.index.json", ".bin.index.json")) for n in names):
+            return f"{shown} has no weights (expected model.safetensors or its shards)"
+        return None
 
 
 DIT_LORA_TARGETS = ("to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out",
@@ -425,9 +574,15 @@ class PromptsConfig:
     """Held-out prompts for evaluation (`train.eval_every`), read like `path`; null: a dataset
     folder's `test.txt` / `test_metadata.jsonl` when `path` is one, else prompts of the training set."""
 
+    text_field: str = "prompt"
+    """The field of a `.jsonl` line that holds the prompt (GSM8K's files: `question`); the line's other
+    fields are its metadata."""
+
     def __post_init__(self) -> None:
         check(self.count > 0, "count", "a positive integer", self.count)
         at_most(self, ("count",), 1_000_000)
+        check(0 < len(self.text_field) <= 200 and self.text_field.isprintable(), "text_field",
+              "the name of a jsonl field", self.text_field)
         for name in ("path", "eval_path"):
             value = getattr(self, name)
             check(value is None or (0 < len(value) <= 4096 and "\x00" not in value), name,

@@ -35,6 +35,15 @@ def sky_python():
     return python
 
 
+@pytest.fixture(scope="session")
+def tiny_lm_folder(tmp_path_factory):
+    """A tiny transformers causal LM folder (Qwen2, byte-level BPE tokenizer with a chat template),
+    built once per session: tests/tiny_lm_folder.py. Tests read it, never write into it."""
+    from tiny_lm_folder import save_tiny_lm
+
+    return save_tiny_lm(tmp_path_factory.mktemp("tiny-lm") / "model")
+
+
 def small_dit_config(**over):
     """A tiny-DiT run small enough for unit tests: short warm start, 2 prompts x 4 samples."""
     base = {
@@ -65,3 +74,11 @@ def _with(base, over):
     for key, value in over.items():
         base.setdefault(key, {}).update(value) if isinstance(value, dict) else base.__setitem__(key, value)
     return default_config(base)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen_pipeline(tmp_path_factory):
+    """A tiny real-architecture diffusers QwenImagePipeline folder (tests/tiny_qwen_pipeline.py), saved once."""
+    from tiny_qwen_pipeline import save_tiny_qwen_pipeline
+
+    return save_tiny_qwen_pipeline(tmp_path_factory.mktemp("tiny-qwen-image") / "pipeline")

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import ast
+import dataclasses
 import hashlib
 import json
 import shutil
@@ -140,10 +141,10 @@ def test_a_nan_loss_stops_the_run_with_one_line_and_keeps_the_checkpoint_before_
     score = RewardWorker.score
     calls = []
 
-    def nan_from_the_third(self, parts):
+    def nan_from_the_third(self, parts):  # past the worker's own checks: the learner must catch it
         calls.append(1)
-        rewards = score(self, parts)
-        return rewards * float("nan") if len(calls) > 2 else rewards
+        scores = score(self, parts)
+        return dataclasses.replace(scores, total=scores.total * float("nan")) if len(calls) > 2 else scores
 
     monkeypatch.setattr(RewardWorker, "score", nan_from_the_third)
     config = tmp_path / "run.yaml"

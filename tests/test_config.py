@@ -91,11 +91,11 @@ def test_binary_and_oversized_files_are_one_line(tmp_path):
 
 def test_the_reward_names_checked_at_load_are_the_ones_rewards_builds():
     from spotlight.rl import rewards
-    from spotlight.config import BUILTIN_REWARDS
+    from spotlight.config import BUILTIN_REWARDS, LLM_REWARDS
 
     assert set(BUILTIN_REWARDS) == set(rewards.BUILTIN)
     for name in BUILTIN_REWARDS:
-        kind = "llm" if name == "arithmetic" else "dit"
+        kind = "llm" if name in LLM_REWARDS else "dit"
         over = {"reward": {"name": name}, "policy": {"kind": kind}}
         if kind == "llm":
             over["prompts"] = {"name": "arithmetic"}

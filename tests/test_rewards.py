@@ -1,3 +1,4 @@
+import dataclasses
 import json
 import string
 
@@ -87,3 +88,292 @@ def test_clip_score_reward_loads_local_weights_and_scores_text_image_agreement(t
         out = model(**inputs)
     cos = torch.nn.functional.cosine_similarity(out.image_embeds, out.text_embeds)
     assert torch.allclose(r, model.logit_scale.exp().detach() * cos, atol=1e-5)
+
+
+# ---- weighted components, user functions, failures, workers (issue 25) ------------------------
+
+import textwrap
+import threading
+
+from spotlight.config import RewardComponent
+from spotlight.rl.rewards import RewardError, RewardWorker, Scores, final_number, split_parts
+
+
+def _cfg(*terms, **over):
+    return RewardConfig(components=[RewardComponent(**t) for t in terms], **over)
+
+
+def _colour_rollout(n=4, seed=0, first_id=0):
+    g = torch.Generator().manual_seed(seed)
+    prompts = [Prompt(first_id + i // 2, f"a {'red' if i < 2 else 'blue'} image") for i in range(n)]
+    return Rollout(prompts, list(range(n)), images=torch.rand(n, 3, 8, 8, generator=g))
+
+
+def _write(tmp_path, name, body):
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(body))
+    return path
+
+
+def test_the_reward_is_the_weighted_sum_of_its_components():
+    rollout = _colour_rollout()
+    colour = build_reward(RewardConfig(name="colour"))(rollout)
+    kb = jpeg_kilobytes(rollout.images)
+    scores = RewardWorker(_cfg({"name": "colour", "weight": 2.0}, {"name": "jpeg_compressibility", "weight": 0.5})
+                          ).score([rollout])
+    assert list(scores.components) == ["colour", "jpeg_compressibility"]
+    assert torch.equal(scores.components["colour"], colour) and torch.equal(scores.components["jpeg_compressibility"], -kb)
+    assert torch.allclose(scores.total, 2.0 * colour - 0.5 * kb) and scores.total.dtype == torch.float32
+    assert scores.seconds > 0
+    stats = scores.component_stats()
+    assert stats["reward_colour_mean"] == pytest.approx(colour.mean().item())
+    assert stats["reward_jpeg_compressibility_std"] == pytest.approx((-kb).std(unbiased=False).item())
+    # The one-component shorthand: the total is that reward, bit for bit.
+    one = RewardWorker(RewardConfig(name="colour")).score([rollout])
+    assert torch.equal(one.total, colour) and list(one.components) == ["colour"]
+
+
+def test_split_workers_score_what_one_worker_scores():
+    """How the Ray runtime splits a batch between reward workers changes no score: each request is
+    scored on its own, and the shares are concatenated in order."""
+    parts = [_colour_rollout(seed=s) for s in range(5)]
+    assert [len(s) for s in split_parts(parts, 3)] == [2, 2, 1] and sum(split_parts(parts, 3), []) == parts
+    assert split_parts(parts[:1], 3) == [parts[:1], [], []]
+    cfg = _cfg({"name": "colour"}, {"name": "jpeg_incompressibility", "weight": 0.1})
+    one = RewardWorker(cfg).score(parts)
+    for n in (2, 3, 7):
+        many = Scores.concat([RewardWorker(cfg).score(share) for share in split_parts(parts, n)])
+        assert torch.equal(many.total, one.total)
+        assert all(torch.equal(many.components[k], one.components[k]) for k in one.components)
+
+
+def test_a_user_function_in_a_file_gets_images_prompts_and_metadata(tmp_path):
+    _write(tmp_path, "my_reward.py", """
+        import numpy as np
+
+        seen = []
+
+        def score(outputs, prompts, metadata):
+            seen.append((outputs, prompts, metadata))
+            # red share of each image, plus the metadata's bonus
+            return np.array([np.asarray(im)[..., 0].mean() / 255 + m.get("bonus", 0) for im, m in zip(outputs, metadata)])
+        """)
+    rollout = _colour_rollout()
+    cfg = _cfg({"function": "my_reward.py:score", "weight": 1.0})
+    worker = RewardWorker(cfg, metadata={1: {"bonus": 10.0}}, cwd=tmp_path)  # a path relative to cwd
+    scores = worker.score([rollout])
+    from PIL import Image
+
+    (outputs, prompts, metadata), = worker.rewards[0].fn.__globals__["seen"]
+    assert all(isinstance(o, Image.Image) and o.mode == "RGB" and o.size == (8, 8) for o in outputs)
+    assert prompts == [p.text for p in rollout.prompts] and metadata == [{}, {}, {"bonus": 10.0}, {"bonus": 10.0}]
+    red = (rollout.images[:, 0] * 255).round() / 255
+    assert torch.allclose(scores.components["score"], red.mean(dim=(1, 2)) + torch.tensor([0, 0, 10.0, 10.0]))
+
+
+def test_a_user_function_in_a_module_scores_llm_completions(tmp_path, monkeypatch):
+    _write(tmp_path, "user_rewards_pkg_mod.py", """
+        def length(outputs, prompts, metadata):
+            return [float(len(o)) for o in outputs]
+        """)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    rollout = Rollout([Prompt(0, "01+02=")] * 3, [0, 1, 2], completions=["a", "bbb", ""])
+    scores = RewardWorker(_cfg({"function": "user_rewards_pkg_mod:length"}, {"name": "arithmetic", "weight": 0.0})
+                          ).score([rollout])
+    assert scores.total.tolist() == [1.0, 3.0, 0.0] and scores.components["arithmetic"].tolist() == [0.0, 0.0, 0.0]
+
+
+@pytest.mark.parametrize("spec, body, expected", [
+    ("missing.py:score", None, r"reward.components\[1\].function: 'missing.py' is not an existing file"),
+    ("no_such_module_xyz.sub:score", None, r"reward.components\[1\].function: no module 'no_such_module_xyz.sub' can"),
+    ("r.py:score", "def other(o, p, m): return [0.0]\n", r"reward.components\[1\].function: r.py has no 'score'"),
+    ("r.py:score", "score = 3\n", r"reward.components\[1\].function: r.py:score is a int, not callable"),
+    ("r.py:score", "import no_such_module_xyz\n", r"reward.components\[1\].function: importing r.py raised "
+                                                  r"ModuleNotFoundError"),
+], ids=["missing-file", "missing-module", "no-attribute", "not-callable", "import-fails"])
+def test_a_bad_function_spec_is_one_config_error_line_when_the_worker_is_built(tmp_path, spec, body, expected):
+    from spotlight.rl import user_reward
+
+    if body is not None:
+        _write(tmp_path, "r.py", body)
+    cfg = _cfg({"name": "colour"}, {"function": spec})
+    if body is None:  # what `spotlight train` checks before it builds anything
+        with pytest.raises(ConfigError, match=expected):
+            user_reward.check_config(cfg, tmp_path)
+    else:
+        user_reward.check_config(cfg, tmp_path)  # it exists: only importing finds the fault
+    with pytest.raises(ConfigError, match=expected) as err:
+        RewardWorker(cfg, cwd=tmp_path).build()
+    assert "\n" not in str(err.value)
+
+
+_FAILING = """
+    import math, threading
+    calls = []
+    release = threading.Event()
+
+    def raises(outputs, prompts, metadata):
+        calls.append(1)
+        raise KeyError("no such thing")
+
+    def wrong_count(outputs, prompts, metadata):
+        return [1.0] * 3
+
+    def nan(outputs, prompts, metadata):
+        return [1.0, math.nan, 0.0, 0.0]
+
+    def hangs(outputs, prompts, metadata):
+        calls.append(1)
+        release.wait(60)
+        return [0.0] * len(outputs)
+
+    def flaky(outputs, prompts, metadata):
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("transient")
+        return [0.5] * len(outputs)
+
+    def not_numbers(outputs, prompts, metadata):
+        return ["high"] * len(outputs)
+    """
+
+
+@pytest.mark.parametrize("name, expected", [
+    ("raises", "raised KeyError: 'no such thing', tried twice"),
+    ("wrong_count", "returned 3 values for 4 samples, tried twice"),
+    ("nan", "returned nan for sample 1 (prompt 0); 1 of 4 values are not finite (in float32), tried twice"),
+    ("hangs", "took longer than reward.timeout_s (0.2 s; its thread is left running and the run stops), tried twice"),
+    ("not_numbers", "returned list (expected one float per sample"),
+])
+def test_a_failing_component_is_retried_once_then_a_one_line_reward_error(tmp_path, name, expected):
+    _write(tmp_path, "failing.py", _FAILING)
+    worker = RewardWorker(_cfg({"name": "colour"}, {"function": f"failing.py:{name}"}, timeout_s=0.2), cwd=tmp_path)
+    worker.build()
+    module = worker.rewards[1].fn.__globals__
+    try:
+        with pytest.raises(RewardError) as err:
+            worker.score([_colour_rollout()])
+    finally:
+        module["release"].set()  # let the hung threads end
+    assert str(err.value) == f"reward.components[1] (failing.py:{name}): {expected}" or \
+        str(err.value).startswith(f"reward.components[1] (failing.py:{name}): {expected}"), str(err.value)
+    assert "\n" not in str(err.value)
+    if name in ("raises", "hangs"):
+        assert len(module["calls"]) == 2
+
+
+def test_a_component_that_fails_once_is_retried_and_scores(tmp_path):
+    _write(tmp_path, "failing.py", _FAILING)
+    scores = RewardWorker(_cfg({"function": "failing.py:flaky"}), cwd=tmp_path).score([_colour_rollout()])
+    assert scores.total.tolist() == [0.5] * 4
+
+
+def test_answer_match_compares_final_numbers_gsm8k_style():
+    assert final_number("She has 3 apples, then 1,234 more.\n#### 1,237") == 1237
+    assert final_number("so 5 - 3 = 2 and the answer is 2.") == 2
+    assert final_number("The total is $1,234.50") == pytest.approx(1234.5)
+    assert final_number("no number here") is None
+    meta = {0: {"answer": "Natalia sold 48/2 = 24 clips in May.\n#### 72"}, 1: {"answer": 72}, 2: {"answer": "72.0"}}
+    prompts = [Prompt(i % 3, "question?") for i in range(6)]
+    completions = ["48 + 24 = 72", "#### 72 clips", "the answer is 72.0", "it is 71", "72 or so, #### 70", "none"]
+    rollout = Rollout(prompts, list(range(6)), completions=completions)
+    scores = RewardWorker(RewardConfig(name="answer_match"), metadata=meta).score([rollout])
+    assert scores.total.tolist() == [1.0, 1.0, 1.0, 0.0, 0.0, 0.0]
+
+
+def test_answer_match_without_an_answer_names_the_prompt():
+    rollout = Rollout([Prompt(5, "q"), Prompt(5, "q")], [0, 1], completions=["1", "2"])
+    with pytest.raises(RewardError, match=r"^reward.name \(answer_match\): prompt 5 has no answer"):
+        RewardWorker(RewardConfig(name="answer_match"), metadata={4: {"answer": "1"}}).score([rollout])
+    with pytest.raises(RewardError, match=r"prompt 5's answer 'Paris' has no number"):
+        RewardWorker(RewardConfig(name="answer_match"), metadata={5: {"answer": "Paris"}}).score([rollout])
+
+
+def test_train_stops_with_one_line_and_exit_2_when_a_reward_fails_and_keeps_the_checkpoints(tmp_path, monkeypatch,
+                                                                                            capsys):
+    """A user reward (a file relative to the working directory) that answers NaN from iteration 2
+    on; its component's mean and std and the scoring time are in the metrics until then. A missing
+    file is refused before anything starts."""
+    from conftest import small_llm_config
+
+    from spotlight import cli
+    from spotlight.config import to_yaml
+    from spotlight.train import checkpoint
+
+    _write(tmp_path, "nan_later.py", """
+        calls = []
+
+        def score(outputs, prompts, metadata):  # 4 requests an iteration: NaN from the 3rd iteration
+            calls.append(1)
+            return [float("nan") if len(calls) > 8 else float(len(o)) for o in outputs]
+        """)
+    monkeypatch.chdir(tmp_path)
+    config = tmp_path / "run.yaml"
+    reward = {"components": [{"name": "arithmetic"}, {"function": "nan_later.py:score", "weight": 0.5}]}
+    config.write_text(to_yaml(small_llm_config(train={"steps": 4, "checkpoint_every": 1}, reward=reward)))
+    code = cli.main(["train", str(config), "--out", "out", "--no-progress"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert len(err) == 1 and err[0].startswith("spotlight: error: reward.components[1] (nan_later.py:score): returned "
+                                               "nan for sample 0"), err
+    assert err[0].endswith("tried twice; iteration 2 stopped, nothing after the checkpoint of iteration 2 is kept")
+    assert checkpoint.latest(tmp_path / "out" / "checkpoints").step == 2
+    rows = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1]
+    for r in rows:
+        assert r["reward_mean"] == pytest.approx(r["reward_arithmetic_mean"] + 0.5 * r["reward_score_mean"])
+        assert r["reward_score_std"] >= 0 and 0 < r["time_reward_score_s"] <= r["time_reward_s"]
+
+    reward["components"][1]["function"] = "missing.py:score"
+    config.write_text(to_yaml(small_llm_config(reward=reward)))
+    code = cli.main(["train", str(config), "--out", "out2", "--no-progress"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and not (tmp_path / "out2").exists()
+    assert "run.yaml: reward.components[1].function: 'missing.py' is not an existing file" in err[0], err
+
+
+@pytest.mark.slow
+def test_ray_reward_workers_split_a_batch_and_score_what_one_worker_scores(tmp_path, monkeypatch):
+    """Two reward actors (a user file relative to the controller's working directory, metadata by
+    prompt id): a batch in the object store and one in a list score as one in-process worker does;
+    a component's failure and a bad spec come out as their own one-line errors."""
+    import ray
+
+    from spotlight.config import default_config, RuntimeConfig
+    from spotlight.runtime import ray_cluster
+    from spotlight.runtime.ray_fleet import placement
+    from spotlight.runtime.ray_runtime import RewardPool
+
+    _write(tmp_path, "meta_reward.py", """
+        def score(outputs, prompts, metadata):
+            if any(m.get("fail") for m in metadata):
+                return [0.0]
+            return [m.get("bonus", 0.0) + float(im.getpixel((0, 0))[2]) for im, m in zip(outputs, metadata)]
+        """)
+    monkeypatch.chdir(tmp_path)
+    reward = {"workers": 2, "components": [{"name": "colour"}, {"function": "meta_reward.py:score", "weight": 0.5}]}
+    cfg = default_config({"reward": reward})
+    metadata = {1: {"bonus": 2.0}, 3: {"bonus": 5.0}, 9: {"fail": True}}
+    parts = [_colour_rollout(seed=k, first_id=2 * k) for k in range(3)]  # prompt ids 0..5, 2 samples each
+    one = RewardWorker(cfg.reward, metadata).score(parts)
+    blue = torch.cat([(p.images[:, 2, 0, 0] * 255).round() for p in parts])
+    assert torch.equal(one.components["score"], blue + torch.tensor([0, 0, 2, 2, 0, 0, 5, 5, 0, 0, 0, 0]))
+    assert ray_cluster.connect(RuntimeConfig())
+    try:
+        pinned = placement(ray.get_runtime_context().get_node_id(), spot=False, gpus=0, local=True)
+        pool = RewardPool(cfg, pinned, 0, metadata)
+        pool.build()
+        for batch in (ray.put(parts), parts):
+            got = pool.score(batch)
+            assert torch.equal(got.total, one.total)
+            assert all(torch.equal(got.components[k], one.components[k]) for k in one.components)
+        failing = [dataclasses.replace(parts[0], prompts=[Prompt(9, "a red image")] * 4)]
+        with pytest.raises(RewardError, match=r"^reward.components\[1\] \(meta_reward.py:score\): returned 1 values "
+                                              r"for 4 samples, tried twice$"):
+            pool.score(failing)
+        with pytest.raises(ConfigError, match=r"^reward.components\[0\].function: 'gone.py' is not an existing file"):
+            RewardPool(default_config({"reward": {"components": [{"function": "gone.py:f"}]}}), pinned, 0, None).build()
+        with pytest.raises(ConfigError, match=r"^reward.num_gpus: 2 reward workers x 1 GPU need 2 GPUs"):
+            RewardPool(default_config({"reward": {**reward, "num_gpus": 1}}), pinned, 1, None)
+    finally:
+        ray_cluster.shutdown()

@@ -2,15 +2,23 @@
 
 Latents are (B, C, h, w) images in latent space; the transformer sees them packed into 2x2 patches
 as a token sequence (B, (h/2)·(w/2), 4C) and predicts the velocity in the same packed layout.
+
+A DiT comes from the preset's architecture (random weights from the run seed) or from a local
+folder (`policy.dit.pretrained_path`): a transformer alone, or a whole diffusers Qwen-Image
+pipeline folder, whose text encoder, VAE and scheduler the policy then uses as well
+(`DiTPolicy.from_config`). `check_pipeline_folder` refuses a folder that cannot work before
+anything is built.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from spotlight.config import DiTConfig
+from spotlight.config import ConfigError, DiTConfig, RunConfig
 from spotlight.rl.seeding import derive_seed
 
 # A random 2-layer config that trains on 2 CPU cores (sum(axes_dims_rope) == attention_head_dim;
@@ -41,24 +49,63 @@ QWEN_IMAGE_TRANSFORMER = dict(
 _MODEL_INIT = 0x1417  # stream tag for the random initialisation of a tiny model
 
 
+def model_dtype(cfg: DiTConfig) -> torch.dtype:
+    """What the DiT computes in — transformer, text encoder and VAE alike: float32 for the tiny
+    preset (CPU bfloat16 matmuls are slow and too coarse for 1e-3 PPO ratios), bfloat16 for
+    qwen-image (its released dtype; 41 GB of transformer weights). The preset decides, not the
+    folder: a tiny pipeline folder on CPU runs in float32, the released one in bfloat16."""
+    return torch.float32 if cfg.preset == "tiny" else torch.bfloat16
+
+
+def transformer_folder(path: str | Path) -> Path:
+    """Where a checkpoint folder keeps its transformer: transformer/ (a pipeline folder, or one
+    holding only that), else the folder itself (a `save_pretrained` transformer)."""
+    path = Path(path)
+    return path / "transformer" if (path / "transformer").is_dir() else path
+
+
+def transformer_arch(cfg: DiTConfig) -> dict[str, Any]:
+    """The transformer's `QwenImageTransformer2DModel` keyword arguments: the folder's config.json
+    when `cfg.pretrained_path` is set, else the preset's (`TINY_TRANSFORMER`, `QWEN_IMAGE_TRANSFORMER`)."""
+    if not cfg.pretrained_path:
+        return dict(TINY_TRANSFORMER if cfg.preset == "tiny" else QWEN_IMAGE_TRANSFORMER)
+    config = json.loads((transformer_folder(cfg.pretrained_path) / "config.json").read_text())
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in config.items() if not k.startswith("_")}
+
+
+def check_pipeline_folder(cfg: RunConfig, where: str = "") -> None:
+    """ConfigError (one line naming the field) unless the DiT's `pretrained_path` can be used as
+    it is: the folder's layout and configs (`DiTConfig.folder_problem`: missing components,
+    shapes that do not fit together), and no synthetic warm start over a pipeline's weights (it
+    trains the tiny random model on colour squares: it would overwrite what the pipeline learned).
+    Reads file names and JSON configs only. `where`: the config file's "name: ", when there is one.
+    `spotlight train` calls it before anything starts, `DiTPolicy.from_config` before it builds."""
+    dit = cfg.policy.dit
+    if cfg.policy.kind != "dit" or not dit.pretrained_path:
+        return
+    problem = dit.folder_problem()
+    if problem is not None:
+        raise ConfigError(f"{where}policy.dit.pretrained_path: {problem}")
+    if dit.pipeline and cfg.warm_start.steps:
+        raise ConfigError(f"{where}warm_start.steps: expected 0 with a pipeline folder as policy.dit.pretrained_path "
+                          f"(the synthetic warm start is for the tiny random model; a pipeline starts from its "
+                          f"own weights), got {cfg.warm_start.steps}")
+
+
 def build_transformer(cfg: DiTConfig, seed: int, device: str = "cpu"):
-    """The transformer of `cfg`: loaded from `cfg.pretrained_path` when set, else randomly
-    initialised (deterministically from `seed`). The real config runs in bfloat16, the tiny one in
-    float32 (CPU bfloat16 matmuls are slow and too coarse for 1e-3 PPO ratios)."""
+    """The transformer of `cfg`: loaded from `cfg.pretrained_path` when set (its transformer/, or
+    the folder itself), else randomly initialised (deterministically from `seed`), in
+    `model_dtype(cfg)`."""
     from diffusers import QwenImageTransformer2DModel
 
-    dtype = torch.float32 if cfg.preset == "tiny" else torch.bfloat16
+    dtype = model_dtype(cfg)
     if cfg.pretrained_path:
-        path = Path(cfg.pretrained_path)
-        sub = "transformer" if (path / "transformer").is_dir() else None
         model = QwenImageTransformer2DModel.from_pretrained(
-            str(path), subfolder=sub, torch_dtype=dtype, local_files_only=True
-        )
+            str(transformer_folder(cfg.pretrained_path)), dtype=dtype, local_files_only=True)
     else:
-        arch = TINY_TRANSFORMER if cfg.preset == "tiny" else QWEN_IMAGE_TRANSFORMER
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(derive_seed(seed, _MODEL_INIT))
-            model = QwenImageTransformer2DModel(**arch)
+            model = QwenImageTransformer2DModel(**transformer_arch(cfg))
     if model.dtype != dtype:
         model = model.to(dtype)
     return model.to(device)
@@ -112,19 +159,21 @@ class PixelDecoder:
 
 
 class QwenVAEDecoder:
-    """Real config: Qwen-Image's VAE (`AutoencoderKLQwenImage`) from a local checkpoint folder."""
+    """A pipeline folder's VAE (`AutoencoderKLQwenImage`, its vae/): latents to pixels as
+    `QwenImagePipeline` decodes them (un-normalised by the VAE's latents_mean and latents_std)."""
 
     def __init__(self, path: str | Path, device: str = "cpu", dtype: torch.dtype = torch.bfloat16) -> None:
         from diffusers import AutoencoderKLQwenImage
 
         path = Path(path)
         sub = "vae" if (path / "vae").is_dir() else None
-        self.vae = AutoencoderKLQwenImage.from_pretrained(str(path), subfolder=sub, torch_dtype=dtype,
+        self.vae = AutoencoderKLQwenImage.from_pretrained(str(path), subfolder=sub, dtype=dtype,
                                                           local_files_only=True).to(device).eval()
 
     @torch.no_grad()
     def __call__(self, latents: torch.Tensor) -> torch.Tensor:
-        """(B, z, h, w) normalised latents -> (B, 3, 8h, 8w) in [0, 1]."""
+        """(B, z, h, w) normalised latents -> (B, 3, s·h, s·w) in [0, 1], s the VAE's downsampling
+        (8 for Qwen-Image's)."""
         conf = self.vae.config
         mean = torch.tensor(conf.latents_mean).view(1, conf.z_dim, 1, 1, 1)
         std = torch.tensor(conf.latents_std).view(1, conf.z_dim, 1, 1, 1)

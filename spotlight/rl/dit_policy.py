@@ -17,9 +17,9 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
-from spotlight.config import RunConfig
-from spotlight.rl.dit_model import (PixelDecoder, QwenVAEDecoder, build_transformer, pack, true_cfg, unpack,
-                                    velocity)
+from spotlight.config import ConfigError, RunConfig
+from spotlight.rl.dit_model import (PixelDecoder, QwenVAEDecoder, build_transformer, check_pipeline_folder,
+                                    model_dtype, pack, true_cfg, unpack, velocity)
 from spotlight.rl.dit_sampler import FlowSDESampler, SampleState
 from spotlight.rl.flow_sde import qwen_image_sigmas, sde_mean_std
 from spotlight.rl.lora import base_state, frozen_reference, has_lora, lora_metadata
@@ -37,6 +37,27 @@ def _local_scheduler_config(path: str | None) -> dict | None:
     """A local checkpoint's scheduler/scheduler_config.json, when there is one."""
     file = Path(path) / "scheduler" / "scheduler_config.json" if path else None
     return json.loads(file.read_text()) if file is not None and file.is_file() else None
+
+
+def conditioning(cfg: RunConfig, model) -> tuple[PromptEncoder, Callable[[torch.Tensor], torch.Tensor]]:
+    """The text encoder and the latent decoder of run `cfg`'s DiT `model`, on `cfg.device`, in
+    `model_dtype`: a pipeline folder's own (`QwenPromptEncoder` from its text_encoder/ and
+    tokenizer/, `QwenVAEDecoder` from its vae/), else the hashed stand-in and, for the tiny
+    preset, the pixel decoder (the latent is the image). The learner, every rollout worker and
+    every SP member (`sp_member.build_policy`) build theirs here, so all condition and decode alike."""
+    dit = cfg.policy.dit
+    path = Path(dit.pretrained_path) if dit.pretrained_path else None
+    dtype = model_dtype(dit)
+    if path is not None and (path / "text_encoder").is_dir():
+        encoder: PromptEncoder = QwenPromptEncoder(path, cfg.device, dtype)
+    else:
+        encoder = HashedWordEncoder(model.config.joint_attention_dim, dit.text_tokens)
+    if path is not None and (path / "vae").is_dir():
+        return encoder, QwenVAEDecoder(path, cfg.device, dtype)
+    if dit.preset == "tiny":
+        return encoder, PixelDecoder()
+    raise ConfigError(f"policy.dit.pretrained_path: the qwen-image preset needs a local checkpoint with vae/ to "
+                      f"decode latents, got {dit.pretrained_path!r}")
 
 
 class DiTPolicy:
@@ -60,22 +81,15 @@ class DiTPolicy:
 
     @classmethod
     def from_config(cls, cfg: RunConfig) -> "DiTPolicy":
-        dit = cfg.policy.dit
-        model = build_transformer(dit, cfg.seed, cfg.device)
-        path = Path(dit.pretrained_path) if dit.pretrained_path else None
-        if path is not None and (path / "text_encoder").is_dir():
-            encoder: PromptEncoder = QwenPromptEncoder(path, cfg.device)
-        else:
-            encoder = HashedWordEncoder(model.config.joint_attention_dim, dit.text_tokens)
-        if dit.preset == "tiny":
-            decoder = PixelDecoder()
-        elif path is not None and (path / "vae").is_dir():
-            decoder = QwenVAEDecoder(path, cfg.device)
-        else:
-            raise FileNotFoundError(
-                f"policy.dit.pretrained_path: the qwen-image preset needs a local checkpoint with vae/ to decode "
-                f"latents, got {dit.pretrained_path!r}")
-        return cls(cfg, model, encoder, decoder)
+        """The run's policy: its transformer (`build_transformer`), text encoder and decoder
+        (`conditioning`), and with `train.gradient_checkpointing` diffusers' own gradient
+        checkpointing on the transformer — it acts only where gradients are taken (the update,
+        the warm start) and gives the same gradients (tests/test_dit_pipeline.py)."""
+        check_pipeline_folder(cfg)
+        model = build_transformer(cfg.policy.dit, cfg.seed, cfg.device)
+        if cfg.train.gradient_checkpointing:
+            model.enable_gradient_checkpointing()
+        return cls(cfg, model, *conditioning(cfg, model))
 
     @property
     def num_steps(self) -> int:
@@ -230,9 +244,9 @@ class DiTPolicy:
                    on_step: Callable[[], None] | None = None) -> dict[str, float]:
         """Flow matching on synthetic prompt-conditioned images (see `synthetic_images`); `on_step`
         is called after each step (a progress bar)."""
-        if self.cfg.policy.dit.preset != "tiny":
-            raise ValueError("policy.dit.preset: the synthetic warm start is for the tiny config; "
-                             "qwen-image starts from released weights (set warm_start.steps: 0)")
+        if self.cfg.policy.dit.preset != "tiny" or self.cfg.policy.dit.pipeline:
+            raise ConfigError("warm_start.steps: the synthetic warm start is for the tiny random model; qwen-image "
+                              "and a pipeline folder start from their own weights (set warm_start.steps: 0)")
         opt = torch.optim.Adam(self.model.parameters(), lr=lr)
         texts = [p.text for p in prompts]
         losses: list[float] = []

@@ -7,10 +7,13 @@ gets from it the transformer, the policy that samples with it, the prompt type a
 is read here only.
 
 Invariant: a member's model and samples are those of the single-process policy of the same run
-config — `build_model` initialises the weights from the run seed exactly as
-`dit_model.build_transformer` does (so the stock tiny arch gives the trainer's initial weights),
-and `build_policy` is the trainer's `DiTPolicy` on the same sampler; with degree-1 groups, results
-are bit-identical to a `RolloutWorker`'s (tests/test_fleet_contract.py).
+config — `build_model` is `dit_model.build_transformer`'s model: loaded from the run's
+`policy.dit.pretrained_path` when it has one (each node's own copy, as every rollout worker loads
+it), else initialised from the run seed as it does (so the stock tiny arch gives the trainer's
+initial weights); `build_policy` is the trainer's `DiTPolicy` on the same sampler, text encoder
+and decoder (`dit_policy.conditioning`: a pipeline folder's own). With degree-1 groups, results
+are bit-identical to a `RolloutWorker`'s (tests/test_fleet_contract.py); a degree-2 group on a
+pipeline folder gives the images of degree 1 (tests/test_dit_pipeline.py).
 """
 
 from __future__ import annotations
@@ -23,11 +26,10 @@ import torch
 from elastic_sp.spec import ServeSpec
 from schedulers.request import Kind
 from spotlight.config import RunConfig, config_from_yaml, to_yaml
-from spotlight.rl.dit_model import _MODEL_INIT, QWEN_IMAGE_TRANSFORMER, TINY_TRANSFORMER, PixelDecoder, velocity
-from spotlight.rl.dit_policy import DiTPolicy
+from spotlight.rl.dit_model import _MODEL_INIT, TINY_TRANSFORMER, build_transformer, transformer_arch, velocity
+from spotlight.rl.dit_policy import DiTPolicy, conditioning
 from spotlight.rl.lora import add_lora
 from spotlight.rl.policy import Rollout
-from spotlight.rl.prompt_encoder import HashedWordEncoder
 from spotlight.rl.prompts import Prompt
 from spotlight.rl.seeding import derive_seed
 
@@ -52,10 +54,11 @@ def tiny_arch(heads: int = 2) -> dict[str, Any]:
 def serve_spec(cfg: RunConfig, arch: dict[str, Any] | None = None, device: str = "cpu", host: str = "127.0.0.1",
                timeout_s: float = 30.0, finish: bool = False) -> ServeSpec:
     """The spec that serves run `cfg` on SP members. `arch`: the transformer's keyword arguments
-    (default: the preset's, `TINY_TRANSFORMER` or `QWEN_IMAGE_TRANSFORMER`); `device`, `host`,
-    `timeout_s`, `finish`: see `ServeSpec`."""
+    (default: `dit_model.transformer_arch`, the pretrained folder's config or the preset's,
+    `TINY_TRANSFORMER` or `QWEN_IMAGE_TRANSFORMER`); `device`, `host`, `timeout_s`, `finish`: see
+    `ServeSpec`."""
     if arch is None:
-        arch = dict(TINY_TRANSFORMER if cfg.policy.dit.preset == "tiny" else QWEN_IMAGE_TRANSFORMER)
+        arch = transformer_arch(cfg.policy.dit)
     ex = cfg.exploration
     return ServeSpec(arch=arch, config=to_yaml(cfg), side=cfg.policy.dit.latent_side, num_steps=cfg.sampler.num_steps,
                      builder=__name__,
@@ -69,29 +72,34 @@ def run_config(spec: ServeSpec) -> RunConfig:
 
 
 def build_model(spec: ServeSpec) -> torch.nn.Module:
-    """The transformer of `spec.arch`, randomly initialised from the run seed the way
-    `dit_model.build_transformer` does, with the run's LoRA adapters (`policy.lora`) injected as
-    the learner injects them; eval mode, no gradients. With LoRA the node's weights are the
-    learner's whole model (`Learner.full_state`) once, then its adapters at every publish."""
+    """The run's transformer as `dit_model.build_transformer` builds it — loaded from the run's
+    `policy.dit.pretrained_path` (this node's copy) when it has one, else `spec.arch` randomly
+    initialised from the run seed the same way — with the run's LoRA adapters (`policy.lora`)
+    injected as the learner injects them; eval mode, no gradients. With LoRA the node's weights
+    are the learner's whole model (`Learner.full_state`) once, then its adapters at every publish."""
     from diffusers import QwenImageTransformer2DModel
 
     cfg = run_config(spec)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(derive_seed(cfg.seed, _MODEL_INIT))
-        model = QwenImageTransformer2DModel(**spec.arch)
+    if cfg.policy.dit.pretrained_path:
+        model = build_transformer(cfg.policy.dit, cfg.seed)
+    else:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(derive_seed(cfg.seed, _MODEL_INIT))
+            model = QwenImageTransformer2DModel(**spec.arch)
     if cfg.policy.lora.enabled:  # the learner's structure: its whole state dict copies in by name
         add_lora(model, cfg)
     return model.eval().requires_grad_(False)
 
 
 def build_policy(spec: ServeSpec, model: torch.nn.Module, device: str) -> DiTPolicy:
-    """A `DiTPolicy` on `device` sampling with `model` (SP applied or not) and the stand-in text
-    encoder. The member computes with `runtime.torch_threads` threads, as every role of the run
-    does (a float sum's rounding depends on how it is split over threads)."""
+    """A `DiTPolicy` on `device` sampling with `model` (SP applied or not), the text encoder and
+    the decoder the learner has (`dit_policy.conditioning`: a pipeline folder's own, else the
+    stand-in encoder and the pixel decoder). The member computes with `runtime.torch_threads`
+    threads, as every role of the run does (a float sum's rounding depends on how it is split
+    over threads)."""
     cfg = dataclasses.replace(run_config(spec), device=device)
     torch.set_num_threads(cfg.runtime.torch_threads)
-    encoder = HashedWordEncoder(model.config.joint_attention_dim, cfg.policy.dit.text_tokens)
-    return DiTPolicy(cfg, model, encoder, PixelDecoder())
+    return DiTPolicy(cfg, model, *conditioning(cfg, model))
 
 
 def explorer(spec: ServeSpec, policy: DiTPolicy) -> DiTPolicy:

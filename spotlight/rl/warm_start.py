@@ -22,9 +22,10 @@ from typing import Any, Sequence
 
 from safetensors.torch import load_file, save_file
 
-from spotlight.config import RunConfig
+from spotlight.config import ConfigError, RunConfig
 from spotlight.rl.policy import Policy
-from spotlight.rl.prompts import Prompt
+from spotlight.rl.prompt_file import run_prompts
+from spotlight.rl.prompts import COLOURS, Prompt, colour_of
 
 WARM_START_VERSION = 1
 
@@ -40,9 +41,12 @@ def cache_path(cfg: RunConfig) -> Path:
     ws = {k: v for k, v in d["warm_start"].items() if k != "cache_dir"}
     # LoRA adapters go on after the warm start: a run with them shares the run's without them.
     policy = {k: v for k, v in d["policy"].items() if k != "lora"}
-    # The warm start trains on the built-in sets' synthetic data; an unset prompt file adds nothing
-    # to the key, so caches made before `prompts.path` existed still hit.
-    prompts = {k: v for k, v in d["prompts"].items() if v is not None and k != "eval_path"}
+    # A prompt file is keyed by its prompts, not by where it lies; an unset one adds nothing to the
+    # key, so caches made before `prompts.path` existed still hit.
+    prompts = {k: v for k, v in d["prompts"].items() if v is not None and k not in ("path", "eval_path")}
+    if cfg.prompts.path is not None:
+        texts = "\n".join(p.text for p in run_prompts(cfg.prompts, cfg.seed))
+        prompts["texts_sha256"] = hashlib.sha256(texts.encode()).hexdigest()
     key = {"v": WARM_START_VERSION, "seed": cfg.seed, "policy": policy, "prompts": prompts, "warm_start": ws}
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     return cache_dir(cfg) / f"warm-start-{cfg.policy.kind}-{digest}.safetensors"
@@ -59,6 +63,8 @@ def apply_warm_start(policy: Policy, cfg: RunConfig, prompts: Sequence[Prompt],
     if path.is_file():
         policy.model.load_state_dict(load_file(str(path)))
         return {"steps": ws.steps, "cached": True, "path": str(path)}
+    if cfg.policy.kind == "dit":
+        _check_colour_words(prompts, cfg)
     from tqdm import tqdm
 
     start = time.perf_counter()
@@ -69,3 +75,15 @@ def apply_warm_start(policy: Policy, cfg: RunConfig, prompts: Sequence[Prompt],
     save_file({k: v.detach().contiguous().cpu() for k, v in policy.model.state_dict().items()}, str(tmp))
     tmp.replace(path)
     return {"steps": ws.steps, "cached": False, "path": str(path), "seconds": time.perf_counter() - start, **stats}
+
+
+def _check_colour_words(prompts: Sequence[Prompt], cfg: RunConfig) -> None:
+    """The tiny DiT's synthetic warm start draws each prompt's image in the colour it names
+    (`synthetic_images`): a prompt of the user's that names none has no image to learn."""
+    for p in prompts:
+        try:
+            colour_of(p.text)
+        except ValueError:
+            raise ConfigError(f"warm_start.steps: the synthetic warm start draws the colour a prompt names, and "
+                              f"prompt {p.id} of {cfg.prompts.path} ({p.text[:60]!r}) names none of "
+                              f"{', '.join(COLOURS)}; set warm_start.steps: 0 (a pretrained model needs none)") from None

@@ -3,11 +3,17 @@
 Plain Python; the Ray runtime hosts it in an on-demand actor (`spotlight.runtime.ray_runtime`), the local
 runtime calls it directly. Weights leave it only through `weights()` (a CPU state dict tagged with
 the version = iterations applied), which rollout workers load before computing a version's requests.
+
+With `train.ema_decay` it also keeps an EMA of the trained parameters (`spotlight.rl.ema`), which
+only it holds: it samples evaluation requests with it itself (`evaluate`), checkpoints it and
+writes it to `final/`; the workers never see it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -16,10 +22,13 @@ import torch
 from spotlight.train import checkpoint
 from spotlight.train.model_card import write_model_card
 from spotlight.config import RunConfig
+from schedulers.request import Request
+from spotlight.rl.ema import ema_init, ema_update_, swapped_in
 from spotlight.rl.gradient import GradientSum, Gradients, part_gradient
 from spotlight.rl.lora import LocalBase, add_lora, base_state, fingerprint, trainable, trained_state
 from spotlight.rl.policy import Policy, Rollout
-from spotlight.rl.prompts import prompt_set
+from spotlight.rl.prompts import Prompt
+from spotlight.rl.prompt_file import run_prompts
 from spotlight.rl.warm_start import apply_warm_start
 
 
@@ -47,25 +56,32 @@ class Learner:
     def __init__(self, cfg: RunConfig) -> None:
         self.cfg = cfg
         self.version = 0
+        self.ema: dict[str, torch.Tensor] | None = None
+        """With `train.ema_decay`: the EMA of `trained_state`, float32, on the model's device."""
 
     def build(self, checkpoints: Path | None = None) -> dict[str, Any]:
         """Make the policy, warm-start it (cached), freeze the KL reference, and resume from the
         newest checkpoint under `checkpoints` that verifies and loads (`checkpoint.newest_usable`:
         the ones skipped are set aside). Returns {"warm_start", "step", "checkpoint", "skipped"}:
-        "skipped" holds one line per checkpoint set aside, for the controller to log."""
+        "skipped" holds one line per checkpoint set aside, for the controller to log. With
+        `train.ema_decay` the EMA starts at the weights the update starts from (warm-started, with
+        the adapters injected), or is the checkpoint's: one without it is refused as unusable."""
         cfg = self.cfg
         torch.set_num_threads(cfg.runtime.torch_threads)  # the same in every role (runtime.torch_threads)
         torch.manual_seed(cfg.seed)  # nothing should draw from it; seeded so that nothing varies if something does
         self.policy = build_policy(cfg)
-        warm = apply_warm_start(self.policy, cfg, prompt_set(cfg.prompts, cfg.seed))
+        warm = apply_warm_start(self.policy, cfg, run_prompts(cfg.prompts, cfg.seed))
         if cfg.policy.lora.enabled:  # after the warm start: it trains the base, the adapters start at zero
             add_lora(self.policy.model, cfg)
         if cfg.grpo.kl_beta > 0:
             self.policy.set_reference()
         self.optimizer = torch.optim.Adam(trainable(self.policy.model), lr=cfg.train.lr)
+        if cfg.train.ema_decay > 0:
+            self.ema = ema_init(trained_state(self.policy.model))
         skipped: list[str] = []
         ckpt = None if checkpoints is None else checkpoint.newest_usable(
-            Path(checkpoints), skipped.append, use=lambda c: checkpoint.load(c, self.policy.model, self.optimizer))
+            Path(checkpoints), skipped.append,
+            use=lambda c: checkpoint.load(c, self.policy.model, self.optimizer, ema=self.ema))
         if ckpt is not None:
             self.version = ckpt.step
         return {"warm_start": warm, "step": self.version, "checkpoint": str(ckpt.path) if ckpt else None,
@@ -130,6 +146,8 @@ class Learner:
             raise NonFiniteUpdate(f"iteration {self.version}: {bad[0]} is {bad[1]} in update {round + 1} of {n}: "
                                   "training diverged (a smaller train.lr or grad_clip may help)")
         self.optimizer.step()
+        if self.ema is not None:
+            ema_update_(self.ema, trained_state(self.policy.model), self.cfg.train.ema_decay)
         if round == n - 1:
             self.version += 1
         return stats
@@ -141,10 +159,28 @@ class Learner:
             total.add(i, grads, stats)
         return self.step(round, total)
 
+    def evaluate(self, requests: list[Request]) -> list[Rollout]:
+        """`requests` sampled here with the EMA weights swapped in (`policy.rollout`, one `Rollout`
+        per request, in order), as a worker samples a request but without the trajectories: what
+        the reward reads. The training weights are put back bit for bit; the optimiser is not
+        touched. Without an EMA: with the current weights (the runtimes ask the workers then)."""
+        out = []
+        with self._ema_weights():
+            for req in requests:  # the prompts of a request as `RolloutWorker.compute` builds them
+                prompts = [Prompt(req.prompt_id, req.prompt_text)] * len(req.seeds)
+                out.append(dataclasses.replace(self.policy.rollout(prompts, list(req.seeds)), data={}))
+        return out
+
+    def _ema_weights(self) -> AbstractContextManager[None]:
+        """Inside the block the model holds the EMA weights (`swapped_in`); without an EMA, its own."""
+        return swapped_in(self.policy.model, self.ema) if self.ema is not None else nullcontext()
+
     def save_checkpoint(self, root: Path) -> str:
-        return str(checkpoint.save(Path(root), self.version, self.policy.model, self.optimizer).path)
+        return str(checkpoint.save(Path(root), self.version, self.policy.model, self.optimizer, ema=self.ema).path)
 
     def save_final(self, path: Path) -> None:
-        """The trained policy in its libraries' formats (`Policy.save_pretrained`) and its model card."""
-        self.policy.save_pretrained(Path(path))
+        """The trained policy in its libraries' formats (`Policy.save_pretrained`) and its model card;
+        with `train.ema_decay`, the EMA weights (the training weights are put back afterwards)."""
+        with self._ema_weights():
+            self.policy.save_pretrained(Path(path))
         write_model_card(Path(path), self.cfg, self.version)

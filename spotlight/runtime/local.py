@@ -15,7 +15,7 @@ previous update did.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -31,7 +31,7 @@ from schedulers.update_placement import UpdatePlacement
 from spotlight.config import RunConfig
 from spotlight.runtime.learner import Learner
 from spotlight.rl.policy import Rollout
-from spotlight.rl.rewards import RewardWorker
+from spotlight.rl.rewards import RewardWorker, Scores
 from spotlight.runtime.rollout_worker import RolloutWorker
 
 if TYPE_CHECKING:
@@ -65,7 +65,20 @@ class Runtime(Protocol):
         """The results `rollout` returned, as a list here (to merge with results kept elsewhere)."""
         ...
 
-    def rewards(self, parts: list[Rollout]) -> torch.Tensor: ...
+    def evaluate(self, requests: list[Request]) -> Any:
+        """Evaluation samples of `requests`, one result per request in order, held as `rollout`
+        holds them (`rewards` and `fetch` take them). Without `train.ema_decay` it is
+        `rollout(requests)`: the workers sample with the current weights. With it the learner
+        samples them itself with its EMA of the weights (`Learner.evaluate`: the results carry the
+        images or completions, no trajectories), and its training weights and optimiser are left
+        exactly as they were. The caller `release`s the requests afterwards, as after a rollout."""
+        ...
+
+    def rewards(self, parts: list[Rollout]) -> Scores:
+        """The reward of every sample of `parts` (as `rollout` or `evaluate` returned them), in order,
+        with each component's scores and the time spent (`rewards.Scores`); a component that fails
+        raises `rewards.RewardError`."""
+        ...
 
     def release(self, requests: list[Request]) -> None:
         """The queue keeps the results of `requests` no longer (`PullQueue.release`): the trainer
@@ -178,17 +191,22 @@ class InProcessExecutor:
 
 
 class LocalRuntime:
-    def __init__(self, cfg: RunConfig) -> None:
+    """`metadata`: prompt id -> that prompt's metadata (a jsonl prompt's other fields), for the
+    rewards (`RewardWorker`); None: none. One in-process reward worker, whatever `reward.workers`."""
+
+    def __init__(self, cfg: RunConfig, metadata: Mapping[int, dict] | None = None) -> None:
         self.cfg = cfg
+        self.metadata = dict(metadata or {})
         self.clock = WallClock()
         self.queue = PullQueue(self.clock, cfg.runtime.lease_s)
         self.learner = Learner(cfg)
         self.placement = UpdatePlacement(cfg.train.update_on)
 
     def build(self, checkpoints: Path) -> dict[str, Any]:
+        self.reward = RewardWorker(self.cfg.reward, self.metadata)
+        self.reward.build()  # a bad reward spec fails here, before the warm start
         info = self.learner.build(checkpoints)
         self.executor = InProcessExecutor(self.cfg, self.queue, self.learner.policy, self.learner.version)
-        self.reward = RewardWorker(self.cfg.reward)
         self.engine = FleetEngine(self.clock, self.queue, self.executor, fleet_nodes(1, 0))
         self.engine.start()
         return info
@@ -205,7 +223,12 @@ class LocalRuntime:
     def fetch(self, parts: list[Rollout]) -> list[Rollout]:
         return parts
 
-    def rewards(self, parts: list[Rollout]) -> torch.Tensor:
+    def evaluate(self, requests: list[Request]) -> list[Rollout]:
+        if not self.cfg.train.ema_decay:
+            return self.rollout(requests)
+        return self.learner.evaluate(requests)
+
+    def rewards(self, parts: list[Rollout]) -> Scores:
         return self.reward.score(parts)
 
     def release(self, requests: list[Request]) -> None:
@@ -243,7 +266,7 @@ class LocalRuntime:
         return self.engine.explore(session, self._score, self.version)
 
     def _score(self, requests: list[Request]) -> torch.Tensor:
-        return self.reward.score(self.queue.results([r.id for r in requests], release=True))  # scored once
+        return self.reward.score(self.queue.results([r.id for r in requests], release=True)).total  # scored once
 
     def save_checkpoint(self, root: Path) -> str:
         return self.learner.save_checkpoint(root)

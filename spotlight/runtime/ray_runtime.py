@@ -5,7 +5,8 @@
 - rollout workers: `RolloutWorker` actors, `spot_workers` of them needing the `spot` custom
   resource (a real cluster's spot nodes advertise it; a local cluster is started with plenty) and
   `ondemand_workers` without it;
-- reward worker: a stateless `RewardWorker` actor.
+- reward workers: `reward.workers` stateless `RewardWorker` actors on the controller's node, each
+  holding `reward.num_gpus` (`RewardPool`).
 
 Each actor is Ray's wrapper over the plain class of the same name, tested without Ray.
 
@@ -26,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import ray
@@ -39,11 +40,11 @@ from schedulers.queue_actor import QueueActor, QueueClient
 from schedulers.request import Kind, Request
 from schedulers.update import FleetUpdate
 from schedulers.update_placement import UpdatePlacement
-from spotlight.config import RunConfig
+from spotlight.config import ConfigError, RunConfig
 from spotlight.train.exploration import ExplorationSession
 from spotlight.runtime.learner import Learner
 from spotlight.rl.policy import Rollout
-from spotlight.rl.rewards import RewardWorker
+from spotlight.rl.rewards import RewardError, RewardWorker, Scores, split_parts
 from spotlight.runtime.rollout_worker import RolloutWorker
 from spotlight.runtime import ray_cluster
 from spotlight.runtime.local import Progress, gradient_split, scheduler_stats
@@ -63,6 +64,60 @@ _GONE = (ray.exceptions.RayActorError, ray.exceptions.ActorUnschedulableError)
 LearnerActor = ray.remote(num_cpus=0)(Learner)
 RewardActor = ray.remote(num_cpus=0)(RewardWorker)
 RolloutWorkerActor = ray.remote(num_cpus=0)(RolloutWorker)
+
+
+@ray.remote(num_cpus=0)
+def _shares(parts: list[Rollout], n: int) -> list[list[Rollout]]:
+    """A batch in the object store split for n reward workers (`num_returns=n`), where it lives:
+    each worker then receives its share alone, not the whole batch."""
+    return split_parts(parts, n)
+
+
+def _own_error(refs: Any) -> Any:
+    """`ray.get(refs)`, with a reward's `RewardError` or `ConfigError` raised as itself (one line),
+    not as Ray's wrapper of it (whose text is the actor's traceback)."""
+    try:
+        return ray.get(refs)
+    except ray.exceptions.RayTaskError as err:
+        if isinstance(err.cause, (RewardError, ConfigError)):
+            raise err.cause from None
+        raise
+
+
+class RewardPool:
+    """`reward.workers` `RewardWorker` actors, each holding `reward.num_gpus`, pinned to the
+    controller's node (`ray_fleet`'s placement rule: on-demand roles run there). A batch is split
+    between them in request order (`rewards.split_parts`) and their `Scores` concatenated: each
+    request is scored on its own, so the scores are those of one worker, bit for bit
+    (tests/test_rewards.py::test_split_workers_score_what_one_worker_scores). A batch still in
+    the object store (an ObjectRef) is split there (`_shares`) and never passes through here."""
+
+    def __init__(self, cfg: RunConfig, pinned: dict[str, Any], gpus_free: float,
+                 metadata: Mapping[int, dict] | None) -> None:
+        rc = self.cfg = cfg.reward
+        if rc.num_gpus and rc.workers * rc.num_gpus > gpus_free:
+            raise ConfigError(f"reward.num_gpus: {rc.workers} reward worker{'s' * (rc.workers > 1)} x {rc.num_gpus:g} "
+                              f"GPU need {rc.workers * rc.num_gpus:g} GPUs on the controller's node, which has "
+                              f"{gpus_free:g} free (expected at most that, or 0: the CPU)")
+        self.pinned = pinned
+        # A user function's file path is relative to this process's working directory, not an actor's.
+        self.actors = [RewardActor.options(**pinned, num_gpus=rc.num_gpus).remote(rc, metadata, str(Path.cwd()))
+                       for _ in range(rc.workers)]
+
+    def build(self) -> None:
+        """Every worker builds its components: a bad one is its own one-line `ConfigError` here."""
+        _own_error([a.build.remote() for a in self.actors])
+
+    def score(self, parts: Any) -> Scores:
+        """`parts`: a list of rollouts or an ObjectRef of one."""
+        n = len(self.actors)
+        if n == 1:
+            return _own_error(self.actors[0].score.remote(parts))
+        if isinstance(parts, ray.ObjectRef):
+            shares = _shares.options(num_returns=n, **self.pinned).remote(parts, n)
+        else:
+            shares = split_parts(parts, n)
+        return Scores.concat(_own_error([a.score.remote(s) for a, s in zip(self.actors, shares)]))
 
 
 class RayPending:
@@ -206,6 +261,9 @@ class RayRuntime:
     replay_phases: tuple[str, ...] = ("rollout",)
     """The phases the schedule's clock runs in (`FleetEngine.replay_phases`): the rollout, where a
     preemption used to cost something; add "train" when the fleet computes the update too."""
+    metadata: Mapping[int, dict] | None = None
+    """Prompt id -> that prompt's metadata (a jsonl prompt's other fields), handed to the reward
+    workers (`RewardWorker`); None: none."""
 
     def __post_init__(self) -> None:
         self._started_ray = False
@@ -229,8 +287,11 @@ class RayRuntime:
         self.queue = QueueClient(self.queue_actor)
         learner_gpus = 1 if self.cluster and self.cluster.gpus(home) and self.cfg.device.startswith("cuda") else 0
         self.learner = LearnerActor.options(**pinned, num_gpus=learner_gpus).remote(self.cfg)
-        self.reward = RewardActor.options(**pinned).remote(self.cfg.reward)
-        info = ray.get(self.learner.build.remote(checkpoints))
+        home_gpus = self.cluster.gpus(home) if self.cluster else ray.cluster_resources().get("GPU", 0)
+        self.reward = RewardPool(self.cfg, pinned, home_gpus - learner_gpus, self.metadata)
+        info = self.learner.build.remote(checkpoints)
+        self.reward.build()  # a bad reward spec fails here, while the learner builds
+        info = ray.get(info)
         self.version = info["step"]
         if rt.sp_degree > 1:  # elastic SP groups serve the requests (spotlight/runtime/ray_sp.py)
             from spotlight.runtime.ray_sp import RaySPExecutor
@@ -269,8 +330,15 @@ class RayRuntime:
     def fetch(self, parts: Any) -> list[Rollout]:
         return ray.get(parts) if isinstance(parts, ray.ObjectRef) else parts
 
-    def rewards(self, parts: list[Rollout]) -> torch.Tensor:
-        return ray.get(self.reward.score.remote(parts))
+    def evaluate(self, requests: list[Request]) -> Any:
+        """As `rollout` without an EMA; with one, the learner actor samples them (its EMA never
+        leaves it), and the ObjectRef of its results goes on to the reward actor as a rollout's does."""
+        if not self.cfg.train.ema_decay:
+            return self.rollout(requests)
+        return self.learner.evaluate.remote(requests)
+
+    def rewards(self, parts: list[Rollout]) -> Scores:
+        return self.reward.score(parts)
 
     def release(self, requests: list[Request]) -> None:
         self.queue.release([r.id for r in requests])
@@ -316,7 +384,7 @@ class RayRuntime:
     def _score(self, requests: list[Request]) -> torch.Tensor:
         # The reward actor reads the results straight from the queue actor's reply.
         # Scored once: released from the queue as they are read.
-        return ray.get(self.reward.score.remote(self.queue_actor.results.remote([r.id for r in requests], True)))
+        return self.reward.score(self.queue_actor.results.remote([r.id for r in requests], True)).total
 
     def save_checkpoint(self, root: Path) -> str:
         return ray.get(self.learner.save_checkpoint.remote(root))

@@ -7,6 +7,8 @@ Layout: DIR/checkpoints/step-000010/
                             a JSON tree; nothing in a checkpoint is a pickle, so a planted file can
                             fail to load but never run code)
     state.json              {"step": 10, ...}
+    ema.safetensors         with `train.ema_decay` only: the EMA of the weights (float32, the
+                            names of model.safetensors)
     MANIFEST.json           {"step": 10, "files": {NAME: {"size", "sha256"}}}, written last
 
 Invariants:
@@ -15,8 +17,10 @@ Invariants:
   mid-write leaves the previous checkpoint as the newest one (tests/test_trainer.py).
 - A checkpoint is used only once it verifies (`verify`): its manifest parses and names this step,
   every file has the listed size (and SHA-256), every file decodes; and `load` applies nothing
-  unless the weights match the model's names, shapes and dtypes and the optimiser and RNG states
-  load. Resuming walks back from the newest checkpoint to the newest one that verifies and loads;
+  unless the weights match the model's names, shapes and dtypes, the optimiser and RNG states
+  load, and — for a run that keeps an EMA — the EMA is there with the names, shapes and dtypes of
+  the run's (a run without one ignores a checkpoint's: tests/test_ema.py). Resuming walks back
+  from the newest checkpoint to the newest one that verifies and loads;
   each one skipped is moved aside to `.skipped-step-N` with the reason logged, so it is never taken
   again and never pushed (tests/test_checkpoint_recovery.py truncates and empties each file in turn).
 """
@@ -47,6 +51,9 @@ SKIPPED = ".skipped-"
 """A checkpoint that failed verification is renamed to SKIPPED + its name: kept for a look, never listed."""
 MANIFEST = "MANIFEST.json"
 FILES = ("model.safetensors", "optimizer.safetensors", "state.json")
+"""The files every checkpoint holds."""
+EMA = "ema.safetensors"
+"""The one optional file: a checkpoint of a run with `train.ema_decay` holds it, others do not."""
 
 
 class CheckpointError(ValueError):
@@ -105,8 +112,10 @@ def _set_rng_state(state: dict[str, Any]) -> None:
 
 
 def save(root: Path, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-         extra: dict[str, Any] | None = None, keep: int = 2) -> Checkpoint:
-    """Write the checkpoint after `step` completed iterations; keep the newest `keep`."""
+         extra: dict[str, Any] | None = None, keep: int = 2,
+         ema: dict[str, torch.Tensor] | None = None) -> Checkpoint:
+    """Write the checkpoint after `step` completed iterations (and `ema`, the weights' EMA, when
+    given); keep the newest `keep`."""
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"{PREFIX}{step:06d}"
     tmp = root / f".tmp-{PREFIX}{step:06d}"
@@ -117,8 +126,12 @@ def save(root: Path, step: int, model: torch.nn.Module, optimizer: torch.optim.O
     save_file({k: v.detach().contiguous().cpu() for k, v in trained_state(model).items()}, str(tmp / FILES[0]))
     write_file({"optimizer": optimizer.state_dict(), "rng": _rng_state()}, tmp / FILES[1])
     (tmp / FILES[2]).write_text(json.dumps({"step": step, **(extra or {})}))
+    names = FILES
+    if ema is not None:
+        save_file({k: v.detach().contiguous().cpu() for k, v in ema.items()}, str(tmp / EMA))
+        names = (*FILES, EMA)
     files = {}
-    for name in FILES:
+    for name in names:
         fsync_file(tmp / name)
         files[name] = {"size": (tmp / name).stat().st_size, "sha256": sha256_of(tmp / name)}
     (tmp / MANIFEST).write_text(json.dumps({"step": step, "files": files}, indent=1))
@@ -168,6 +181,8 @@ class Loaded:
     optimizer: dict[str, Any]
     rng: dict[str, Any]
     state: dict[str, Any]
+    ema: dict[str, torch.Tensor] | None = None
+    """The weights' EMA (`EMA`); None when the checkpoint has none, or `read` read no tensor."""
 
 
 def read(ckpt: Checkpoint, hashes: bool = True, weights: bool = True) -> Loaded:
@@ -177,15 +192,17 @@ def read(ckpt: Checkpoint, hashes: bool = True, weights: bool = True) -> Loaded:
     try:
         manifest = json.loads((folder / MANIFEST).read_text())
         files = manifest["files"]
-        if manifest["step"] != ckpt.step or not isinstance(files, dict) or set(files) != set(FILES):
-            raise CheckpointError(f"{MANIFEST} does not describe iteration {ckpt.step}'s {', '.join(FILES)}")
+        if (manifest["step"] != ckpt.step or not isinstance(files, dict)
+                or set(files) not in (set(FILES), {*FILES, EMA})):
+            raise CheckpointError(f"{MANIFEST} does not describe iteration {ckpt.step}'s {', '.join(FILES)} "
+                                  f"(and optionally {EMA})")
     except FileNotFoundError:
         legacy = " (written by an older Spotlight: its optimizer.pt is a pickle, never loaded)" \
             if (folder / "optimizer.pt").exists() else ""
         raise CheckpointError(f"no {MANIFEST}{legacy}") from None
     except (ValueError, KeyError, TypeError, UnicodeDecodeError) as err:
         raise CheckpointError(f"unreadable {MANIFEST} ({type(err).__name__})") from None
-    for name in FILES:
+    for name in files:
         want, path = files[name], folder / name
         if not (isinstance(want, dict) and isinstance(want.get("size"), int) and isinstance(want.get("sha256"), str)):
             raise CheckpointError(f"{MANIFEST}: entry {name} lacks an integer size and a sha256")
@@ -201,6 +218,13 @@ def read(ckpt: Checkpoint, hashes: bool = True, weights: bool = True) -> Loaded:
             tensors = {k: f.get_tensor(k) for k in f.keys()} if weights else {}
     except Exception as err:  # safetensors' own parser: a damaged file, nothing ran
         raise CheckpointError(f"{FILES[0]} does not load ({type(err).__name__}: {str(err)[:100]})") from None
+    ema = None
+    if EMA in files:
+        try:
+            with safe_open(str(folder / EMA), framework="pt") as f:
+                ema = {k: f.get_tensor(k) for k in f.keys()} if weights else None
+        except Exception as err:  # as model.safetensors
+            raise CheckpointError(f"{EMA} does not load ({type(err).__name__}: {str(err)[:100]})") from None
     try:
         blob = read_file(folder / FILES[1])
         optimizer, rng = blob["optimizer"], blob["rng"]
@@ -212,22 +236,34 @@ def read(ckpt: Checkpoint, hashes: bool = True, weights: bool = True) -> Loaded:
         raise CheckpointError(f"{FILES[1]}: {err}") from None
     except (ValueError, KeyError, TypeError, UnicodeDecodeError) as err:
         raise CheckpointError(f"{FILES[1]} or {FILES[2]} is malformed ({type(err).__name__})") from None
-    return Loaded(tensors, optimizer, rng, state)
+    return Loaded(tensors, optimizer, rng, state, ema)
+
+
+def _check_fits(file: str, tensors: dict[str, torch.Tensor], own: dict[str, torch.Tensor], whose: str) -> None:
+    """CheckpointError unless `tensors` (read from `file`) have exactly the names, shapes and dtypes of `own`."""
+    if tensors.keys() != own.keys():
+        diff = sorted(tensors.keys() ^ own.keys())
+        raise CheckpointError(f"{file}: tensor names differ from {whose} ({', '.join(diff[:3])}...)")
+    for name, tensor in tensors.items():
+        if tensor.shape != own[name].shape or tensor.dtype != own[name].dtype:
+            raise CheckpointError(f"{file}: {name} is {tuple(tensor.shape)} {tensor.dtype}, {whose} "
+                                  f"{tuple(own[name].shape)} {own[name].dtype}")
 
 
 def load(ckpt: Checkpoint, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-         hashes: bool = True) -> dict[str, Any]:
-    """Restore weights, optimiser and RNG states in place; returns state.json's contents. Raises
-    CheckpointError — with model, optimiser and RNGs untouched — when anything does not fit."""
+         hashes: bool = True, ema: dict[str, torch.Tensor] | None = None) -> dict[str, Any]:
+    """Restore weights, optimiser and RNG states in place — and, given the run's `ema` (its EMA
+    of the weights), the checkpoint's EMA into it; returns state.json's contents. Raises
+    CheckpointError — with model, optimiser, RNGs and `ema` untouched — when anything does not
+    fit: for an `ema`, a checkpoint without one (written by a run without `train.ema_decay`) does
+    not. Without `ema`, a checkpoint's EMA is ignored."""
     loaded = read(ckpt, hashes)
-    own = trained_state(model)
-    if loaded.weights.keys() != own.keys():
-        diff = sorted(loaded.weights.keys() ^ own.keys())
-        raise CheckpointError(f"{FILES[0]}: tensor names differ from the model's ({', '.join(diff[:3])}...)")
-    for name, tensor in loaded.weights.items():
-        if tensor.shape != own[name].shape or tensor.dtype != own[name].dtype:
-            raise CheckpointError(f"{FILES[0]}: {name} is {tuple(tensor.shape)} {tensor.dtype}, the model's "
-                                  f"{tuple(own[name].shape)} {own[name].dtype}")
+    _check_fits(FILES[0], loaded.weights, trained_state(model), "the model's")
+    if ema is not None:
+        if loaded.ema is None:
+            raise CheckpointError(f"no {EMA}: written by a run without train.ema_decay, and this run keeps an EMA "
+                                  "of the weights it cannot rebuild")
+        _check_fits(EMA, loaded.ema, ema, "the run's EMA's")
     rng_before, optimizer_before = _rng_state(), copy.deepcopy(optimizer.state_dict())
     try:
         optimizer.load_state_dict(loaded.optimizer)
@@ -238,6 +274,9 @@ def load(ckpt: Checkpoint, model: torch.nn.Module, optimizer: torch.optim.Optimi
         raise CheckpointError(f"{FILES[1]}: the optimiser or RNG state does not load "
                               f"({type(err).__name__}: {str(err)[:100]})") from None
     load_trained_state(model, loaded.weights)  # names, shapes and dtypes checked above: cannot fail half-way
+    if ema is not None:
+        for name, tensor in loaded.ema.items():
+            ema[name].copy_(tensor)
     return loaded.state
 
 

@@ -67,7 +67,7 @@ def _belongs(rel: str, step: int) -> bool:
     """Whether run-folder path `rel` is one a stored checkpoint of `step` may install."""
     folder = f"checkpoints/{checkpoint.PREFIX}{step:06d}/"
     if rel.startswith(folder):
-        return rel[len(folder):] in (*checkpoint.FILES, checkpoint.MANIFEST)
+        return rel[len(folder):] in (*checkpoint.FILES, checkpoint.EMA, checkpoint.MANIFEST)
     return rel == f"explorer/step-{step:06d}.json" or ("/" not in rel and not rel.startswith("."))
 
 

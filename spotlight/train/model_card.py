@@ -69,11 +69,21 @@ def model_card(cfg: RunConfig, iterations: int) -> str:
         f"- Base model: {base_model(cfg)}",
         f"- Training: {algorithm}, {iterations} iterations of {cfg.train.prompts_per_step} prompts x "
         f"{cfg.train.group_size} samples; {what}",
-        f"- Reward: {cfg.reward.name}",
-        f"- Prompts: {cfg.prompts.name} ({cfg.prompts.count})",
+        f"- Reward: {_reward(cfg)}",
+        f"- Prompts: {Path(cfg.prompts.path).name if cfg.prompts.path else f'{cfg.prompts.name} ({cfg.prompts.count})'}",
+        *([f"- Weights: the exponential moving average of the trained parameters (train.ema_decay "
+           f"{cfg.train.ema_decay:g}), not the last iteration's"] if cfg.train.ema_decay else []),
         f"- Run seed: {cfg.seed}", "",
         "## Loading", "", "```python", _loading(cfg), "```", "",
         "## Run config", "", "```yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False).strip(), "```", ""])
+
+
+def _reward(cfg: RunConfig) -> str:
+    """The reward as a sum of its weighted components ("ocr", "0.5 x ocr + 1 x score")."""
+    terms = cfg.reward.terms
+    if len(terms) == 1 and terms[0].weight == 1:
+        return terms[0].name or terms[0].function
+    return " + ".join(f"{t.weight:g} x {t.name or t.function}" for t in terms)
 
 
 def write_model_card(path: Path, cfg: RunConfig, iterations: int) -> None:

@@ -47,11 +47,15 @@ from schedulers.request import Kind, Request
 from spotlight.train import checkpoint
 from spotlight.train.checkpoint_sync import CheckpointSync
 from spotlight.config import ConfigError, RunConfig, load_config, to_yaml
+from spotlight.train.eval_samples import write_evaluation
 from spotlight.train.exploration import Explorer
 from spotlight.rl.grpo import group_advantages, group_std, informative_groups
+from spotlight.rl.policy import Rollout
 from spotlight.train.inflight import InflightStore
 from spotlight.runtime.learner import NonFiniteUpdate
-from spotlight.rl.prompts import draw_prompts, prompt_set
+from spotlight.rl.rewards import RewardError
+from spotlight.rl.prompt_file import evaluation_prompts, prompt_metadata, run_prompts
+from spotlight.rl.prompts import draw_prompts
 from spotlight.runtime.local import LocalRuntime, Runtime
 from spotlight.sim.report import plural
 from spotlight.rl.warm_start import apply_warm_start, cache_path
@@ -59,16 +63,19 @@ from spotlight.rl.warm_start import apply_warm_start, cache_path
 
 EVAL_SEED0 = 10**9
 """Evaluation seeds start here: no training iteration's seeds come near."""
-EVAL_DRAW = -1
-"""The evaluation prompts are the draw of this (never trained) iteration index."""
 
 
-def make_runtime(cfg: RunConfig, log: Callable[[str], None] = print) -> Runtime:
+def make_runtime(cfg: RunConfig, log: Callable[[str], None] = print,
+                 metadata: dict[int, dict] | None = None) -> Runtime:
+    """`metadata`: prompt id -> metadata of the run's prompts (training and evaluation), for the
+    rewards; None: read from the config's prompt files (`prompt_metadata`)."""
+    if metadata is None:
+        metadata = prompt_metadata(cfg)
     if cfg.runtime.kind == "local":
-        return LocalRuntime(cfg)
+        return LocalRuntime(cfg, metadata=metadata)
     from spotlight.runtime.ray_runtime import RayRuntime
 
-    return RayRuntime(cfg, log=log)
+    return RayRuntime(cfg, log=log, metadata=metadata)
 
 
 def sample_seeds(step: int, group_size: int) -> list[int]:
@@ -115,6 +122,8 @@ class Trainer:
         self._pushed = 0  # the newest iteration the mirror holds
         self.inflight: InflightStore | None = None
         """Where a running rollout's committed state goes (with --checkpoint-uri and inflight_every_s > 0)."""
+        self.eval_written: Path | None = None
+        """The newest evaluation's samples (eval/step-N.png or .jsonl), for TensorBoard."""
         self.stop_reason = "steps"
         """Why the loop ended: "steps" (all ran), "budget" or "deadline" (`cloud.cost.CostControl`)."""
 
@@ -135,7 +144,8 @@ class Trainer:
             self._pull(store)
             if cfg.cloud.inflight_every_s > 0:
                 self.inflight = InflightStore(store, self.log)
-        self.prompts = prompt_set(cfg.prompts, cfg.seed)
+        self.prompts = run_prompts(cfg.prompts, cfg.seed)
+        self.eval_prompts = evaluation_prompts(cfg, self.prompts)
         self.runtime = runtime if runtime is not None else make_runtime(cfg, self.log)
         trained = self._warm_start()
         roles = time.perf_counter()
@@ -267,11 +277,27 @@ class Trainer:
     def evaluation_requests(self, step: int) -> list[Request]:
         """Scoring the weights of iteration `step` on the fixed evaluation prompts and seeds (seeds
         far above any training seed, so evaluation never shares noise with training)."""
-        cfg = self.cfg.train
-        prompts = draw_prompts(self.prompts, cfg.eval_prompts, self.cfg.seed, EVAL_DRAW)
-        seeds = tuple(range(EVAL_SEED0, EVAL_SEED0 + cfg.eval_seeds))
+        seeds = tuple(range(EVAL_SEED0, EVAL_SEED0 + self.cfg.train.eval_seeds))
         return [Request(f"eval{step}/p{p.id}", Kind.ROLLOUT, p.id, p.text, seeds, weight_version=step, order=i)
-                for i, p in enumerate(prompts)]
+                for i, p in enumerate(self.eval_prompts)]
+
+    def evaluates(self, step: int) -> bool:
+        """Whether iteration `step` starts with an evaluation: every `train.eval_every` and the last."""
+        every, steps = self.cfg.train.eval_every, self.cfg.train.steps
+        return bool(self.eval_prompts) and (step % every == 0 or step == steps - 1)
+
+    def evaluate(self, step: int) -> dict[str, Any]:
+        """Score the weights of iteration `step` (the EMA with `train.ema_decay`) on the evaluation
+        prompts and seeds; write their samples under eval/ (a DiT's image grid, an LLM's completions)
+        and return the metrics: `eval_reward` and each component's `eval_reward_<label>`."""
+        rt, requests = self.runtime, self.evaluation_requests(step)
+        parts = rt.evaluate(requests)
+        scores = rt.rewards(parts)
+        rollout = Rollout.concat(rt.fetch(parts))
+        rt.release(requests)
+        self.eval_written = write_evaluation(self.out / "eval", step, rollout, self.cfg.train.eval_seeds, scores.total)
+        return {"eval_reward": scores.total.float().mean().item(),
+                **{f"eval_reward_{label}": v.float().mean().item() for label, v in scores.components.items()}}
 
     def iteration(self, step: int) -> dict[str, Any]:
         cfg, t, rt, ex = self.cfg, PhaseTimer(), self.runtime, self.explorer
@@ -284,15 +310,14 @@ class Trainer:
             explored_first = {"explored_first_samples": done["explored_samples"]}
         requests = ex.plan(step) if ex is not None else self.requests(step)
         evaluation: dict[str, Any] = {}
-        if cfg.train.eval_prompts:
+        if self.evaluates(step):
             with t("eval"):
-                scored = self.evaluation_requests(step)
-                evaluation["eval_reward"] = rt.rewards(rt.rollout(scored)).float().mean().item()
-                rt.release(scored)
+                evaluation = self.evaluate(step)
         with t("rollout"):
             parts = self._rollout(step, requests)
         with t("reward"):
-            rewards = rt.rewards(parts).float()
+            scores = rt.rewards(parts)
+            rewards = scores.total.float()
         explored = ex.observe(step, requests, rewards) if ex is not None else {}
         with t("advantage"):
             adv = group_advantages(rewards, g, cfg.grpo.adv_eps, cfg.grpo.adv_clip)
@@ -316,6 +341,7 @@ class Trainer:
             "step": step,
             "reward_mean": rewards.mean().item(),
             "reward_std": rewards.std(unbiased=False).item(),
+            **scores.component_stats(),  # reward_<label>_mean, reward_<label>_std
             "group_reward_std": group_std(rewards, g).mean().item(),
             "samples": len(rewards),
             **dropped,
@@ -326,6 +352,7 @@ class Trainer:
             **explored_first,
             **stats,
             **{f"time_{k}_s": v for k, v in t.seconds.items()},
+            "time_reward_score_s": scores.seconds,
         }
 
     def _rollout(self, step: int, requests: list[Request]) -> list[Any]:
@@ -393,6 +420,9 @@ class Trainer:
                 except NonFiniteUpdate as err:
                     raise NonFiniteUpdate(f"{getattr(err, 'cause', None) or err}; nothing after the checkpoint of "
                                           f"iteration {saved} is kept") from None
+                except RewardError as err:  # a reward failed twice: stop as cleanly (`rewards.RewardWorker`)
+                    raise RewardError(f"{err}; iteration {step} stopped, nothing after the checkpoint of iteration "
+                                      f"{saved} is kept") from None
                 row["wall_s"] = time.perf_counter() - t0
                 row["elapsed_s"] = time.perf_counter() - start
                 row["cost_usd"] = self.cost.spent_usd()
@@ -412,6 +442,9 @@ class Trainer:
                 for key, value in row.items():
                     if key != "step" and isinstance(value, (int, float)):
                         writer.add_scalar(key, value, step)
+                if self.eval_written is not None:
+                    _add_evaluation(writer, self.eval_written, step)
+                    self.eval_written = None
                 bar.set_postfix(reward=f"{row['reward_mean']:.3f}", std=f"{row['group_reward_std']:.3f}")
         writer.close()
 
@@ -465,6 +498,21 @@ class Trainer:
         if decision.switch:
             self.log(decision.message)
         return True
+
+
+def _add_evaluation(writer, written: Path, step: int) -> None:
+    """An evaluation's samples in TensorBoard: the DiT's grid as the image `eval/samples`, the LLM's
+    completions as the text `eval/completions` (a markdown table)."""
+    if written.suffix == ".png":
+        import numpy as np
+        from PIL import Image
+
+        writer.add_image("eval/samples", np.asarray(Image.open(written).convert("RGB")), step, dataformats="HWC")
+        return
+    rows = [json.loads(line) for line in written.read_text().splitlines()]
+    table = "| prompt | seed | completion | reward |\n|---|---|---|---|\n" + "\n".join(
+        f"| {r['prompt']!r} | {r['seed']} | {r['completion']!r} | {r['reward']:.3f} |" for r in rows)
+    writer.add_text("eval/completions", table, step)
 
 
 def summarize(metrics_path: Path, steps: int, window: int = 5) -> dict[str, Any]:
