@@ -146,8 +146,12 @@ def test_the_model_card_names_the_base_reward_iterations_loading_and_config():
     front = yaml.safe_load(card.split("---")[1])
     assert front["library_name"] == "peft" and front["base_model"] == "Qwen2.5-0.5B" and "lora" in front["tags"]
     assert "Base model: /models/Qwen2.5-0.5B" in card and "7 iterations" in card and "Reward: arithmetic" in card
-    assert 'PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained("/models/Qwen2.5-0.5B"), "final")' in card
+    # The warm start changed the folder's weights: the base to load is the one final/ holds.
+    assert 'PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained("final/base"), "final")' in card
     assert "rank 4, alpha 8" in card and "warm-started for 20 supervised steps" in card
+    as_released = model_card(small_llm_config(policy={**LORA, "llm": {"pretrained_path": "/models/Qwen2.5-0.5B"}},
+                                              warm_start={"steps": 0}), 7)
+    assert 'PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained("/models/Qwen2.5-0.5B"), "final")' in as_released
     assert yaml.safe_load(card.split("```yaml\n")[1].split("```")[0]) == cfg.to_dict()
     full = model_card(small_dit_config(), 3)
     assert "base_model" not in yaml.safe_load(full.split("---")[1])  # a random base has no name to give

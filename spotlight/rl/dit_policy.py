@@ -274,7 +274,8 @@ class DiTPolicy:
     def save_pretrained(self, path: Path) -> None:
         """The transformer as diffusers saves it; with LoRA, the adapters as diffusers' LoRA file
         (`pytorch_lora_weights.safetensors`, which `QwenImagePipeline.load_lora_weights` loads) and,
-        unless the base is a local pretrained checkpoint, the base transformer in `transformer/`."""
+        unless the base is a local pretrained checkpoint as it is on disk (no warm start changed it), the
+        base transformer in `transformer/`."""
         path = Path(path)
         if not has_lora(self.model):
             self.model.save_pretrained(str(path), safe_serialization=True)
@@ -283,7 +284,7 @@ class DiTPolicy:
         from peft.utils import get_peft_model_state_dict
         from safetensors.torch import save_file
 
-        if not self.cfg.policy.dit.pretrained_path:
+        if not self.cfg.policy.dit.pretrained_path or self.cfg.warm_start.steps:  # a warm start changed the base
             (path / "transformer").mkdir(parents=True, exist_ok=True)
             self.model.save_config(str(path / "transformer"))
             save_file({k: v.detach().contiguous().cpu() for k, v in base_state(self.model).items()},

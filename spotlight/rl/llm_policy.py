@@ -114,12 +114,9 @@ def stop_ids(tokenizer: PreTrainedTokenizerBase, model: torch.nn.Module) -> list
     tokens (what `generate` stops at: Qwen2.5-Instruct's are `<|im_end|>` and `<|endoftext|>`) and,
     when the chat template ends a turn with `<|im_end|>`, that token (a Qwen base model's eos is
     `<|endoftext|>`, but its chat template ends the assistant's turn with `<|im_end|>`)."""
-    ids = [tokenizer.eos_token_id]
     generation = getattr(model, "generation_config", None)
     eos = getattr(generation, "eos_token_id", None)
-    ids += eos if isinstance(eos, list) else [eos]
-    if "<|im_end|>" in (getattr(tokenizer, "chat_template", None) or ""):
-        ids.append(tokenizer.convert_tokens_to_ids("<|im_end|>"))
+    ids = [tokenizer.eos_token_id, _im_end(tokenizer)] + (eos if isinstance(eos, list) else [eos])
     vocab = len(tokenizer)
     return sorted({i for i in ids if isinstance(i, int) and 0 <= i < vocab})
 
@@ -127,9 +124,15 @@ def stop_ids(tokenizer: PreTrainedTokenizerBase, model: torch.nn.Module) -> list
 def turn_end_id(tokenizer: PreTrainedTokenizerBase) -> int | None:
     """The token a completion should end with: `<|im_end|>` when the chat template ends a turn with
     it, else the tokenizer's eos (what the warm start teaches)."""
-    if "<|im_end|>" in (getattr(tokenizer, "chat_template", None) or ""):
-        return tokenizer.convert_tokens_to_ids("<|im_end|>")
-    return tokenizer.eos_token_id
+    im_end = _im_end(tokenizer)
+    return im_end if im_end is not None else tokenizer.eos_token_id
+
+
+def _im_end(tokenizer: PreTrainedTokenizerBase) -> int | None:
+    """`<|im_end|>`'s id when the chat template uses it and the vocabulary has it, else None."""
+    if "<|im_end|>" not in (getattr(tokenizer, "chat_template", None) or ""):
+        return None
+    return tokenizer.get_vocab().get("<|im_end|>")
 
 
 @contextmanager

@@ -101,6 +101,23 @@ def load_trained_state(model: torch.nn.Module, state: dict[str, Any]) -> None:
     model.load_state_dict(state, strict=False)
 
 
+def storable(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`state` as safetensors' `save_file` takes it: detached, contiguous, on the CPU, and no two
+    tensors sharing storage (a model with tied embeddings, such as Qwen2.5-0.5B..3B, holds
+    `lm_head.weight` and `embed_tokens.weight` in one; save_file refuses that). A shared tensor is
+    copied once; the others are not copied beyond the move to the CPU."""
+    out: dict[str, torch.Tensor] = {}
+    seen: set[int] = set()
+    for name, tensor in state.items():
+        t = tensor.detach().contiguous().cpu()
+        where = t.untyped_storage().data_ptr()
+        if where in seen:
+            t = t.clone()
+        seen.add(where)
+        out[name] = t
+    return out
+
+
 def base_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The frozen base's state dict under the names the model had before `add_lora` (peft moves a
     wrapped linear's weights to `<name>.base_layer.*`): what a worker loads before its own `add_lora`."""

@@ -24,6 +24,7 @@ from safetensors.torch import load_file, save_file
 
 from spotlight.config import ConfigError, RunConfig
 from spotlight.rl.policy import Policy
+from spotlight.rl.lora import storable
 from spotlight.rl.prompt_file import run_prompts
 from spotlight.rl.prompts import COLOURS, Prompt, colour_of
 
@@ -72,7 +73,7 @@ def apply_warm_start(policy: Policy, cfg: RunConfig, prompts: Sequence[Prompt],
         stats = policy.warm_start(prompts, ws.steps, ws.batch_size, ws.lr, cfg.seed, on_step=bar.update)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".tmp{os.getpid()}")
-    save_file({k: v.detach().contiguous().cpu() for k, v in policy.model.state_dict().items()}, str(tmp))
+    save_file(storable(policy.model.state_dict()), str(tmp))
     tmp.replace(path)
     return {"steps": ws.steps, "cached": False, "path": str(path), "seconds": time.perf_counter() - start, **stats}
 

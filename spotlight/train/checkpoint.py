@@ -44,7 +44,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from cloud.codec import DecodeError, read_file, write_file
-from spotlight.rl.lora import load_trained_state, trained_state
+from spotlight.rl.lora import load_trained_state, storable, trained_state
 
 PREFIX = "step-"
 SKIPPED = ".skipped-"
@@ -122,13 +122,12 @@ def save(root: Path, step: int, model: torch.nn.Module, optimizer: torch.optim.O
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     # What training changed (`trained_state`: the adapters alone with LoRA; the base is rebuilt).
-    # safetensors refuses shared or non-contiguous storage; state_dict tensors are plain parameters.
-    save_file({k: v.detach().contiguous().cpu() for k, v in trained_state(model).items()}, str(tmp / FILES[0]))
+    save_file(storable(trained_state(model)), str(tmp / FILES[0]))
     write_file({"optimizer": optimizer.state_dict(), "rng": _rng_state()}, tmp / FILES[1])
     (tmp / FILES[2]).write_text(json.dumps({"step": step, **(extra or {})}))
     names = FILES
     if ema is not None:
-        save_file({k: v.detach().contiguous().cpu() for k, v in ema.items()}, str(tmp / EMA))
+        save_file(storable(ema), str(tmp / EMA))
         names = (*FILES, EMA)
     files = {}
     for name in names:

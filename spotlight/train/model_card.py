@@ -31,8 +31,13 @@ def _loading(cfg: RunConfig) -> str:
         if not lora:
             return ("from diffusers import QwenImageTransformer2DModel\n"
                     "transformer = QwenImageTransformer2DModel.from_pretrained(\"final\")")
-        path = cfg.policy.pretrained_path
-        base = f'"{path}", subfolder="transformer"' if path else '"final/transformer"'
+        path = cfg.policy.pretrained_path if not cfg.warm_start.steps else None  # else final/ holds the base
+        if path and cfg.policy.dit.pipeline:
+            return ("from diffusers import QwenImagePipeline\n"
+                    f"pipe = QwenImagePipeline.from_pretrained(\"{path}\")\n"
+                    "pipe.load_lora_weights(\"final\")  # pytorch_lora_weights.safetensors")
+        sub = ', subfolder="transformer"' if path and (Path(path) / "transformer").is_dir() else ""
+        base = f'"{path}"{sub}' if path else '"final/transformer"'
         return ("from diffusers import QwenImagePipeline, QwenImageTransformer2DModel\n"
                 f"transformer = QwenImageTransformer2DModel.from_pretrained({base})\n"
                 "pipe = QwenImagePipeline(..., transformer=transformer)  # or QwenImagePipeline.from_pretrained(base)\n"
@@ -41,7 +46,7 @@ def _loading(cfg: RunConfig) -> str:
         return ("from transformers import AutoModelForCausalLM, AutoTokenizer\n"
                 "model = AutoModelForCausalLM.from_pretrained(\"final\")\n"
                 "tokenizer = AutoTokenizer.from_pretrained(\"final\")")
-    base = cfg.policy.pretrained_path or "final/base"
+    base = cfg.policy.pretrained_path if cfg.policy.pretrained_path and not cfg.warm_start.steps else "final/base"
     return ("from peft import PeftModel\n"
             "from transformers import AutoModelForCausalLM, AutoTokenizer\n"
             f"model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(\"{base}\"), \"final\")\n"
