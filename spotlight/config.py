@@ -51,6 +51,20 @@ def reward_names() -> list[str]:
     return sorted(set(BUILTIN_REWARDS) | {ep.name for ep in entry_points(group="spotlight.rewards")})
 
 
+def model_config(file: Path, where: str) -> dict[str, Any] | str:
+    """The JSON object in a model folder's config `file`, or what is wrong with it in a few words
+    (`where` names the file): bounded by `MAX_CONFIG_BYTES`, read without importing anything."""
+    if not file.is_file():
+        return f"{where} is missing"
+    try:
+        if file.stat().st_size > MAX_CONFIG_BYTES:
+            return f"{where} is over {MAX_CONFIG_BYTES >> 20} MiB (expected a model config)"
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        return f"{where} is not readable JSON ({type(err).__name__})"
+    return data if isinstance(data, dict) else f"{where} is not a JSON object"
+
+
 @dataclass
 class DiTConfig:
     """The diffusion transformer (diffusers `QwenImageTransformer2DModel`), and where its text
@@ -138,17 +152,7 @@ class DiTConfig:
             return f"{shown} is not an existing folder (expected local weights; nothing is downloaded)"
 
         def config(file: Path) -> dict[str, Any] | str:
-            """The JSON object in `file`, or what is wrong with it."""
-            where = f"{shown}: {file.relative_to(path)}"
-            if not file.is_file():
-                return f"{where} is missing"
-            try:
-                if file.stat().st_size > MAX_CONFIG_BYTES:
-                    return f"{where} is over {MAX_CONFIG_BYTES >> 20} MiB (expected a model config)"
-                data = json.loads(file.read_text(encoding="utf-8"))
-            except (OSError, UnicodeDecodeError, ValueError) as err:
-                return f"{where} is not readable JSON ({type(err).__name__})"
-            return data if isinstance(data, dict) else f"{where} is not a JSON object"
+            return model_config(file, f"{shown}: {file.relative_to(path)}")
 
         def of_class(data: dict[str, Any], file: str, name: str) -> str | None:
             got = data.get("_class_name")
@@ -241,14 +245,9 @@ class LLMConfig:
         config = path / "config.json"
         if not config.is_file():
             return f"{shown} has no config.json (expected a transformers causal LM folder, as save_pretrained writes)"
-        try:
-            if config.stat().st_size > MAX_CONFIG_BYTES:
-                return f"{shown}: config.json is over {MAX_CONFIG_BYTES >> 20} MiB (expected a model config)"
-            data = json.loads(config.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, ValueError) as err:
-            return f"{shown}: config.json is not readable JSON ({type(err).__name__})"
-        if not isinstance(data, dict):
-            return f"{shown}: config.json is not a JSON object"
+        data = model_config(config, f"{shown}: config.json")
+        if isinstance(data, str):
+            return data
         arch = data.get("architectures")
         # The class names transformers gives causal LMs (Qwen2ForCausalLM, GPT2LMHeadModel).
         if isinstance(arch, list) and arch and not any(
@@ -605,6 +604,10 @@ class WarmStartConfig:
     """Learning rate, in (0, 1]."""
     cache_dir: str | None = None
     """Where warm-started weights are cached; None means $SPOTLIGHT_CACHE or ~/.cache/spotlight."""
+    data: Literal["colours", "text"] = "colours"
+    """What the tiny DiT's synthetic images show: `colours`, the colour each prompt names
+    (`synthetic_images`); `text`, each prompt's double-quoted text drawn black on white, for the
+    OCR reward (`synthetic_text_images`)."""
 
     def __post_init__(self) -> None:
         check(self.steps >= 0, "steps", "an integer >= 0", self.steps)

@@ -28,7 +28,7 @@ from spotlight.rl.policy import Rollout, sum_stats
 from spotlight.rl.prompt_encoder import HashedWordEncoder, PromptEncoder, QwenPromptEncoder
 from spotlight.rl.prompts import Prompt
 from spotlight.rl.seeding import generator
-from spotlight.rl.synthetic_images import images_to_latents, synthetic_images
+from spotlight.rl.synthetic_images import images_to_latents, synthetic_images, synthetic_text_images
 
 _WARM_START = 0x3A3  # stream tag of the warm start's data and noise
 
@@ -242,19 +242,20 @@ class DiTPolicy:
 
     def warm_start(self, prompts: Sequence[Prompt], steps: int, batch_size: int, lr: float, seed: int,
                    on_step: Callable[[], None] | None = None) -> dict[str, float]:
-        """Flow matching on synthetic prompt-conditioned images (see `synthetic_images`); `on_step`
-        is called after each step (a progress bar)."""
+        """Flow matching on synthetic prompt-conditioned images (`synthetic_images`, or with
+        `warm_start.data: text` `synthetic_text_images`); `on_step` is called after each step (a progress bar)."""
         if self.cfg.policy.dit.preset != "tiny" or self.cfg.policy.dit.pipeline:
             raise ConfigError("warm_start.steps: the synthetic warm start is for the tiny random model; qwen-image "
                               "and a pipeline folder start from their own weights (set warm_start.steps: 0)")
         opt = torch.optim.Adam(self.model.parameters(), lr=lr)
         texts = [p.text for p in prompts]
+        draw = synthetic_text_images if self.cfg.warm_start.data == "text" else synthetic_images
         losses: list[float] = []
         self.model.train()
         for step in range(steps):
             g = generator(seed, _WARM_START, step)
             batch = [texts[i] for i in torch.randint(len(texts), (batch_size,), generator=g).tolist()]
-            x0 = pack(images_to_latents(synthetic_images(batch, self.side, g), self.channels)).to(self.cfg.device)
+            x0 = pack(images_to_latents(draw(batch, self.side, g), self.channels)).to(self.cfg.device)
             noise = torch.randn(x0.shape, generator=g).to(self.cfg.device)
             # Logit-normal sigmas (as in SD3 / Qwen-Image training) weight the middle of the schedule.
             sigma = torch.sigmoid(torch.randn(batch_size, generator=g)).to(self.cfg.device)

@@ -8,6 +8,8 @@ room to improve. A model trained on pure colours would start near the reward cei
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
@@ -35,4 +37,51 @@ def images_to_latents(images: torch.Tensor, channels: int) -> torch.Tensor:
     b, _, h, w = images.shape
     out = torch.zeros(b, channels, h, w)
     out[:, :3] = images * 2 - 1
+    return out
+
+
+TEXT_SWAP = 0.5
+"""Chance that each character of a text image is a random digit instead of the prompt's own."""
+TEXT_JITTER = 1
+"""Each text image is shifted by up to this many pixels in x and y."""
+
+
+def quoted_text(text: str) -> str:
+    """The text between a prompt's first pair of double quotes (what the OCR reward reads for)."""
+    pieces = text.split('"')
+    if len(pieces) < 3 or not pieces[1].strip():
+        raise ValueError(f"no text between double quotes in {text[:60]!r}")
+    return pieces[1]
+
+
+@functools.lru_cache(maxsize=4096)
+def _ink(text: str, side: int) -> torch.Tensor:
+    """(side, side) coverage in [0, 1] of `text` drawn centred, as large as fits in 90% of the side,
+    in Pillow's built-in font (no system font needed, so every machine draws the same pixels)."""
+    from PIL import Image, ImageDraw, ImageFont
+
+    image = Image.new("L", (side, side), 0)
+    draw = ImageDraw.Draw(image)
+    for size in range(side, 0, -1):
+        font = ImageFont.load_default(size=size)
+        left, top, right, bottom = draw.textbbox((0, 0), text, font=font)
+        if right - left <= 0.9 * side and bottom - top <= 0.9 * side:
+            break
+    draw.text(((side - (right - left)) / 2 - left, (side - (bottom - top)) / 2 - top), text, fill=255, font=font)
+    return torch.frombuffer(bytearray(image.tobytes()), dtype=torch.uint8).view(side, side).float() / 255
+
+
+def synthetic_text_images(texts: list[str], side: int, g: torch.Generator) -> torch.Tensor:
+    """(B,) prompts -> (B, 3, side, side) images of each prompt's quoted text, black on white, drawn
+    from generator g. Each character is a random digit with chance TEXT_SWAP — so, as with the colour
+    images, the warm-started model follows its prompt only loosely and the OCR reward has room to
+    improve it — and the text is shifted by up to TEXT_JITTER pixels."""
+    out = torch.empty(len(texts), 3, side, side)
+    for i, text in enumerate(texts):
+        chars = list(quoted_text(text))
+        swap = torch.rand(len(chars), generator=g) < TEXT_SWAP
+        digits = torch.randint(10, (len(chars),), generator=g)
+        shown = "".join(str(int(d)) if s else c for c, s, d in zip(chars, swap, digits))
+        dy, dx = torch.randint(-TEXT_JITTER, TEXT_JITTER + 1, (2,), generator=g).tolist()
+        out[i] = 1 - torch.roll(_ink(shown, side), shifts=(dy, dx), dims=(0, 1))
     return out

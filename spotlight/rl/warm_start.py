@@ -27,6 +27,7 @@ from spotlight.rl.policy import Policy
 from spotlight.rl.lora import storable
 from spotlight.rl.prompt_file import run_prompts
 from spotlight.rl.prompts import COLOURS, Prompt, colour_of
+from spotlight.rl.synthetic_images import quoted_text
 
 WARM_START_VERSION = 1
 
@@ -39,7 +40,8 @@ def cache_dir(cfg: RunConfig) -> Path:
 
 def cache_path(cfg: RunConfig) -> Path:
     d = cfg.to_dict()
-    ws = {k: v for k, v in d["warm_start"].items() if k != "cache_dir"}
+    # `data` joins the key only when it is not the default, so colour caches made before it existed still hit.
+    ws = {k: v for k, v in d["warm_start"].items() if k != "cache_dir" and not (k == "data" and v == "colours")}
     # LoRA adapters go on after the warm start: a run with them shares the run's without them.
     policy = {k: v for k, v in d["policy"].items() if k != "lora"}
     # A prompt file is keyed by its prompts, not by where it lies; an unset one adds nothing to the
@@ -65,7 +67,7 @@ def apply_warm_start(policy: Policy, cfg: RunConfig, prompts: Sequence[Prompt],
         policy.model.load_state_dict(load_file(str(path)))
         return {"steps": ws.steps, "cached": True, "path": str(path)}
     if cfg.policy.kind == "dit":
-        _check_colour_words(prompts, cfg)
+        _check_prompts_draw(prompts, cfg)
     from tqdm import tqdm
 
     start = time.perf_counter()
@@ -78,9 +80,18 @@ def apply_warm_start(policy: Policy, cfg: RunConfig, prompts: Sequence[Prompt],
     return {"steps": ws.steps, "cached": False, "path": str(path), "seconds": time.perf_counter() - start, **stats}
 
 
-def _check_colour_words(prompts: Sequence[Prompt], cfg: RunConfig) -> None:
+def _check_prompts_draw(prompts: Sequence[Prompt], cfg: RunConfig) -> None:
     """The tiny DiT's synthetic warm start draws each prompt's image in the colour it names
-    (`synthetic_images`): a prompt of the user's that names none has no image to learn."""
+    (`synthetic_images`) or its quoted text (`synthetic_text_images`, `warm_start.data: text`): a
+    prompt of the user's that has none has no image to learn."""
+    if cfg.warm_start.data == "text":
+        for p in prompts:
+            try:
+                quoted_text(p.text)
+            except ValueError:
+                raise ConfigError(f"warm_start.data: the text warm start draws the text between a prompt's double "
+                                  f"quotes, and prompt {p.id} ({p.text[:60]!r}) has none") from None
+        return
     for p in prompts:
         try:
             colour_of(p.text)
