@@ -40,10 +40,10 @@ def images_to_latents(images: torch.Tensor, channels: int) -> torch.Tensor:
     return out
 
 
-TEXT_SWAP = 0.5
-"""Chance that each character of a text image is a random digit instead of the prompt's own."""
-TEXT_JITTER = 1
-"""Each text image is shifted by up to this many pixels in x and y."""
+TEXT_SWAP = 0.3
+"""Chance that each character of a text image is a random digit instead of the prompt's own. At 0
+the tiny DiT (16 px, 2400 steps) draws its prompts' two digits so that OCR reads every one: no room
+for GRPO; at 0.3 its samples score 0.35; with a 1-pixel jitter as well as 0.5, ~0."""
 
 
 def quoted_text(text: str) -> str:
@@ -75,13 +75,12 @@ def synthetic_text_images(texts: list[str], side: int, g: torch.Generator) -> to
     """(B,) prompts -> (B, 3, side, side) images of each prompt's quoted text, black on white, drawn
     from generator g. Each character is a random digit with chance TEXT_SWAP — so, as with the colour
     images, the warm-started model follows its prompt only loosely and the OCR reward has room to
-    improve it — and the text is shifted by up to TEXT_JITTER pixels."""
+    improve it."""
     out = torch.empty(len(texts), 3, side, side)
     for i, text in enumerate(texts):
         chars = list(quoted_text(text))
         swap = torch.rand(len(chars), generator=g) < TEXT_SWAP
         digits = torch.randint(10, (len(chars),), generator=g)
         shown = "".join(str(int(d)) if s else c for c, s, d in zip(chars, swap, digits))
-        dy, dx = torch.randint(-TEXT_JITTER, TEXT_JITTER + 1, (2,), generator=g).tolist()
-        out[i] = 1 - torch.roll(_ink(shown, side), shifts=(dy, dx), dims=(0, 1))
+        out[i] = 1 - _ink(shown, side)
     return out
