@@ -268,6 +268,18 @@ def test_a_component_that_fails_once_is_retried_and_scores(tmp_path):
     assert scores.total.tolist() == [0.5] * 4
 
 
+def test_ctrl_c_while_a_component_scores_stops_at_once_without_a_retry(tmp_path):
+    """A KeyboardInterrupt is the user stopping the run (`spotlight train` exits 130), not a failure
+    of the component: it goes through as itself, and the component is called once."""
+    _write(tmp_path, "interrupted.py", "calls = []\n\ndef score(images, prompts, metadata):\n"
+                                       "    calls.append(1)\n    raise KeyboardInterrupt\n")
+    worker = RewardWorker(_cfg({"function": "interrupted.py:score"}), cwd=tmp_path)
+    worker.build()
+    with pytest.raises(KeyboardInterrupt):
+        worker.score([_colour_rollout()])
+    assert worker.rewards[0].fn.__globals__["calls"] == [1]
+
+
 def test_answer_match_compares_final_numbers_gsm8k_style():
     assert final_number("She has 3 apples, then 1,234 more.\n#### 1,237") == 1237
     assert final_number("so 5 - 3 = 2 and the answer is 2.") == 2

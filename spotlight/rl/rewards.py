@@ -359,6 +359,8 @@ class RewardWorker:
                                 "and the run stops)")
             except BadScores as err:
                 problems.append(str(err))
+            except KeyboardInterrupt:  # the user stopping the run (`spotlight train` exits 130), not a failure
+                raise
             except BaseException as err:  # noqa: BLE001 — a user's function may raise anything
                 problems.append(_raised(err))
         again = "" if problems[0] == problems[1] else f" (first try: {problems[0]})"
