@@ -104,6 +104,16 @@ def test_the_synthetic_warm_start_refuses_prompts_naming_no_colour(tmp_path):
         apply_warm_start(None, cfg, run_prompts(cfg.prompts, cfg.seed))
 
 
+def test_a_file_edited_between_two_reads_is_read_again(tmp_path):
+    # Parsed once per process while the file is unchanged (a run asks several times before it starts).
+    path = tmp_path / "p.txt"
+    path.write_text("one\ntwo\n")
+    assert [p.text for p in read_prompts(path)] == ["one", "two"]
+    path.write_text("three\n")
+    assert [p.text for p in read_prompts(path)] == ["three"]
+    assert read_prompts(path) is not read_prompts(path)  # each caller gets its own list
+
+
 def test_gsm8k_files_name_their_prompt_field_question(tmp_path):
     path = tmp_path / "test.jsonl"
     path.write_text(json.dumps({"question": "Tom has 3 apples and buys 2. How many?", "answer": "3 + 2 = 5\n#### 5"}) + "\n")

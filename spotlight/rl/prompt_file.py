@@ -20,6 +20,7 @@ Invariants (tests/test_prompt_file.py feeds each broken form):
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -75,6 +76,16 @@ def read_prompts(path: str | Path, field: str = "prompts.path", first_id: int = 
     if path.suffix not in (".txt", ".jsonl"):
         raise ConfigError(f"{field}: {_shown(path)}: expected a .txt file (one prompt a line), a .jsonl file "
                           "({\"prompt\": ...} a line) or a dataset folder")
+    stat = path.stat()
+    return list(_parsed(path, (stat.st_ino, stat.st_size, stat.st_mtime_ns), field, first_id, text_field))
+
+
+@functools.lru_cache(maxsize=4)
+def _parsed(path: Path, stamp: tuple[int, int, int], field: str, first_id: int, text_field: str) -> tuple[Prompt, ...]:
+    """File `path`'s prompts, parsed once per process while `stamp` (inode, size, mtime) holds: a run
+    asks for them several times before it starts (`spotlight train`'s checks, the rewards' metadata,
+    the trainer, the warm start's cache key) and a 64 MiB file takes seconds to parse. An edited
+    file has another stamp and is read again; an error is never cached."""
     try:
         text = read_text(path, "prompt", MAX_BYTES)
     except InputFileError as err:
@@ -94,7 +105,7 @@ def read_prompts(path: str | Path, field: str = "prompts.path", first_id: int = 
         prompts.append(Prompt(first_id + len(prompts), text_, metadata))
     if not prompts:
         raise ConfigError(f"{field}: {_shown(path)}: holds no prompts (expected at least one non-empty line)")
-    return prompts
+    return tuple(prompts)
 
 
 def _jsonl_line(path: Path, number: int, line: str, text_field: str) -> tuple[str, dict]:
