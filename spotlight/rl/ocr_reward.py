@@ -33,7 +33,7 @@ from typing import Any, Sequence
 import torch
 
 from spotlight.rl.policy import Rollout
-from spotlight.rl.prompts import Prompt
+from spotlight.rl.prompts import Prompt, quoted_text
 from spotlight.rl.reward_inputs import RewardError, pil_images
 
 TARGET_FIELD = "ocr_text"
@@ -51,11 +51,11 @@ def target_text(prompt: Prompt) -> str:
         if not isinstance(text, str) or not text.replace(" ", ""):
             raise RewardError(f"prompt {prompt.id}'s {TARGET_FIELD} is {text!r:.60} (expected the text to render)")
         return text
-    pieces = prompt.text.split('"')
-    if len(pieces) < 3 or not pieces[1].replace(" ", ""):
+    try:
+        return quoted_text(prompt.text)
+    except ValueError:
         raise RewardError(f"prompt {prompt.id} has no text to render (expected it between double quotes, "
-                          f"'a sign that says \"Open\"', or in a jsonl field {TARGET_FIELD!r}): {prompt.text[:60]!r}")
-    return pieces[1]
+                          f"'a sign that says \"Open\"', or in a jsonl field {TARGET_FIELD!r}): {prompt.text[:60]!r}") from None
 
 
 def edit_distance(a: str, b: str) -> int:

@@ -53,6 +53,15 @@ def colour_of(text: str) -> tuple[float, float, float]:
     raise ValueError(f"prompt {text!r} names none of the colours {', '.join(COLOURS)}")
 
 
+def quoted_text(text: str) -> str:
+    """The text between a prompt's first pair of double quotes: what it asks to render (the OCR
+    reward's target, the text warm start's drawing). ValueError when there is none, or only blanks."""
+    pieces = text.split('"')
+    if len(pieces) < 3 or not pieces[1].strip():
+        raise ValueError(f"no text between double quotes in {text[:60]!r}")
+    return pieces[1]
+
+
 def arithmetic_answer(text: str) -> int:
     """The answer to an 'a+b=' prompt."""
     lhs = text.rstrip("=")

@@ -13,7 +13,7 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from spotlight.rl.prompts import colour_of
+from spotlight.rl.prompts import colour_of, quoted_text
 
 MIX_RANGE = (0.25, 1.0)
 """Weight λ of the named colour: pixel = λ·target + (1-λ)·random colour (+ texture)."""
@@ -44,14 +44,6 @@ TEXT_SWAP = 0.3
 """Chance that each character of a text image is a random digit instead of the prompt's own. At 0
 the tiny DiT (16 px, 2400 steps) draws its prompts' two digits so that OCR reads every one: no room
 for GRPO; at 0.3 its samples score 0.35; with a 1-pixel jitter as well as 0.5, ~0."""
-
-
-def quoted_text(text: str) -> str:
-    """The text between a prompt's first pair of double quotes (what the OCR reward reads for)."""
-    pieces = text.split('"')
-    if len(pieces) < 3 or not pieces[1].strip():
-        raise ValueError(f"no text between double quotes in {text[:60]!r}")
-    return pieces[1]
 
 
 @functools.lru_cache(maxsize=4096)

@@ -26,8 +26,7 @@ from spotlight.config import ConfigError, RunConfig
 from spotlight.rl.policy import Policy
 from spotlight.rl.lora import storable
 from spotlight.rl.prompt_file import run_prompts
-from spotlight.rl.prompts import COLOURS, Prompt, colour_of
-from spotlight.rl.synthetic_images import quoted_text
+from spotlight.rl.prompts import COLOURS, Prompt, colour_of, quoted_text
 
 WARM_START_VERSION = 1
 
