@@ -22,7 +22,7 @@ from spotlight.rl.dit_model import (PixelDecoder, QwenVAEDecoder, build_transfor
                                     model_dtype, pack, true_cfg, unpack, velocity)
 from spotlight.rl.dit_sampler import FlowSDESampler, SampleState
 from spotlight.rl.flow_sde import qwen_image_sigmas, sde_mean_std
-from spotlight.rl.lora import base_state, frozen_reference, has_lora, lora_metadata
+from spotlight.rl.lora import base_state, frozen_reference, has_lora, lora_metadata, storable
 from spotlight.rl.grpo import flow_grpo_kl, gaussian_kl_same_std, gaussian_logprob, ppo_clip_loss
 from spotlight.rl.policy import Rollout, sum_stats
 from spotlight.rl.prompt_encoder import HashedWordEncoder, PromptEncoder, QwenPromptEncoder
@@ -288,7 +288,7 @@ class DiTPolicy:
         if not self.cfg.policy.dit.pretrained_path or self.cfg.warm_start.steps:  # a warm start changed the base
             (path / "transformer").mkdir(parents=True, exist_ok=True)
             self.model.save_config(str(path / "transformer"))
-            save_file({k: v.detach().contiguous().cpu() for k, v in base_state(self.model).items()},
+            save_file(storable(base_state(self.model)),
                       str(path / "transformer" / "diffusion_pytorch_model.safetensors"))
         adapters = {k: v.detach().contiguous().cpu() for k, v in get_peft_model_state_dict(self.model).items()}
         QwenImagePipeline.save_lora_weights(str(path), transformer_lora_layers=adapters,

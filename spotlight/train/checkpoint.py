@@ -184,6 +184,16 @@ class Loaded:
     """The weights' EMA (`EMA`); None when the checkpoint has none, or `read` read no tensor."""
 
 
+def _tensors(path: Path, weights: bool) -> dict[str, torch.Tensor] | None:
+    """The tensors of safetensors file `path` (None unless `weights`: then it is only parsed, for
+    `verify`). CheckpointError when safetensors' own parser refuses it: a damaged file, nothing ran."""
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return {k: f.get_tensor(k) for k in f.keys()} if weights else None
+    except Exception as err:
+        raise CheckpointError(f"{path.name} does not load ({type(err).__name__}: {str(err)[:100]})") from None
+
+
 def read(ckpt: Checkpoint, hashes: bool = True, weights: bool = True) -> Loaded:
     """Verify and decode `ckpt` (see `verify`); raises CheckpointError. Without `weights`, the
     weights file's header is parsed (names, shapes, offsets within the file) but no tensor is read."""
@@ -212,18 +222,8 @@ def read(ckpt: Checkpoint, hashes: bool = True, weights: bool = True) -> Loaded:
             raise CheckpointError(f"{name} has {size} bytes, {MANIFEST} says {want['size']} (truncated?)")
         if hashes and sha256_of(path) != want["sha256"]:
             raise CheckpointError(f"{name} does not match its SHA-256 in {MANIFEST}")
-    try:
-        with safe_open(str(folder / FILES[0]), framework="pt") as f:
-            tensors = {k: f.get_tensor(k) for k in f.keys()} if weights else {}
-    except Exception as err:  # safetensors' own parser: a damaged file, nothing ran
-        raise CheckpointError(f"{FILES[0]} does not load ({type(err).__name__}: {str(err)[:100]})") from None
-    ema = None
-    if EMA in files:
-        try:
-            with safe_open(str(folder / EMA), framework="pt") as f:
-                ema = {k: f.get_tensor(k) for k in f.keys()} if weights else None
-        except Exception as err:  # as model.safetensors
-            raise CheckpointError(f"{EMA} does not load ({type(err).__name__}: {str(err)[:100]})") from None
+    tensors = _tensors(folder / FILES[0], weights) or {}
+    ema = _tensors(folder / EMA, weights) if EMA in files else None
     try:
         blob = read_file(folder / FILES[1])
         optimizer, rng = blob["optimizer"], blob["rng"]
