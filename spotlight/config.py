@@ -310,11 +310,24 @@ class PolicyConfig:
     dit: DiTConfig = field(default_factory=DiTConfig)
     llm: LLMConfig = field(default_factory=LLMConfig)
     lora: LoRAConfig = field(default_factory=LoRAConfig)
+    pretrained_path: str | None = None
+    """The model folder of the policy of this kind: `policy.pretrained_path: FOLDER` is
+    `policy.dit.pretrained_path` (a diffusers pipeline or transformer folder) or
+    `policy.llm.pretrained_path` (a transformers causal LM), whichever `kind` is; give either
+    (both only with the same value). Once loaded it holds that folder, or null."""
 
-    @property
-    def pretrained_path(self) -> str | None:
-        """The local checkpoint folder of the policy of this kind, if any."""
-        return self.dit.pretrained_path if self.kind == "dit" else self.llm.pretrained_path
+    def __post_init__(self) -> None:
+        own = self.kind
+        sub = getattr(self, own)
+        if self.pretrained_path is not None and sub.pretrained_path is None:
+            try:  # validated again with its folder (a pipeline folder's VAE sets the latent side)
+                setattr(self, own, dataclasses.replace(sub, pretrained_path=self.pretrained_path))
+            except InputError as err:
+                raise ConfigError(f"{own}.{err}") from None
+        check(self.pretrained_path in (None, getattr(self, own).pretrained_path), "pretrained_path",
+              f"the folder of {own}.pretrained_path ({getattr(self, own).pretrained_path!r}), or null: they are one "
+              "setting", self.pretrained_path)
+        self.pretrained_path = getattr(self, own).pretrained_path
 
     @property
     def lora_targets(self) -> list[str]:

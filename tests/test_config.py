@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from spotlight.config import ConfigError, RunConfig, default_config, load_config, to_yaml
+from spotlight.config import ConfigError, RunConfig, config_from_yaml, default_config, load_config, to_yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -123,3 +123,23 @@ def test_every_float_field_refuses_inf_and_nan():
                 over = {key: over}
             with pytest.raises(ConfigError, match=f"^<default config>: {name}: expected a finite number"):
                 default_config(over)
+
+
+def test_policy_pretrained_path_is_the_folder_of_the_policys_kind(tmp_path):
+    """The issue's `policy.pretrained_path` names the kind's own folder setting: the same config as
+    `policy.dit.pretrained_path` / `policy.llm.pretrained_path`, round trip and warm-start key alike."""
+    from spotlight.rl.warm_start import cache_path
+
+    folder = str(tmp_path / "model")
+    short = default_config({"policy": {"pretrained_path": folder}})
+    long = default_config({"policy": {"dit": {"pretrained_path": folder}}})
+    assert short.policy.dit.pretrained_path == folder and short.to_dict() == long.to_dict()
+    assert cache_path(short) == cache_path(long) and long.policy.pretrained_path == folder
+    assert config_from_yaml(to_yaml(short)).to_dict() == short.to_dict()
+    llm = default_config({"policy": {"kind": "llm", "pretrained_path": folder}, "reward": {"name": "arithmetic"},
+                          "prompts": {"name": "arithmetic"}})
+    assert llm.policy.llm.pretrained_path == folder and llm.policy.dit.pretrained_path is None
+    assert cache_path(default_config()) == cache_path(default_config({"policy": {"pretrained_path": None}}))
+    with pytest.raises(ConfigError, match=r"^<default config>: policy.pretrained_path: expected the folder of "
+                                          r"dit.pretrained_path \('/a'\), or null"):
+        default_config({"policy": {"pretrained_path": "/b", "dit": {"pretrained_path": "/a"}}})

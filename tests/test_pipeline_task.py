@@ -35,7 +35,8 @@ def _inputs(folder: Path, pipeline: Path, runtime: str) -> Path:
     (data / "test.txt").write_text('A banner that says "HELLO"\n')
     (folder / "rewards.py").write_text(USER_REWARD)
     cfg = small_dit_config(
-        policy={"dit": {"pretrained_path": str(pipeline), "resolution": 64}, "lora": {"rank": 4, "alpha": 8}},
+        # `policy.pretrained_path`, as the issue names it: the DiT's folder (policy.dit.pretrained_path).
+        policy={"pretrained_path": str(pipeline), "dit": {"resolution": 64}, "lora": {"rank": 4, "alpha": 8}},
         prompts={"path": "dataset/ocr"},
         reward={"components": [{"name": "ocr", "weight": 1.0}, {"function": "rewards.py:contrast", "weight": 2.0}]},
         warm_start={"steps": 0},

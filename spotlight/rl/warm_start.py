@@ -42,7 +42,8 @@ def cache_path(cfg: RunConfig) -> Path:
     # `data` joins the key only when it is not the default, so colour caches made before it existed still hit.
     ws = {k: v for k, v in d["warm_start"].items() if k != "cache_dir" and not (k == "data" and v == "colours")}
     # LoRA adapters go on after the warm start: a run with them shares the run's without them.
-    policy = {k: v for k, v in d["policy"].items() if k != "lora"}
+    # `policy.pretrained_path` repeats the kind's own folder, which the key holds already.
+    policy = {k: v for k, v in d["policy"].items() if k not in ("lora", "pretrained_path")}
     # A prompt file is keyed by its prompts, not by where it lies; an unset one adds nothing to the
     # key, so caches made before `prompts.path` existed still hit.
     prompts = {k: v for k, v in d["prompts"].items() if v is not None and k not in ("path", "eval_path")}
