@@ -57,8 +57,8 @@ from pathlib import Path
 from typing import Any
 
 from cloud.retry import Backoff, GaveUp, keeping_global_random, one_line
-from cloud.store import (ChecksumMismatch, LocalStore, MissingKey, Store, StoreError, StoreURIError, check_key,
-                         parse_store_uri, replacing)
+from cloud.store import (ChecksumMismatch, LocalStore, MissingKey, ObjectStat, Store, StoreError, StoreURIError,
+                         check_key, parse_store_uri, replacing)
 from schedulers.clock import Clock, WallClock
 from schedulers.preemption import Cause, NoticeSource, PreemptionNotice
 
@@ -351,7 +351,22 @@ class S3Store:
 
     def _stored_checksum(self, key: str, k: str) -> str:
         """The object's checksum as S3 keeps it, "crc64nvme:BASE64"."""
-        head = self.client.head_object(Bucket=self.bucket, Key=k, ChecksumMode="ENABLED")
+        return self._checksum_of(key, self.client.head_object(Bucket=self.bucket, Key=k, ChecksumMode="ENABLED"))
+
+    def stat(self, key: str) -> ObjectStat:
+        """One HEAD: the object's size and S3's CRC-64/NVME checksum ("crc64nvme:BASE64"). An object
+        S3 keeps with another checksum only (uploaded with `--checksum-algorithm CRC32`, say) is a
+        StoreError: `get_file` verifies CRC-64/NVME alone."""
+        k = self._key(key)
+
+        def head() -> ObjectStat:
+            answer = self.client.head_object(Bucket=self.bucket, Key=k, ChecksumMode="ENABLED")
+            return ObjectStat(int(answer["ContentLength"]), self._checksum_of(key, answer))
+
+        return self._call("HEAD", key, head)
+
+    def _checksum_of(self, key: str, head: dict[str, Any]) -> str:
+        """The checksum, "crc64nvme:BASE64", in a HEAD's answer; a StoreError line when S3 keeps none."""
         value = head.get(_CHECKSUM_FIELD)
         if not value:  # an S3-compatible server that keeps no CRC-64/NVME: no native check possible
             kept = sorted(x for x in head if x.startswith("Checksum")) or "none"

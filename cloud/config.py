@@ -36,12 +36,16 @@ class CloudConfig:
     region: str | None = None
     job_recovery: Literal["FAILOVER", "EAGER_NEXT_REGION"] = "FAILOVER"
     """SkyPilot's recovery strategy for a preempted node (each spot node is a task of its own in
-    the run's job group): FAILOVER tries the same region first, so a recovered node stays in the
-    head's network; EAGER_NEXT_REGION moves on from the region it lost."""
+    the run's job group). Either way a recovered node stays in the region the group was placed in:
+    SkyPilot 0.14.1 pins every task of a job group to the cloud and region its optimizer chose
+    (`sky/jobs/server/core.py`, near line 933), and EAGER_NEXT_REGION blocks the region it lost only
+    for a task that names none (`EagerFailoverStrategy.recover` in `sky/jobs/recovery_strategy.py`).
+    So FAILOVER and EAGER_NEXT_REGION both retry in that region (another zone may serve)."""
     image_id: str | None = None
-    """Node image of every node (SkyPilot's `image_id`, e.g. an AMI `ami-...` or `docker:IMAGE`): one with
-    cloud/fleet.lock installed and copied to ~/.spotlight-fleet.lock skips the install in each node's
-    setup (docs/launching.md); None: the cloud's default image, installed at setup."""
+    """Node image of every node (SkyPilot's `image_id`, e.g. an AMI `ami-...` or `docker:IMAGE`): one
+    built by running the node setup once (`cloud/node_setup.py`: ~/.spotlight-venv and
+    ~/.spotlight-fleet.lock in the image) skips the install in each node's setup (docs/launching.md);
+    None: the cloud's default image, installed at setup."""
     max_restarts_on_errors: int = 3
     """SkyPilot restarts of a node whose task failed by itself (not preempted), 0..1,000."""
     checkpoint_uri: str | None = None

@@ -1,21 +1,21 @@
 """The checkpoint store's credentials on a launched fleet: which environment variables `spotlight
-launch` hands the head as SkyPilot secrets, taken from the launcher's own environment.
+launch` hands every node as SkyPilot secrets, taken from the launcher's own environment.
 
 A SkyPilot secret is an environment variable of a task whose value is in no task file, no
 SkyPilot log and no `sky jobs queue` output: the task file declares only its name, and `sky jobs
-launch --secret NAME` takes the value from `sky`'s environment. Only the head gets them: it is the
-one node that reads and writes the store (the spot nodes compute, their results reach the head
-through Ray).
+launch --secret NAME` takes the value from `sky`'s environment. Every node gets them: the head
+writes checkpoints, results and the fleet's records (`cloud.rendezvous`), and each spot node reads
+the head's address there and, when the model is in a bucket, its weights (`cloud.model_cache`).
 
 Per store:
 - `s3://`: AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, and where the store is not
   AWS's own, AWS_ENDPOINT_URL / AWS_ENDPOINT_URL_S3 (e.g. GCS's or R2's S3 endpoint) and
-  AWS_DEFAULT_REGION — whichever of them are set here. With no key set, the head uses its node's
+  AWS_DEFAULT_REGION — whichever of them are set here. With no key set, a node uses its
   own identity, which on AWS is the instance role SkyPilot gives its nodes (it can read and write
   S3); on another cloud there is none, so that is refused.
 - `gs://`: SPOTLIGHT_GCS_KEY_JSON, a service-account key's JSON text (`cloud.gcs.KEY_JSON_ENV`):
   from the environment, else read from the key file $GOOGLE_APPLICATION_CREDENTIALS names. With
-  none, the head uses its VM's service account on GCP; elsewhere refused.
+  none, a node uses its VM's service account on GCP; elsewhere refused.
 - a folder: none (`spotlight.launch_config` refuses folders for a launch anyway).
 
 Invariant: a value returned here is only ever put into a subprocess's environment; messages name
@@ -44,7 +44,7 @@ MAX_KEY_FILE_BYTES = 64 * 1024
 
 @dataclass
 class StoreCredentials:
-    """What the head gets for its store: `secrets` (name -> value) and one `notes` line per
+    """What every node gets for the store: `secrets` (name -> value) and one `notes` line per
     choice made (for the launch's output; names only)."""
 
     secrets: dict[str, str] = field(default_factory=dict)
@@ -64,24 +64,24 @@ def store_credentials(checkpoint_uri: str, provider: str | None, environ: Mappin
         found.secrets.update(keys)
         found.secrets.update({k: environ[k] for k in AWS_PLACE if environ.get(k)})
         if keys:
-            found.notes.append(f"store credentials for the head (SkyPilot secrets): {', '.join(sorted(keys))}")
+            found.notes.append(f"store credentials for every node (SkyPilot secrets): {', '.join(sorted(keys))}")
         elif provider == "gcp":
             raise ConfigError(f"{checkpoint_uri}: no AWS credentials in this environment (AWS_ACCESS_KEY_ID, "
                               "AWS_SECRET_ACCESS_KEY) and a GCP node has no AWS role to fall back on")
         else:
-            found.notes.append("no AWS keys in this environment: the head reaches S3 with its node's instance "
+            found.notes.append("no AWS keys in this environment: the nodes reach S3 with their instance "
                                "role (SkyPilot's on AWS)")
     elif scheme == "gs":
         key = environ.get(GCS_KEY_ENV) or _key_file(environ.get("GOOGLE_APPLICATION_CREDENTIALS"))
         if key:
             found.secrets[GCS_KEY_ENV] = key
-            found.notes.append(f"store credentials for the head (SkyPilot secret): {GCS_KEY_ENV}")
+            found.notes.append(f"store credentials for every node (SkyPilot secret): {GCS_KEY_ENV}")
         elif provider == "aws":
             raise ConfigError(f"{checkpoint_uri}: no GCS service-account key in this environment "
                               f"(${GCS_KEY_ENV}, or $GOOGLE_APPLICATION_CREDENTIALS naming a key file) and an "
                               "AWS node has no GCP service account to fall back on")
         else:
-            found.notes.append("no GCS key in this environment: the head reaches GCS with its VM's service "
+            found.notes.append("no GCS key in this environment: the nodes reach GCS with their VMs' service "
                                "account (GCP)")
     return found
 

@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from cloud.retry import Backoff, GaveUp, keeping_global_random, one_line
-from cloud.store import ChecksumMismatch, MissingKey, StoreError, check_key, replacing
+from cloud.store import ChecksumMismatch, MissingKey, ObjectStat, StoreError, check_key, replacing
 from schedulers.clock import Clock, WallClock
 
 log = logging.getLogger(__name__)
@@ -305,6 +305,14 @@ class GcsStore:
             if checksum is not None and got != checksum:
                 raise ChecksumMismatch(f"{self.uri}/{key}: downloaded {got or 'without a crc32c to check'}, "
                                        f"expected {str(checksum)[:80]}")
+
+    def stat(self, key: str) -> ObjectStat:
+        """The object's size and crc32c from its metadata (one GET of the object resource)."""
+        name = self._name(key)
+        blob = self._call("HEAD", key, lambda: self._metadata(name))
+        if not blob.crc32c:
+            raise StoreError(f"{self.uri}/{key}: GCS keeps no crc32c for it")
+        return ObjectStat(int(blob.size), f"{CRC32C}:{blob.crc32c}")
 
     def _metadata(self, name: str) -> Any:
         """The object's blob with its metadata (crc32c, generation); NotFound when there is none."""

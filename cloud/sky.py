@@ -3,8 +3,7 @@ launched.
 
 `write_tasks` writes, for a run named NAME, into one folder:
 - `fleet.yaml`: a SkyPilot job group (0.14's `execution: parallel`, several tasks in one managed
-  job, placed on one infrastructure — one cloud and region, one network — where each task's nodes
-  reach the others as TASK-NODE.NAME). Its tasks:
+  job, placed on one infrastructure — one cloud and region, one network). Its tasks:
   - `head`: one on-demand node (`use_spot: false`) running the Ray head, the controller and the
     learner (`spotlight train run.yaml`); the on-demand rollout workers run there. It is the
     group's primary task: when it ends (the run done, failed or out of budget), SkyPilot
@@ -12,12 +11,15 @@ launched.
   - `spot-<i>`, one per spot node (`runtime.spot_workers`), a node each (`use_spot: true`;
     `cloud.gpu` and `cloud.fallback_gpus` as `any_of` or `ordered` choices; SkyPilot's
     `job_recovery`): a preempted node is recovered on its own, the others keep serving. Each joins
-    the head's Ray cluster at `head-0.NAME` (its internal address) and advertises the `spot`
-    custom resource, which is what the spot rollout workers are placed by.
-  Every node runs Ray with token auth, the token a secret the launch passes (`TOKEN_ENV`); the
-  head also gets its checkpoint store's credentials as secrets (`cloud.credentials`). A task file
-  names secrets, never their values.
-- `run.yaml`: the resolved run config, file-mounted onto the head.
+    the head's Ray cluster and advertises the `spot` custom resource, which is what the spot
+    rollout workers are placed by.
+  The nodes find each other through the run's store, not by host name: SkyPilot 0.14.1 resolves a
+  job group's host names (`head-0.NAME`) only on Kubernetes. The head publishes its address in a
+  record signed with the fleet's Ray token (`cloud.rendezvous`); every node runs
+  `python -m spotlight.fleet_node head|spot`, which meets there. Every node runs Ray with token
+  auth, the token a secret the launch passes (`TOKEN_ENV`), and gets the checkpoint store's
+  credentials as secrets (`cloud.credentials`). A task file names secrets, never their values.
+- `run.yaml`: the resolved run config, file-mounted onto every node.
 
 SkyPilot pins `click<8.2`, which the Hugging Face stack does not accept, so SkyPilot lives in its
 own virtualenv and this module never imports `sky`: it runs that environment's Python
@@ -49,6 +51,7 @@ from typing import Any
 import yaml
 
 from cloud.config import CloudConfig
+from cloud.node_setup import ACTIVATE, SETUP
 from schedulers.input_file import ConfigError
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -58,9 +61,6 @@ SKY_PYTHON_ENV = "SPOTLIGHT_SKY_PYTHON"
 DEFAULT_SKY_PYTHON = REPO_ROOT / ".venv-sky" / "bin" / "python"
 """Where `make sky-venv` puts SkyPilot's Python; `$SPOTLIGHT_SKY_PYTHON` overrides it."""
 
-HEAD_IP_ENV = "SPOTLIGHT_HEAD_IP"
-"""The head's address, for a spot node started outside a job group (default: its job-group host name)."""
-JOBGROUP_ENV = "SKYPILOT_JOBGROUP_NAME"
 
 # SkyPilot's common GPUs (`sky.catalog.get_common_gpus()` in 0.14) and the other GPUs its AWS and
 # GCP catalogs list, as SkyPilot spells them. Names are matched without regard to case.
@@ -85,8 +85,6 @@ RAY_WORKER_PORTS = (10002, 10999)
 """Ports of Ray's worker processes: at most 998 actors and tasks per node."""
 RAY_OPEN_PORTS = [RAY_PORT, "6385-6390", f"{RAY_WORKER_PORTS[0]}-{RAY_WORKER_PORTS[1]}"]
 
-INSTALLED_LOCK = "~/.spotlight-fleet.lock"
-"""The lock a node's environment was installed from (an image built from the lock carries it)."""
 REMOTE_DIR = "~/spotlight"
 """Where the head keeps run.yaml and the run folder."""
 
@@ -95,8 +93,6 @@ TOKEN_ENV = "SPOTLIGHT_RAY_TOKEN"
 NODE_IP_ENV = "SPOTLIGHT_RAY_NODE_IP"
 PORT_FLAGS_ENV = "SPOTLIGHT_RAY_PORT_FLAGS"
 
-HEAD_WAIT_S = 900
-"""How long a spot node waits for the head's Ray to answer before its job fails (and is restarted)."""
 
 # SkyPilot cluster and job names; lower case because GCP accepts only that.
 _NAME = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
@@ -192,51 +188,32 @@ def _placed(cloud: CloudConfig, resources: dict[str, Any]) -> dict[str, Any]:
     return placed
 
 
-def _ray_ports() -> str:
-    """The node's Ray ports as `ray start` flags: the ones the task opens, unless
-    $SPOTLIGHT_RAY_PORT_FLAGS replaces them (several nodes on one machine cannot share them)."""
-    fixed = " ".join(f"{flag} {port}" for flag, port in RAY_NODE_PORTS.items())
-    ports = f"{fixed} --min-worker-port {RAY_WORKER_PORTS[0]} --max-worker-port {RAY_WORKER_PORTS[1]}"
-    return f"${{{PORT_FLAGS_ENV}:-{ports}}}"
-
-
 _AUTH = (
     # Ray's token auth on every node: its ports are open to the internet (`RAY_OPEN_PORTS`), so
     # nothing joins or calls the cluster without the run's token.
     f": \"${{{TOKEN_ENV}:?is set by spotlight launch: the Ray token of this fleet}}\"\n"
     f"export RAY_AUTH_MODE=token RAY_AUTH_TOKEN=\"${TOKEN_ENV}\"\n"
 )
-_NODE_IP = f"${{{NODE_IP_ENV}:+ --node-ip-address ${NODE_IP_ENV}}}"
-"""The address a node's Ray advertises: Ray's own choice, unless $SPOTLIGHT_RAY_NODE_IP says
-(a test's fleet of local processes keeps to loopback with it)."""
-HEAD_START_S = 120
-"""How long the head waits for its Ray to answer before it gives up."""
-HEAD_STOP_S = 60
-"""How long the head's job waits, once the run is over, for its Ray to stop (about 15 s)."""
-
-_SETUP = (
-    "set -euo pipefail\n"
-    # The tested environment, pinned (cloud/fleet.lock): every node runs the head's Ray version and
-    # nothing is resolved at launch. Skipped where it is installed already: a node image built
-    # from the lock (`cloud.image_id`), or setup run again on the same node.
-    f"if ! cmp -s cloud/fleet.lock {INSTALLED_LOCK}; then\n"
-    # On a GPU node PyPI's torch of the pinned version is the CUDA build, which is what it needs.
-    "  pip install --quiet -r cloud/fleet.lock\n"
-    "  pip install --quiet --no-deps -e .\n"
-    f"  cp cloud/fleet.lock {INSTALLED_LOCK}\n"
-    "fi\n"
-)
-"""A node's setup (its working directory is this repository)."""
-
 
 HEAD_TASK = "head"
 TERMINATION_DELAY = "30s"
 """How long the spot tasks get, once the head's task has ended, before SkyPilot terminates them
-(their own scripts end sooner: their Ray goes with the head's)."""
+(their own scripts end sooner: they read `fleet/done.json` and stop)."""
+HEAD_LOST = 75
+"""A spot node's exit when it lost its head and the run is not done (`spotlight.fleet_node`): SkyPilot
+relaunches it (`recover_on_exit_codes`) without counting it against `max_restarts_on_errors`."""
+REMOTE_CONFIG = f"{REMOTE_DIR}/run.yaml"
 
 
-def _recovery(cloud: CloudConfig) -> dict[str, Any]:
-    return {"strategy": cloud.job_recovery, "max_restarts_on_errors": cloud.max_restarts_on_errors}
+def _recovery(cloud: CloudConfig, **more: Any) -> dict[str, Any]:
+    return {"strategy": cloud.job_recovery, "max_restarts_on_errors": cloud.max_restarts_on_errors, **more}
+
+
+def _node_run(role: str, name: str, *more: str) -> str:
+    """A node's run script: its environment, the fleet's token, then `spotlight.fleet_node` (which
+    meets the others through the store, `cloud.rendezvous`)."""
+    args = " ".join((role, "--config", REMOTE_CONFIG, "--name", name, *more))
+    return "set -euo pipefail\n" + ACTIVATE + _AUTH + f"exec python -m spotlight.fleet_node {args}\n"
 
 
 def head_task(cloud: CloudConfig, name: str, run_yaml: Path, store_secrets: Sequence[str] = ()) -> dict[str, Any]:
@@ -245,99 +222,40 @@ def head_task(cloud: CloudConfig, name: str, run_yaml: Path, store_secrets: Sequ
                                  "ports": RAY_OPEN_PORTS,
                                  # a failed head is relaunched too; its run resumes from the store
                                  "job_recovery": _recovery(cloud)}
-    resources = _placed(cloud, resources)
-    remote_config = f"{REMOTE_DIR}/run.yaml"
-    run = (
-        "set -uo pipefail\n"
-        + _AUTH
-        + f"pidfile={REMOTE_DIR}/ray-head.pid\n"
-        # Ray's head lives exactly as long as the run: started with --block, it is one process that
-        # stops every Ray process it started when it is terminated, which this script does when
-        # training ends, fails, hits its budget or is cancelled. Then the spot nodes' Ray ends and
-        # with it their tasks; this task is the job group's primary, so SkyPilot then ends the
-        # group and takes every node down: nothing bills on.
-        # (Never `ray stop`: it would also stop the Ray SkyPilot itself runs on this node.)
-        "stop_ray() {\n"
-        "  [ -s \"$pidfile\" ] || return 0\n"
-        "  pid=$(cat \"$pidfile\"); kill \"$pid\" 2>/dev/null\n"
-        f"  for _ in $(seq {HEAD_STOP_S}); do kill -0 \"$pid\" 2>/dev/null || break; sleep 1; done\n"
-        "  kill -- -\"$pid\" 2>/dev/null\n"  # what Ray left behind in its process group
-        "  rm -f \"$pidfile\"\n"
-        "}\n"
-        "trap stop_ray EXIT\n"
-        "trap 'exit 143' TERM INT\n"
-        # A second `sky launch` of the same head re-runs this: the Ray head still up is reused.
-        f"here=${{{NODE_IP_ENV}:-127.0.0.1}}:{RAY_PORT}\n"
-        "if ! ray status --address \"$here\" >/dev/null 2>&1; then\n"
-        f"  mkdir -p {REMOTE_DIR}\n"
-        f"  setsid ray start --head --port {RAY_PORT} {_ray_ports()}{_NODE_IP} --disable-usage-stats --block &\n"
-        "  echo $! > \"$pidfile\"\n"
-        f"  for _ in $(seq {HEAD_START_S}); do\n"
-        "    ray status --address \"$here\" >/dev/null 2>&1 && break\n"
-        "    kill -0 \"$(cat \"$pidfile\")\" 2>/dev/null || { echo \"spotlight: the Ray head did not start\" >&2; exit 1; }\n"
-        "    sleep 1\n"
-        "  done\n"
-        "fi\n"
-        # An explicit address: `auto` could find SkyPilot's own Ray cluster on this node.
-        # The run folder is resumed from its newest checkpoint when this runs again.
-        f"spotlight train {remote_config} --address \"$here\" --out {REMOTE_DIR}/runs/{name} --no-progress\n"
-    )
     return {
         "name": HEAD_TASK,
         "workdir": str(REPO_ROOT),
         "num_nodes": 1,
-        "resources": resources,
-        "file_mounts": {remote_config: str(run_yaml)},
+        "resources": _placed(cloud, resources),
+        "file_mounts": {REMOTE_CONFIG: str(run_yaml)},
         # Set by `spotlight launch` (`--secret`, from its own environment): never in a file or a log.
         "secrets": {TOKEN_ENV: "", **{secret: "" for secret in store_secrets}},
-        "setup": _SETUP,
-        "run": run,
+        "setup": SETUP,
+        # The run folder is resumed from the store's newest checkpoint when this runs again.
+        "run": _node_run("head", name, "--out", f"{REMOTE_DIR}/runs/{name}"),
     }
 
 
-def spot_task(cloud: CloudConfig, index: int) -> dict[str, Any]:
-    """Spot node `index`: a task of one node, so that its preemption recovers it alone."""
+def spot_task(cloud: CloudConfig, index: int, name: str, run_yaml: Path,
+              store_secrets: Sequence[str] = ()) -> dict[str, Any]:
+    """Spot node `index`: a task of one node, so that its preemption recovers it alone. It reads
+    the head's address from the store, so it gets the run config and the store's credentials too."""
     choices = [f"{g}:{cloud.gpus_per_node}" for g in accelerators(cloud)]
     resources = _placed(cloud, {"use_spot": True, "ports": RAY_OPEN_PORTS})
     if len(choices) == 1:
         resources["accelerators"] = choices[0]
     else:
         resources[cloud.accelerator_order] = [{"accelerators": c} for c in choices]
-    resources["job_recovery"] = _recovery(cloud)
-    head = "$head"
-    run = (
-        "set -uo pipefail\n"
-        + _AUTH
-        # The head's internal address: its job-group host name (SkyPilot maps it in /etc/hosts),
-        # unless $SPOTLIGHT_HEAD_IP says otherwise. No apostrophe in the message: bash pairs quotes
-        # inside "${VAR:?...}".
-        + f"head=${{{HEAD_IP_ENV}:-{HEAD_TASK}-0.${{{JOBGROUP_ENV}:?is set by SkyPilot in a job group, "
-        f"else set {HEAD_IP_ENV} to the address of the head}}}}\n"
-        f"head_up() {{ timeout 5 bash -c \"exec 3<>/dev/tcp/{head}/{RAY_PORT}\" 2>/dev/null; }}\n"
-        f"for _ in $(seq {HEAD_WAIT_S // 5}); do head_up && break; sleep 5; done\n"
-        # The `spot` amount only marks the node: each spot rollout worker needs a sliver of it, so
-        # the node's CPUs and GPUs bound how many land here, not this number.
-        # In a session of its own, so that what Ray leaves behind when it ends (its dashboard agent
-        # lingers a minute) goes with its process group.
-        f"setsid ray start --address {head}:{RAY_PORT} --resources '{{\"spot\": {cloud.gpus_per_node}}}' "
-        f"{_ray_ports()}{_NODE_IP} --disable-usage-stats --block &\n"
-        "ray_pid=$!\n"
-        "trap 'kill -- -$ray_pid 2>/dev/null' EXIT\n"
-        "wait $ray_pid\n"
-        "code=$?\n"
-        # The head's Ray gone means the run has ended: finish this job so SkyPilot does not
-        # restart it. Anything else is a failure that `max_restarts_on_errors` may cure.
-        "if ! head_up; then echo \"spotlight: the head's Ray cluster is gone: the run has ended\"; exit 0; fi\n"
-        "exit $code\n"
-    )
+    resources["job_recovery"] = _recovery(cloud, recover_on_exit_codes=[HEAD_LOST])
     return {
         "name": f"spot-{index}",
         "workdir": str(REPO_ROOT),
         "num_nodes": 1,
         "resources": resources,
-        "secrets": {TOKEN_ENV: ""},
-        "setup": _SETUP,
-        "run": run,
+        "file_mounts": {REMOTE_CONFIG: str(run_yaml)},
+        "secrets": {TOKEN_ENV: "", **{secret: "" for secret in store_secrets}},
+        "setup": SETUP,
+        "run": _node_run("spot", name),
     }
 
 
@@ -364,7 +282,7 @@ def fleet_tasks(cloud: CloudConfig, spot_workers: int, name: str, run_yaml: Path
     header = {"name": name, "execution": "parallel", "primary_tasks": [HEAD_TASK],
               "termination_delay": TERMINATION_DELAY}
     return [header, head_task(cloud, name, run_yaml, store_secrets),
-            *(spot_task(cloud, i) for i in range(spot_workers))]
+            *(spot_task(cloud, i, name, run_yaml, store_secrets) for i in range(spot_workers))]
 
 
 def write_tasks(cloud: CloudConfig, spot_workers: int, run_config: str, out: str | Path, name: str,

@@ -13,6 +13,10 @@ The `Store` Protocol is small on purpose, so that S3 (`cloud.aws.S3Store`), Goog
   when the object was replaced, truncated or damaged. So a caller never hashes a file itself;
 - `get`/`get_file` of a key that does not exist raise `MissingKey`; `get_file` writes its
   destination atomically too;
+- `stat(key)` gives an object's size and the checksum `get_file` verifies against (the same
+  "ALGORITHM:VALUE" `put_file` returned for it), without reading the object, so a folder of
+  objects can be fetched verified without a manifest (`cloud.model_cache`); a missing key is
+  `MissingKey`;
 - `list(prefix)` returns every stored key that starts with `prefix`, sorted; temporary files are
   never listed;
 - `delete` of a missing key is not an error.
@@ -92,11 +96,25 @@ class Store(Protocol):
         `ChecksumMismatch` and nothing is written."""
         ...
 
+    def stat(self, key: str) -> "ObjectStat":
+        """The object's size and checksum as the store keeps them (the checksum `put_file` returned
+        for it, the one `get_file` verifies against); `MissingKey` when there is none."""
+        ...
+
     def list(self, prefix: str = "") -> list[str]:
         """Every key that starts with `prefix`, sorted."""
         ...
 
     def delete(self, key: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class ObjectStat:
+    """What a store says of one object without reading it: `size` in bytes and `checksum`,
+    "ALGORITHM:VALUE" (module docstring)."""
+
+    size: int
+    checksum: str
 
 
 @dataclass(frozen=True)
@@ -263,6 +281,17 @@ class LocalStore:
             got = f"{SHA256}:{digest.hexdigest()}"
             if checksum is not None and got != checksum:
                 raise ChecksumMismatch(f"{self.uri}/{key}: checksum {got[:80]}, expected {str(checksum)[:80]}")
+
+    def stat(self, key: str) -> ObjectStat:
+        source = self._path(key)
+        if not source.is_file():
+            raise MissingKey(f"{self.uri}/{key}: no such object")
+        # A folder keeps no checksum: it is hashed here (one read of the file, as get_file's).
+        digest = hashlib.sha256()
+        with open(source, "rb") as f:
+            while block := f.read(1 << 20):
+                digest.update(block)
+        return ObjectStat(source.stat().st_size, f"{SHA256}:{digest.hexdigest()}")
 
     def list(self, prefix: str = "") -> list[str]:
         if not self.root.is_dir():

@@ -94,6 +94,10 @@ class Agent(Protocol):
 
     node: str
     members: dict[str, MemberHandle]
+    notice: Any
+    """The preemption notice the node's own watcher saw (a `schedulers.preemption.PreemptionNotice`;
+    `ray_agent.RayAgent` watches `runtime.notice_sources` on its node), or None: none seen, or the
+    agent watches nothing. `fleet_executor.SPExecutor` acts on it as on a drain of the node."""
 
     @property
     def has_weights(self) -> bool:
@@ -137,8 +141,18 @@ class Lost:
     exitcode: int | None
 
 
+@dataclass(frozen=True)
+class NodeNoticed:
+    """The node's notice watcher saw `notice`: the node is going away (a report of the node, not of
+    a member; `receive` keeps it as the agent's `notice` and passes it on to no one)."""
+
+    notice: Any
+
+
 class NodeAgent:
     """The agent in the caller's process (see the module docstring)."""
+
+    notice = None  # it watches no notice source: the caller's process is not a node of its own
 
     def __init__(self, node: str, spec: ServeSpec, weights: NodeWeights | None = None,
                  checkpoint: str | Path | None = None, start_method: str = "forkserver") -> None:

@@ -359,6 +359,8 @@ def _one_line(err: BaseException) -> str:
 class RemoteAgent:
     """`agent.Agent` over a connection to an agent server."""
 
+    notice = None  # the agent server watches no notice source (a notice reaches its node by a drain)
+
     def __init__(self, conn: SignedConnection, hello: Hello, address: tuple[str, int], authkey: bytes,
                  process: subprocess.Popen | None = None) -> None:
         self.conn: SignedConnection | None = conn

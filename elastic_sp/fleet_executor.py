@@ -13,7 +13,10 @@
 - the engine decides when a group serves (`serve` -> `Coordinator.serve`); a serving group pulls on
   after each completion and reports `Served` when the queue has nothing more for it;
 - a notice retires the node's members (`Coordinator.retire`: a computing group gives its request
-  back at the next committed step, then `Served(noticed=True)`); a death kills them
+  back at the next committed step, then `Served(noticed=True)`) — the engine's (a drain, a replayed
+  trace) through `notify` and `changed`, or the node's own (its agent's watcher: `Agent.notice`),
+  which `wait` takes in and handles the same way (`_node_noticed`), reporting the groups it ends
+  `Served(noticed=True)` as a worker reports a notice it saw itself; a death kills them
   (`Coordinator.kill`), and the group's request is re-queued from its last commit once (the
   coordinator's `_dissolve` and the engine both call `PullQueue.worker_lost`; the second finds
   nothing left).
@@ -52,6 +55,7 @@ unless the engine ended it first (then none).
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Sequence
+from dataclasses import replace
 from typing import Any
 
 from elastic_sp.agent import Agent
@@ -95,6 +99,8 @@ class SPExecutor:
         self._out: list[Event] = []
         self._ended: list[Event] = []
         """Died / Dissolved held while a re-plan's new groups are still forming (see `_collect`)."""
+        self._noticed: dict[str, Agent] = {}
+        """Node -> the agent whose own notice was handled (a node that joins again has a new agent)."""
 
     # ---- the executor interface -------------------------------------------------------------------
 
@@ -176,6 +182,7 @@ class SPExecutor:
             now = self.clock.now()
             left = None if until is None else until - now
             self.coord.poll(POLL_S if left is None else max(0.0, min(POLL_S, left)))
+            self._take_notices()
             self._collect()
             if self._out or any(p.done() for p in pending) or (until is not None and self.clock.now() >= until):
                 break
@@ -201,6 +208,31 @@ class SPExecutor:
         self.coord.close()
 
     # ---- internals --------------------------------------------------------------------------------
+
+    def _take_notices(self) -> None:
+        """Handle each live node's own notice (`Agent.notice`) once."""
+        for name, agent in list(self.coord.agents.items()):
+            node = self.nodes.get(name)
+            if (agent.notice is None or self._noticed.get(name) is agent or node is None or not node.alive
+                    or node.noticed):  # the engine noticed it first (a drain): handled already
+                continue
+            self._noticed[name] = agent
+            self._node_noticed(name, agent.notice)
+
+    def _node_noticed(self, node: str, notice: PreemptionNotice) -> None:
+        """Node `node` saw a notice the engine did not send: what a drain of it does (`notify` each
+        group with a member there — a computing one gives its request back at the next committed
+        step, then reports `Served(noticed=True)` — and `changed`'s retiring of its free members),
+        with an idle group the retirement dissolved reported `Served(noticed=True)` here, since
+        the engine, which did not send the notice, does not retire it by itself."""
+        notice = replace(notice, node=node)  # only this node's members: the group's others serve on
+        for w in [w for w in self.workers.values() if node in w.nodes]:
+            self.notify(w, notice)
+            if w.name not in self.workers:
+                self._out.append(Served(w.name, noticed=True))
+        self.coord.retire(*[m for m in self.node_members.get(node, ())
+                            if self.coord.members[m].alive and m not in self.coord.retiring])
+        self._await_formed()
 
     def _await_formed(self) -> None:
         self.coord.run_until(lambda: not any(g.phase is GroupPhase.FORMING for g in self.coord.groups.values()),

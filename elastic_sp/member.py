@@ -19,6 +19,7 @@ member exits: nothing it holds is needed without its agent.
 from __future__ import annotations
 
 import os
+import signal
 import threading
 import time
 import traceback
@@ -218,6 +219,11 @@ def member_main(name: str, spec: ServeSpec, conn: Connection, device: str,
     # One intra-op thread per member: several members share a node's cores, and oversubscribed
     # OpenMP pools on 2 cores with 4 members are many times slower than 1 thread each.
     torch.set_num_threads(1)
+    # SIGTERM is the node's preemption notice, which its agent watches (`ray_agent`): a preempted
+    # VM's shutdown sends it to every process, and a member must live on to finish the step in
+    # flight and give its request back. It ends when its agent stops it, kills it, or goes (the
+    # pipe closes: `serve` returns), never on the signal itself.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     channel = P.Channel(conn)
     member = Member(name, spec, channel, device)
     try:

@@ -18,6 +18,14 @@ live weights in shared memory. Ray carries the control plane both ways, and noth
   long poll with `RayActorError`: every member of the node still alive is then reported `Lost`.
   How soon depends on Ray (a dead worker process: tens of ms; a dead node: its health checks).
 
+Notices: given `notices` (a factory of `schedulers.preemption.NoticeSource`s: `runtime.notice_sources`
+as `spotlight.runtime.rollout_worker.notice_sources` makes them), the host watches its node for a
+preemption notice — the metadata endpoint, SIGTERM — on a `NoticeWatcher` thread, and sends the first
+one it sees as a report of the node (`agent.NodeNoticed`); the handle keeps it as its `notice`, which
+`fleet_executor.SPExecutor` acts on as on a drain. The sources are made in the constructor, which
+Ray runs on the actor process's main thread (SIGTERM's handler can be installed only there; the
+methods of a threaded actor run in other threads).
+
 One thread of the host (its loop) owns the `NodeAgent` — the agent is not thread-safe — waiting on
 the members' pipes and sentinels and on the commands' wake-up socket at once, the way the agent
 server's single loop does.
@@ -41,12 +49,13 @@ import threading
 import time
 import traceback
 from multiprocessing.connection import wait
+from collections.abc import Callable
 from typing import Any
 
 import ray
 
 from elastic_sp import protocol as P
-from elastic_sp.agent import Lost, MemberHandle, NodeAgent, Source
+from elastic_sp.agent import Lost, MemberHandle, NodeAgent, NodeNoticed, Source
 from elastic_sp.spec import ServeSpec
 from elastic_sp.weights import NodeWeights
 
@@ -70,7 +79,8 @@ class AgentHost:
     construct; `build()` takes the weights into shared memory and starts the loop."""
 
     def __init__(self, node: str, spec: ServeSpec, weights: dict[str, Any] | None = None, version: int = 0,
-                 checkpoint: str | None = None, start_method: str = "forkserver") -> None:
+                 checkpoint: str | None = None, start_method: str = "forkserver",
+                 notices: Callable[[Any], list[Any]] | None = None, notice_poll_s: float = 5.0) -> None:
         self.node = node
         self.spec = spec
         self._weights = weights
@@ -88,6 +98,14 @@ class AgentHost:
         self._closed = False
         self._wake_r, self._wake_w = socket.socketpair()
         self._thread = threading.Thread(target=self._loop, name=f"sp-agent-{node}", daemon=True)
+        self._notice_poll_s = notice_poll_s
+        self._watcher: Any = None
+        self._sources: list[Any] = []
+        if notices is not None:  # here, on the main thread (see the module docstring)
+            from schedulers.clock import WallClock
+
+            self._clock = WallClock()
+            self._sources = notices(self._clock)
 
     def build(self) -> dict[str, Any]:
         """Make the node's live copy and start the loop; returns where it runs: this process's pid
@@ -97,6 +115,10 @@ class AgentHost:
             self._weights = None  # the shared-memory copy is the node's from now on
             self.agent = NodeAgent(self.node, self.spec, weights, self._checkpoint, self._start_method)
             self._thread.start()
+            if self._sources:
+                from schedulers.preemption import NoticeWatcher
+
+                self._watcher = NoticeWatcher(self._sources, self._noticed, self._clock, self._notice_poll_s).start()
         if not ray.is_initialized():
             return {"pid": os.getpid(), "node_id": None, "ip": None}
         return {"pid": os.getpid(), "node_id": ray.get_runtime_context().get_node_id(),
@@ -126,6 +148,21 @@ class AgentHost:
                 raise RuntimeError(f"agent of node {self.node} failed:\n{self._failed}")
             out, self._reports = self._reports, []
         return out
+
+    def _noticed(self, notice: Any) -> None:
+        """The watcher's callback (its thread; called once): report the notice as the node's."""
+        with self._cond:
+            self._reports.append((self.node, NodeNoticed(notice)))
+            self._cond.notify_all()
+
+    def _stop_watching(self) -> None:
+        if self._watcher is not None:
+            self._watcher.stop()
+            self._watcher = None
+        for source in self._sources:
+            if hasattr(source, "uninstall"):  # SIGTERM goes back to its previous handler
+                source.uninstall()
+        self._sources = []
 
     # ---- the loop -------------------------------------------------------------------------------
 
@@ -203,6 +240,7 @@ class AgentHost:
             agent.stop(*args)
             return agent.members[args[0]].exitcode
         elif op == "close":
+            self._stop_watching()
             agent.close()
             with self._cond:
                 self._closed = True
@@ -232,6 +270,8 @@ class RayAgent:
         self.where = where or {}
         """Where the actor runs: its pid, Ray node id and address (`AgentHost.build`)."""
         self.members: dict[str, MemberHandle] = {}
+        self.notice: Any = None
+        """The first preemption notice the node's watcher reported (`agent.Agent.notice`)."""
         self._has_weights = has_weights
         self._seq = 0
         self._lock = threading.Lock()
@@ -247,11 +287,13 @@ class RayAgent:
     @classmethod
     def start(cls, node: str, spec: ServeSpec, weights: Any = None, version: int = 0,
               options: dict[str, Any] | None = None, checkpoint: str | None = None,
-              start_method: str = "forkserver", timeout_s: float = CALL_TIMEOUT_S) -> RayAgent:
+              start_method: str = "forkserver", timeout_s: float = CALL_TIMEOUT_S,
+              notices: Callable[[Any], list[Any]] | None = None, notice_poll_s: float = 5.0) -> RayAgent:
         """Start node `node`'s agent actor (Ray `options`: where it runs) holding `weights` (a state
-        dict or its ObjectRef; None: no live copy) as weight version `version`, and listen to it."""
+        dict or its ObjectRef; None: no live copy) as weight version `version`, watching `notices`
+        (see the module docstring; a module-level function, so Ray pickles it by name), and listen to it."""
         actor = NodeAgentActor.options(**(options or {})).remote(node, spec, weights, version, checkpoint,
-                                                                 start_method)
+                                                                 start_method, notices, notice_poll_s)
         try:
             where = ray.get(actor.build.remote(), timeout=timeout_s)
         except BaseException:
@@ -318,6 +360,9 @@ class RayAgent:
                 raise RuntimeError(f"agent of node {self.node}: {item}") from item
             else:
                 name, msg = item
+                if isinstance(msg, NodeNoticed):  # the node's, not a member's: kept for the executor
+                    self.notice = self.notice or msg.notice
+                    continue
                 h = self.members.get(name)
                 if isinstance(msg, Lost):
                     if h is None or not h.alive:

@@ -7,6 +7,8 @@
     spotlight bench throughput|scheduler|sp-regroup|sp-train|update|lora [--json] [--agent process|local]
                     [--executors 1,2,4]
     spotlight launch CONFIG [--checkpoint-uri URI] [--dryrun] [--out DIR] [--strict] [--name NAME]
+    spotlight status URI [--json]
+    spotlight pull URI --out DIR [--no-progress]
     spotlight simulate --trace TRACE [--policy all|NAME] [--gpus N] [--iterations N] [--resolution 512|1280] [--budget-usd X]
                        [--seed S] [--json] [--plot PNG] [--step-times YAML] [--prices CSV]
     spotlight traces show|synth TRACE [--plot PNG] [--json] [--out FILE]
@@ -209,17 +211,34 @@ class _PolicyBars:
 
 
 def check_train_inputs(cfg: RunConfig, args: argparse.Namespace, out: Path) -> None:
-    """What `train` checks before it builds anything: the --out folder, local weight folders, the
-    device, the trace's runtime. (`launch` does not check folders and devices: it writes configs
+    """What `train` checks before it builds anything: the --out folder, the policy's model folder
+    (a remote one fetched into this machine's model cache first, `cloud.model_cache`, and checked
+    there), local weight folders, the device, the trace's runtime. (`launch` does not check folders and devices: it writes configs
     for other machines, where they are.) Each failure is one ConfigError line."""
     _output_folder(out, "--out")
     where = f"{args.config}: " if args.config else ""
+    from cloud.model_cache import fetch_model, is_remote
+
+    kind = cfg.policy.kind
+    section = getattr(cfg.policy, kind)
+    if is_remote(section.pretrained_path):  # s3://, gs://, a Hub id: into this machine's model cache, once
+        try:
+            fetch_model(section.pretrained_path, log=lambda line: print(line, file=sys.stderr))
+        except (InputError, StoreError) as err:
+            raise ConfigError(f"{where}policy.{kind}.pretrained_path: {' '.join(str(err).split())}") from None
+        try:  # the section's checks again, now that its folder is here (a pipeline's VAE sets resolution's multiple)
+            type(section)(**{f: getattr(section, f) for f in section.__dataclass_fields__})
+        except ConfigError as err:
+            raise ConfigError(f"{where}policy.{kind}.{err}") from None
     for name, path in (("policy.dit.pretrained_path", cfg.policy.dit.pretrained_path),
                        ("policy.llm.pretrained_path", cfg.policy.llm.pretrained_path),
                        ("reward.model_path", cfg.reward.model_path)):
+        if path and name != "reward.model_path" and is_remote(path):
+            continue  # the policy's own is in this machine's model cache now; the other kind's is unused
         if path and not Path(path).is_dir():
-            raise ConfigError(f"{where}{name}: {short(path)} is not an existing folder (expected local weights; "
-                              "nothing is downloaded)")
+            expected = ("local weights; nothing is downloaded" if name == "reward.model_path" else
+                        "a local folder, s3://BUCKET/PREFIX, gs://BUCKET/PREFIX or a Hugging Face repo id")
+            raise ConfigError(f"{where}{name}: {short(path)} is not an existing folder (expected {expected})")
     problem = cfg.policy.llm.folder_problem() if cfg.policy.kind == "llm" and cfg.policy.llm.pretrained_path else None
     if problem is not None:  # file names and config.json only: no import, no weights read
         raise ConfigError(f"{where}policy.llm.pretrained_path: {problem}")
@@ -444,15 +463,18 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def cmd_launch(args: argparse.Namespace) -> int:
     from cloud import sky
     from cloud.credentials import store_credentials
-    from spotlight.launch_config import for_the_cloud
+    from cloud.bill import bill, lines
+    from spotlight.launch_config import for_the_cloud, toy_warning
 
     cfg = load_config(args.config)
     name = sky.check_name(args.name or sky.run_name(args.config))
     out = _output_folder(args.out if args.out else Path("sky") / Path(args.config).stem, "--out")
     try:
         sky.check_fleet(cfg.cloud, cfg.runtime.spot_workers)
+        fleet_bill = bill(cfg.cloud, cfg.runtime.spot_workers, sky.accelerators(cfg.cloud))
     except ConfigError as err:  # a cloud field that cannot become a task: name the config file
         raise ConfigError(f"{args.config}: {err}") from None
+    toy = toy_warning(cfg, args.config, 1 + cfg.runtime.spot_workers, fleet_bill.spot_usd_h)
     cfg, changes = for_the_cloud(cfg, args.checkpoint_uri)
     assert cfg.cloud.checkpoint_uri is not None  # for_the_cloud requires one
     store = store_credentials(cfg.cloud.checkpoint_uri, cfg.cloud.provider, os.environ)
@@ -467,6 +489,12 @@ def cmd_launch(args: argparse.Namespace) -> int:
     for note in store.notes:
         print(note)
     print(f"wrote {out}/: run.yaml, " + ", ".join(p.name for p in paths))
+    launch = ["spotlight", "launch", args.config, "--name", name, "--checkpoint-uri", cfg.cloud.checkpoint_uri,
+              *(["--out", args.out] if args.out else [])]
+    for line in lines(fleet_bill, launch, ["sky", "jobs", "cancel", "-y", "-n", name]):
+        print(line)
+    if toy is not None:
+        print(toy)
     if python is None:
         print(f"spotlight: SkyPilot validation skipped: {why}", file=sys.stderr)
         return 0
@@ -485,7 +513,9 @@ def cmd_launch(args: argparse.Namespace) -> int:
         return 2
     print(f"submitted the fleet as the managed job group {name}: the head (on demand) and "
           f"{cfg.runtime.spot_workers} spot node{'s' * (cfg.runtime.spot_workers != 1)}, each recovered on its own; "
-          "follow it with `sky jobs queue`")
+          f"follow it with `spotlight status {cfg.cloud.checkpoint_uri}` (from the store) or `sky jobs queue`")
+    print(f"its results (metrics, TensorBoard, final/) reach the store as it runs: "
+          f"spotlight pull {cfg.cloud.checkpoint_uri} --out runs/{name}")
     print(f"the fleet goes down by itself when the run ends (done, failed or out of budget); to stop it now: "
           f"sky jobs cancel -y -n {name}")
     return 0
@@ -696,7 +726,8 @@ def build_parser() -> argparse.ArgumentParser:
                                         "else .venv-sky (`make sky-venv`). See docs/launch-on-aws-gcp.md.")
     launch.add_argument("config", help="run config YAML with a `cloud:` section (e.g. experiments/tiny_dit.yaml)")
     launch.add_argument("--dryrun", action="store_true",
-                        help="write and validate the task YAMLs only (no cloud account needed)")
+                        help="write and validate the task YAMLs and print the bill (nodes, $/h, the budget's "
+                             "cap, the launch and cancel commands) only (no cloud account needed)")
     launch.add_argument("--out", metavar="DIR", help="folder for the task YAMLs (default: sky/<config name>)")
     launch.add_argument("--strict", action="store_true",
                         help="with --dryrun: fail (exit 2) when no SkyPilot environment is there to validate")
@@ -706,6 +737,31 @@ def build_parser() -> argparse.ArgumentParser:
                         help="where the fleet's checkpoints live, s3://BUCKET/PREFIX or gs://BUCKET/PREFIX "
                              "(required unless the config sets cloud.checkpoint_uri to one): they must outlive the head")
     launch.set_defaults(func=cmd_launch)
+
+    from spotlight.run_results import cmd_pull, cmd_status  # light: the store and JSON, no torch
+
+    status = sub.add_parser("status", help="where a run stands, read from its store alone",
+                            description="Print where a run stands from its checkpoint store alone (no SSH to the "
+                                        "head): iterations done, the newest reward, the cost so far, live nodes by "
+                                        "kind (spot, on-demand), the newest stored checkpoint, how long ago the "
+                                        "head last reported, whether the run finished and why, and a launched "
+                                        "fleet's head address and end record. See docs/launch-on-aws-gcp.md.")
+    status.add_argument("uri", metavar="URI",
+                        help="the run's store: cloud.checkpoint_uri, s3://BUCKET/PREFIX, gs://BUCKET/PREFIX or a folder")
+    status.add_argument("--json", action="store_true", help="print one JSON object")
+    status.set_defaults(func=cmd_status)
+
+    pull = sub.add_parser("pull", help="fetch a run's results (final/, metrics, TensorBoard, samples) from its store",
+                          description="Fetch the results a run stored under URI/results/ - metrics.jsonl, "
+                                      "summary.json, config.yaml, cost.json, tb/, eval/ and, once the run has "
+                                      "finished, final/ (the trained model or LoRA adapter) - into a new folder, "
+                                      "every file verified against the checksum and size in results/MANIFEST.json. "
+                                      "A failed pull leaves no folder behind.")
+    pull.add_argument("uri", metavar="URI",
+                      help="the run's store: cloud.checkpoint_uri, s3://BUCKET/PREFIX, gs://BUCKET/PREFIX or a folder")
+    pull.add_argument("--out", required=True, metavar="DIR", help="a new (or empty) folder for the results")
+    pull.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    pull.set_defaults(func=cmd_pull)
 
     sim = sub.add_parser("simulate", help="how long and how much a run takes on a spot fleet, per policy",
                          description="Replay a preemption trace against the real pull scheduler, exploration "

@@ -29,6 +29,7 @@ from typing import Any, Literal
 import yaml
 
 from cloud.config import CloudConfig
+from cloud.model_cache import cached_folder, is_remote, local_folder, source_problem
 from schedulers.update_placement import PLACES
 from schedulers.input_file import (SEED_MAX, ConfigError, InputError, InputFileError, at_most, check, load_yaml,
                                    parse_yaml, short)
@@ -75,7 +76,9 @@ class DiTConfig:
     released 20B config, computed in bfloat16. With `pretrained_path` the architecture is the
     folder's, and the preset still picks the dtype (of the transformer, text encoder and VAE alike)."""
     pretrained_path: str | None = None
-    """Local folder of a diffusers Qwen-Image checkpoint; nothing is downloaded. Either a pipeline
+    """A diffusers Qwen-Image checkpoint folder: local, or `s3://BUCKET/PREFIX` / `gs://BUCKET/PREFIX`
+    / a Hugging Face repo id (`org/name`), which each node fetches once into its model cache
+    (`cloud.model_cache`; the checks below then read that copy, keys keep this string). Either a pipeline
     folder (what `QwenImagePipeline.save_pretrained` writes: model_index.json, transformer/,
     text_encoder/, tokenizer/, vae/, scheduler/): prompts then go through its text encoder, samples
     are decoded by its VAE and follow its scheduler's sigmas, whatever `preset` says, and there is
@@ -91,6 +94,7 @@ class DiTConfig:
     text encoder gives every prompt its own length)."""
 
     def __post_init__(self) -> None:
+        _check_source(self.pretrained_path)
         check(self.resolution > 0, "resolution", "a positive integer", self.resolution)
         at_most(self, ("resolution",), 4096, " pixels")
         scale = self.vae_scale
@@ -106,7 +110,7 @@ class DiTConfig:
         """Whether `pretrained_path` is a diffusers pipeline folder: it holds model_index.json,
         text_encoder/, tokenizer/ or vae/ (`check_pipeline_folder` then wants them all). Read from
         the disk of the machine that asks, every time."""
-        path = Path(self.pretrained_path) if self.pretrained_path else None
+        path = self.folder
         return path is not None and ((path / "model_index.json").is_file() or any(
             (path / sub).is_dir() for sub in ("text_encoder", "tokenizer", "vae")))
 
@@ -121,7 +125,7 @@ class DiTConfig:
         unreadable vae/config.json gives the preset's, and `check_pipeline_folder` (run by
         `spotlight train` and by `DiTPolicy.from_config`) then names what is wrong. A config sent
         to another node (an SP member's spec, a worker) is validated again there, against its copy."""
-        file = Path(self.pretrained_path) / "vae" / "config.json" if self.pretrained_path else None
+        file = self.folder / "vae" / "config.json" if self.folder is not None else None
         if file is not None and file.is_file():
             try:
                 downsample = json.loads(file.read_text()).get("temperal_downsample")
@@ -135,6 +139,13 @@ class DiTConfig:
     def latent_side(self) -> int:
         return self.resolution // self.vae_scale
 
+    @property
+    def folder(self) -> Path | None:
+        """Where `pretrained_path` is read on this machine (`cloud.model_cache.local_folder`): the
+        folder itself, or a remote source's cache folder, which holds it once fetched; None
+        without one. Nothing is fetched."""
+        return local_folder(self.pretrained_path) if self.pretrained_path else None
+
     def folder_problem(self) -> str | None:
         """What makes `pretrained_path` unusable as the DiT's folder, in a few words; None when
         nothing is found wrong. Only file names and JSON configs are read (no import, no weights),
@@ -146,10 +157,14 @@ class DiTConfig:
         the text encoder's hidden size, its out_channels the VAE's z_dim and in_channels 4 x z_dim
         (latents packed in 2x2 patches). A transformer alone must be one, and the qwen-image preset
         needs a vae/ to decode."""
-        path = Path(self.pretrained_path or "")
-        shown = short(str(path))
+        unfetched = _unfetched(self.pretrained_path)
+        if unfetched is not None:
+            return unfetched
+        path = self.folder or Path("")
+        shown = short(str(self.pretrained_path or ""))
         if not path.is_dir():
-            return f"{shown} is not an existing folder (expected local weights; nothing is downloaded)"
+            return (f"{shown} is not an existing folder (expected a local folder, s3://BUCKET/PREFIX, "
+                    "gs://BUCKET/PREFIX or a Hugging Face repo id)")
 
         def config(file: Path) -> dict[str, Any] | str:
             return model_config(file, f"{shown}: {file.relative_to(path)}")
@@ -203,12 +218,14 @@ class DiTConfig:
 
 @dataclass
 class LLMConfig:
-    """The causal language model: the tiny Qwen2 built from the seed, or a local transformers folder."""
+    """The causal language model: the tiny Qwen2 built from the seed, or a transformers folder."""
 
     pretrained_path: str | None = None
-    """Local folder with a transformers causal LM and its tokenizer, as `save_pretrained` writes
-    them (config.json, weights, tokenizer files); null means the tiny config. Prompts go through
-    the tokenizer's chat template when it has one; the tiny sizes below are then unused."""
+    """A folder with a transformers causal LM and its tokenizer, as `save_pretrained` writes them
+    (config.json, weights, tokenizer files): local, or `s3://BUCKET/PREFIX` / `gs://BUCKET/PREFIX`
+    / a Hugging Face repo id, fetched once per node as `DiTConfig.pretrained_path` is; null means
+    the tiny config. Prompts go through the tokenizer's chat template when it has one; the tiny
+    sizes below are then unused."""
     hidden_size: int = 64
     """Tiny config sizes: hidden_size 1..65,536, num_layers 1..1,024, num_heads and num_kv_heads
     1..1,024, intermediate_size 1..262,144 (beyond the largest released LLMs)."""
@@ -222,6 +239,7 @@ class LLMConfig:
     """Sampling temperature, in (0, 100]."""
 
     def __post_init__(self) -> None:
+        _check_source(self.pretrained_path)
         for name in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size", "max_new_tokens"):
             check(getattr(self, name) > 0, name, "a positive integer", getattr(self, name))
         at_most(self, ("hidden_size",), 65536)
@@ -240,8 +258,11 @@ class LLMConfig:
         with its tokenizer, in a few words; None when nothing is found wrong. Only its file names
         and config.json are read (no import, no weights), so `spotlight train` refuses a bad folder
         before anything starts; loading can still fail, and `LLMPolicy.from_config` says so."""
-        path = Path(self.pretrained_path or "")
-        shown = short(str(path))
+        unfetched = _unfetched(self.pretrained_path)
+        if unfetched is not None:
+            return unfetched
+        path = self.folder or Path("")
+        shown = short(str(self.pretrained_path or ""))
         config = path / "config.json"
         if not config.is_file():
             return f"{shown} has no config.json (expected a transformers causal LM folder, as save_pretrained writes)"
@@ -262,6 +283,26 @@ class LLMConfig:
         if not any(n.endswith((".safetensors", ".bin", ".safetensors.index.json", ".bin.index.json")) for n in names):
             return f"{shown} has no weights (expected model.safetensors or its shards)"
         return None
+
+    @property
+    def folder(self) -> Path | None:
+        """Where `pretrained_path` is read on this machine (as `DiTConfig.folder`)."""
+        return local_folder(self.pretrained_path) if self.pretrained_path else None
+
+
+def _check_source(source: str | None) -> None:
+    """A `pretrained_path` that names no model source is one ConfigError line naming the field."""
+    problem = source_problem(source) if source is not None else None
+    if problem is not None:
+        raise ConfigError(f"pretrained_path: {problem}")
+
+
+def _unfetched(source: str | None) -> str | None:
+    """What to say of a remote `pretrained_path` not (yet) in this machine's model cache, else None."""
+    if source and is_remote(source) and cached_folder(source) is None:
+        return (f"{short(source)} is not in this machine's model cache yet (`spotlight train` and "
+                "`python -m cloud.model_cache RUN_YAML` fetch it)")
+    return None
 
 
 DIT_LORA_TARGETS = ("to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out",

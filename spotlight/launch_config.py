@@ -8,13 +8,18 @@ cloud run needs and says each change in one line:
 - `device: cuda` (a `cuda:N` stays as it is): every launched node has `cloud.gpu`;
 - `runtime.notice_sources`: the provider's metadata endpoint and SIGTERM (SkyPilot's and the
   OS's shutdown signal); both providers' endpoints when `cloud.provider` leaves the choice to
-  SkyPilot (a watcher whose endpoint is not there reads nothing, after a one-second timeout). Not
-  for SP groups (`runtime.sp_degree > 1`), which take notices through Ray's drain instead;
+  SkyPilot (a watcher whose endpoint is not there reads nothing, after a one-second timeout).
+  Rollout workers watch them in their own processes, SP groups in each node's agent
+  (`spotlight.runtime.ray_sp`);
 - `cloud.checkpoint_uri`: `--checkpoint-uri`, else the config's; required, and an object store
   (`s3://` or `gs://`) — a folder would be on the head's disk, and go with it. Its credentials
   reach the head as SkyPilot secrets (`cloud.credentials`).
 
 Anything it cannot turn into a cloud run is refused in one line (`ConfigError`, exit 2).
+
+`toy_warning` is the one line `launch` prints when the user's config is a toy — written for this
+machine's CPU, or the tiny model without pretrained weights — headed for data-centre GPUs
+(`experiments/tiny_dit.yaml` as it is would rent three H100 nodes).
 """
 
 from __future__ import annotations
@@ -54,13 +59,35 @@ def for_the_cloud(cfg: RunConfig, checkpoint_uri: str | None) -> tuple[RunConfig
     set_("cloud", "checkpoint_uri", uri)
     if not cfg.device.startswith("cuda"):
         set_(None, "device", "cuda")
-    if cfg.runtime.sp_degree == 1:
-        provider = cfg.cloud.provider
-        set_("runtime", "notice_sources", [provider, "sigterm"] if provider else ["aws", "gcp", "sigterm"])
+    provider = cfg.cloud.provider
+    set_("runtime", "notice_sources", [provider, "sigterm"] if provider else ["aws", "gcp", "sigterm"])
     try:
         return from_dict(RunConfig, data), changes
     except ConfigError as err:  # a setting above that the rest of the config refuses
         raise ConfigError(f"the launched config: {err}") from None
+
+
+DATACENTRE_GPUS = frozenset({"A100", "A100-80GB", "B200", "GH200", "H100", "H100-MEGA", "H200"})
+"""GPUs a toy run has no use for: 40-192 GB training accelerators at $1.3-$12 per GPU-hour on
+demand in cloud/prices.csv, where the tiny DiT needs ~1 GB (a T4 node is $0.53/h)."""
+
+
+def toy_warning(cfg: RunConfig, config: str, nodes: int, usd_h: float | None) -> str | None:
+    """One line when `cfg` (the user's config, before `for_the_cloud`) is a toy run — `device: cpu`,
+    or the tiny model (no pretrained_path) — headed for `nodes` nodes of a GPU in `DATACENTRE_GPUS`
+    costing `usd_h` dollars an hour in all (None: unpriced); else None."""
+    c = cfg.cloud
+    if c.gpu.upper() not in DATACENTRE_GPUS:
+        return None
+    tiny = cfg.policy.pretrained_path is None and (cfg.policy.kind == "llm" or cfg.policy.dit.preset == "tiny")
+    why = [what for what, yes in ((f"device: {cfg.device}", cfg.device == "cpu"),
+                                  (f"the tiny {'LLM' if cfg.policy.kind == 'llm' else 'DiT'}, no pretrained_path",
+                                   tiny)) if yes]
+    if not why:
+        return None
+    cost = f" at ${usd_h:,.2f}/h" if usd_h is not None else ""
+    return (f"warning: {config} is a toy run ({'; '.join(why)}) and would rent {nodes} node{'s' * (nodes != 1)} of "
+            f"{c.gpus_per_node} x {c.gpu}{cost}: set cloud.gpu (T4 is the cheapest spot GPU) if that is not meant")
 
 
 def _shown(value: Any) -> str:

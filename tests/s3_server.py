@@ -16,6 +16,8 @@ import socket
 import struct
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -34,17 +36,26 @@ class S3Server:
 
 @pytest.fixture(scope="session")
 def s3_server():
+    with moto_server("127.0.0.1") as server:
+        yield server
+
+
+@contextmanager
+def moto_server(ip: str) -> Iterator[S3Server]:
+    """A moto S3 server listening on `ip` (a free port), stopped on exit."""
     import boto3
     from moto.server import ThreadedMotoServer
 
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server = ThreadedMotoServer(ip_address=ip, port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
     endpoint = f"http://{host}:{port}"
     client = boto3.session.Session(aws_access_key_id="testing", aws_secret_access_key="testing",
                                    region_name="us-east-1").client("s3", endpoint_url=endpoint)
-    yield S3Server(endpoint, client)
-    server.stop()
+    try:
+        yield S3Server(endpoint, client)
+    finally:
+        server.stop()
 
 
 @dataclass
@@ -57,6 +68,11 @@ class S3Env:
 
 @pytest.fixture
 def s3(s3_server, monkeypatch, tmp_path):
+    return user_bucket(s3_server.endpoint, s3_server.client, monkeypatch, tmp_path)
+
+
+def user_bucket(endpoint: str, client, monkeypatch, tmp_path) -> S3Env:
+    """A fresh bucket on the server at `endpoint`, and the environment a user would set for it."""
     for name in ("AWS_PROFILE", "AWS_ENDPOINT_URL_S3", "AWS_SESSION_TOKEN", "AWS_REQUEST_CHECKSUM_CALCULATION"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
@@ -64,10 +80,10 @@ def s3(s3_server, monkeypatch, tmp_path):
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
-    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server.endpoint)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
     bucket = f"spotlight-test-{next(_buckets)}"
-    s3_server.client.create_bucket(Bucket=bucket)
-    return S3Env(s3_server.endpoint, bucket, s3_server.client)
+    client.create_bucket(Bucket=bucket)
+    return S3Env(endpoint, bucket, client)
 
 
 class FaultProxy:

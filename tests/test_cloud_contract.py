@@ -17,7 +17,7 @@ from cloud.gcp import GcpPreemptionWatcher, GcpProvider
 from cloud.gcs import GcsStore
 from cloud.local import LocalProvider, TraceNoticeSource
 from cloud.provider import Provider, get_provider
-from cloud.store import ChecksumMismatch, LocalStore, MissingKey, Store, StoreURIError
+from cloud.store import ChecksumMismatch, LocalStore, MissingKey, ObjectStat, Store, StoreURIError
 from cloud.open_store import open_store
 from gcs_server import gcs, gcs_server  # noqa: F401 (fixtures)
 from metadata_server import metadata, utc  # noqa: F401 (fixtures)
@@ -92,6 +92,20 @@ def test_store_put_file_returns_the_checksum_get_file_verifies(store, tmp_path):
     assert store.put_file("again/w.bin", tmp_path / "w.bin") == checksum  # the same bytes, the same checksum
     store.get_file("step-000002/w.bin", tmp_path / "back" / "w.bin", checksum=checksum)
     assert (tmp_path / "back" / "w.bin").read_bytes() == payload
+
+
+def test_store_stat_gives_the_size_and_the_checksum_get_file_verifies(store, tmp_path):
+    payload = os.urandom(200_000)
+    (tmp_path / "w.bin").write_bytes(payload)
+    checksum = store.put_file("m/w.bin", tmp_path / "w.bin")
+    assert store.stat("m/w.bin") == ObjectStat(len(payload), checksum)
+    store.put("m/w.bin", b"replaced")
+    replaced = store.stat("m/w.bin")
+    assert replaced.size == 8 and replaced.checksum != checksum  # a manifest-free "changed since?"
+    store.get_file("m/w.bin", tmp_path / "back", checksum=replaced.checksum)
+    assert (tmp_path / "back").read_bytes() == b"replaced"
+    with pytest.raises(MissingKey, match="m/none"):
+        store.stat("m/none")
 
 
 @pytest.mark.parametrize("change", ["replaced", "truncated"])

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cloud import sky
+from cloud import node_setup, sky
 from cloud.credentials import AWS_KEYS, AWS_PLACE, GCS_KEY_ENV
 from spotlight.cli import main
 from spotlight.config import ConfigError, load_config, to_yaml
@@ -81,16 +81,15 @@ def test_a_run_becomes_one_job_group_of_an_on_demand_head_and_a_task_per_spot_no
     assert head["resources"]["job_recovery"] == {"strategy": "EAGER_NEXT_REGION", "max_restarts_on_errors": 5}
     assert sky.RAY_PORT in head["resources"]["ports"]
     assert head["workdir"] == str(sky.REPO_ROOT)
-    assert "pip install --quiet -r cloud/fleet.lock" in head["setup"] and "image_id" not in head["resources"]
+    assert head["setup"] == node_setup.SETUP and "image_id" not in head["resources"]
     # The head mounts the resolved config and trains it on the Ray cluster it starts.
     (remote, local), = head["file_mounts"].items()
     assert local == str((tmp_path / "tasks" / "run.yaml").resolve())
     assert load_config(local).to_dict() == cfg.to_dict()
-    assert f"ray start --head --port {sky.RAY_PORT}" in head["run"] and head["secrets"] == {sky.TOKEN_ENV: ""}
-    assert f"here=${{{sky.NODE_IP_ENV}:-127.0.0.1}}:{sky.RAY_PORT}" in head["run"]
-    assert f'spotlight train {remote} --address "$here" --out ~/spotlight/runs/fleet' in head["run"]
-    # it stops its Ray when the run ends, whatever its exit; the run's exit is the job's
-    assert "trap stop_ray EXIT" in head["run"] and head["run"].rstrip().endswith("--no-progress")
+    assert head["secrets"] == {sky.TOKEN_ENV: ""}
+    # the node meets the others through the store (spotlight/fleet_node.py, tests/test_launched_fleet.py)
+    assert head["run"].rstrip().endswith(f"exec python -m spotlight.fleet_node head --config {remote} --name fleet "
+                                         "--out ~/spotlight/runs/fleet")
 
     # runtime.spot_workers = 3: a task of one node each, so that a preemption recovers one node
     assert [(t["name"], t["num_nodes"]) for t in spots] == [("spot-0", 1), ("spot-1", 1), ("spot-2", 1)]
@@ -99,12 +98,13 @@ def test_a_run_becomes_one_job_group_of_an_on_demand_head_and_a_task_per_spot_no
         assert res["use_spot"] is True
         assert res["any_of"] == [{"accelerators": "H100:1"}, {"accelerators": "A100-80GB:1"},
                                  {"accelerators": "L4:1"}]
-        assert res["job_recovery"] == {"strategy": "EAGER_NEXT_REGION", "max_restarts_on_errors": 5}
+        assert res["job_recovery"]["strategy"] == "EAGER_NEXT_REGION"
+        assert res["job_recovery"]["max_restarts_on_errors"] == 5
         assert "envs" not in t and t["secrets"] == {sky.TOKEN_ENV: ""}
-        # the head by its job-group host name (its internal address), unless $SPOTLIGHT_HEAD_IP says
-        assert f"head=${{{sky.HEAD_IP_ENV}:-head-0.${{{sky.JOBGROUP_ENV}:?" in t["run"]
-        assert f'ray start --address $head:{sky.RAY_PORT}' in t["run"]
-        assert "--resources '{\"spot\": 1}'" in t["run"] and "--block" in t["run"]
+        # no host name: it reads the head's address from the store, so it has the run config too
+        assert t["file_mounts"] == head["file_mounts"]
+        assert t["run"].rstrip().endswith(f"exec python -m spotlight.fleet_node spot --config {remote} --name fleet")
+        assert res["job_recovery"]["recover_on_exit_codes"] == [sky.HEAD_LOST]
     assert all(t["setup"] == head["setup"] for t in spots)  # one pinned environment on every node
     for task in [head, *spots]:  # the scripts are bash that parses
         for script in (task["setup"], task["run"]):
@@ -139,16 +139,11 @@ def test_a_rewrite_drops_old_task_files_and_a_head_alone_is_a_group_of_one(tmp_p
         write_tasks(small_dit_config(runtime={"kind": "ray", "spot_workers": 1025}), tmp_path / "x", "r")
 
 
-def test_a_node_refuses_to_start_without_the_heads_address_or_the_token(tmp_path):
+def test_a_node_refuses_to_start_without_the_token(tmp_path):
     _, head, spot, *_ = _group(write_tasks(_fleet(), tmp_path, "r")[0])
-    clean = {k: v for k, v in os.environ.items() if k not in (sky.HEAD_IP_ENV, sky.JOBGROUP_ENV)}
-    proc = subprocess.run(["bash", "-c", spot["run"]], capture_output=True, text=True, timeout=10,
-                          env={**clean, sky.TOKEN_ENV: "t" * 64})
-    assert proc.returncode != 0 and "is set by SkyPilot in a job group" in proc.stderr, proc.stderr
-    # nor without the fleet's Ray token, and neither does the head
     for task in (spot, head):
         proc = subprocess.run(["bash", "-c", task["run"]], capture_output=True, text=True, timeout=10,
-                              env={**clean, sky.HEAD_IP_ENV: "192.0.2.1", sky.TOKEN_ENV: ""})
+                              env={**os.environ, sky.TOKEN_ENV: ""})
         assert proc.returncode != 0 and "the Ray token of this fleet" in proc.stderr
 
 
@@ -320,7 +315,9 @@ def test_launch_says_the_fleet_stops_by_itself_and_how_to_stop_it_now(tmp_path, 
     config = _config_file(tmp_path, _fleet(provider="aws", region="us-east-1"))
     assert main(["launch", str(config), "--out", str(tmp_path / "tasks"), "--name", "fleet", *STORE]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[-2].startswith("submitted the fleet as the managed job group fleet: the head (on demand) and 3 spot nodes")
+    assert out[-3].startswith("submitted the fleet as the managed job group fleet: the head (on demand) and 3 spot nodes")
+    assert out[-3].endswith(f"follow it with `spotlight status {STORE[1]}` (from the store) or `sky jobs queue`")
+    assert out[-2].endswith(f"spotlight pull {STORE[1]} --out runs/fleet")
     assert out[-1] == ("the fleet goes down by itself when the run ends (done, failed or out of budget); to stop it "
                        "now: sky jobs cancel -y -n fleet")
     assert [json.loads(line)[:2] for line in log.read_text().splitlines()] == [["jobs", "launch"]]
@@ -355,11 +352,12 @@ def test_skypilot_loads_a_fleet_that_bills_only_what_it_should(tmp_path, sky_pyt
         assert task["nodes"] == 1, name
         for r in task["resources"]:
             assert r["spot"] is spot and (r["cloud"], r["region"]) == ("AWS", "us-east-1"), (name, r)
-            assert r["recovery"] == {"strategy": "FAILOVER", "max_restarts_on_errors": 5}, (name, r)
+            lost = {} if name == "head" else {"recover_on_exit_codes": [sky.HEAD_LOST]}  # a spot node without a head
+            assert r["recovery"] == {"strategy": "FAILOVER", "max_restarts_on_errors": 5, **lost}, (name, r)
             if r["ports"]:  # opened to any address by SkyPilot: Ray must ask for the token
                 assert "export RAY_AUTH_MODE=token" in task["run"] and task["secrets"] == ["SPOTLIGHT_RAY_TOKEN"]
-        assert "pip install --quiet -r cloud/fleet.lock" in task["setup"], name
-    assert "trap stop_ray EXIT" in tasks["head"]["run"]  # the run's end stops the head's Ray
+        assert "uv pip install --quiet" in task["setup"] and "-r cloud/fleet.lock" in task["setup"], name
+    assert "python -m spotlight.fleet_node head" in tasks["head"]["run"]  # it publishes itself in the store
 
 
 # ---- the store's credentials ---------------------------------------------------------------------
@@ -386,10 +384,10 @@ def test_the_stores_credentials_reach_the_head_as_secrets_and_no_file_or_output(
     assert json.loads((tmp_path / "sky-env.json").read_text()) == keys  # the values: in sky's environment only
     docs = _group(out / "fleet.yaml")
     assert docs[1]["secrets"] == {"SPOTLIGHT_RAY_TOKEN": "", **{k: "" for k in keys}}  # names, no values
-    assert all(task["secrets"] == {"SPOTLIGHT_RAY_TOKEN": ""} for task in docs[2:])  # the head alone
+    assert all(task["secrets"] == docs[1]["secrets"] for task in docs[2:])  # the spot nodes read the store too
     for value in keys.values():
         assert value not in _files_text(out) and value not in printed.out + printed.err and value not in json.dumps(call)
-    assert "store credentials for the head (SkyPilot secrets): AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY" in printed.out
+    assert "store credentials for every node (SkyPilot secrets): AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY" in printed.out
 
 
 def test_a_gcs_key_file_goes_to_the_head_as_one_secret(tmp_path, capsys, no_sky, monkeypatch):
@@ -425,7 +423,7 @@ def test_a_store_the_fleet_could_not_reach_is_refused_in_one_line(tmp_path, caps
 def test_without_keys_an_aws_head_uses_its_instance_role_and_says_so(tmp_path, capsys, no_sky):
     config = _config_file(tmp_path, _fleet(provider="aws"))
     assert main(["launch", str(config), "--dryrun", "--out", str(tmp_path / "t"), *STORE]) == 0
-    assert "the head reaches S3 with its node's instance role" in capsys.readouterr().out
+    assert "the nodes reach S3 with their instance role" in capsys.readouterr().out
     assert _group(tmp_path / "t" / "fleet.yaml")[1]["secrets"] == {"SPOTLIGHT_RAY_TOKEN": ""}
 
 

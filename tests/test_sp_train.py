@@ -129,7 +129,6 @@ def test_a_run_sp_groups_cannot_serve_is_refused_in_one_line() -> None:
         (config(sp_degree=4), "runtime.sp_degree: SP degree 4 exceeds the model's 2 attention heads"),
         (small_llm_config(runtime={"kind": "ray", "sp_degree": 2}), "runtime.sp_degree: sequence parallelism serves "
                                                                      "the DiT policy, not policy.kind 'llm'"),
-        (config(sp_degree=2, notice_sources=["sigterm"]), "runtime.notice_sources: SP groups"),
     ]
     for cfg, start in cases:
         with pytest.raises(ConfigError) as err:

@@ -65,6 +65,29 @@ def _descendants(pid: int) -> list[int]:
     return out
 
 
+def kill_tree(process: subprocess.Popen) -> None:
+    """SIGKILL `process` and everything it started, as a machine that vanishes: every process group
+    of its process tree (see the module docstring), then what is left of the tree."""
+    below = _descendants(process.pid)
+    groups = {process.pid}
+    for pid in below:
+        try:
+            groups.add(os.getpgid(pid))
+        except ProcessLookupError:
+            pass
+    for group in groups:
+        try:
+            os.killpg(group, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    for pid in below:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    process.wait()
+
+
 @dataclass
 class ClusterNode:
     name: str
@@ -122,26 +145,8 @@ class LoopbackCluster:
         return node
 
     def kill(self, node: ClusterNode) -> None:
-        """SIGKILL everything of `node` (a preemption without notice): every process group of the
-        node's process tree (see the module docstring), then what is left of the tree."""
-        below = _descendants(node.process.pid)
-        groups = {node.process.pid}
-        for pid in below:
-            try:
-                groups.add(os.getpgid(pid))
-            except ProcessLookupError:
-                pass
-        for group in groups:
-            try:
-                os.killpg(group, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        for pid in below:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        node.process.wait()
+        """SIGKILL everything of `node` (a preemption without notice): `kill_tree`."""
+        kill_tree(node.process)
 
     def close(self) -> None:
         """SIGKILL every node this started (a graceful `ray start` shutdown takes ~15 s a node)."""

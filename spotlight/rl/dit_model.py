@@ -3,8 +3,9 @@
 Latents are (B, C, h, w) images in latent space; the transformer sees them packed into 2x2 patches
 as a token sequence (B, (h/2)·(w/2), 4C) and predicts the velocity in the same packed layout.
 
-A DiT comes from the preset's architecture (random weights from the run seed) or from a local
-folder (`policy.dit.pretrained_path`): a transformer alone, or a whole diffusers Qwen-Image
+A DiT comes from the preset's architecture (random weights from the run seed) or from a folder
+(`policy.dit.pretrained_path`, local or fetched once per node into its model cache:
+`pretrained_folder`): a transformer alone, or a whole diffusers Qwen-Image
 pipeline folder, whose text encoder, VAE and scheduler the policy then uses as well
 (`DiTPolicy.from_config`). `check_pipeline_folder` refuses a folder that cannot work before
 anything is built.
@@ -18,7 +19,7 @@ from typing import Any
 
 import torch
 
-from spotlight.config import ConfigError, DiTConfig, RunConfig
+from spotlight.config import ConfigError, DiTConfig, InputError, RunConfig
 from spotlight.rl.seeding import derive_seed
 
 # A random 2-layer config that trains on 2 CPU cores (sum(axes_dims_rope) == attention_head_dim;
@@ -64,12 +65,25 @@ def transformer_folder(path: str | Path) -> Path:
     return path / "transformer" if (path / "transformer").is_dir() else path
 
 
+def pretrained_folder(cfg: DiTConfig) -> Path:
+    """The local folder of `cfg.pretrained_path` on this node: the folder itself, or a remote
+    source's cache folder, fetched first unless a fetch completed there
+    (`cloud.model_cache.model_folder`). A source that cannot be had is one ConfigError line."""
+    from cloud.model_cache import model_folder
+    from cloud.store import StoreError
+
+    try:
+        return model_folder(str(cfg.pretrained_path))
+    except (InputError, StoreError) as err:
+        raise ConfigError(f"policy.dit.pretrained_path: {' '.join(str(err).split())}") from None
+
+
 def transformer_arch(cfg: DiTConfig) -> dict[str, Any]:
     """The transformer's `QwenImageTransformer2DModel` keyword arguments: the folder's config.json
     when `cfg.pretrained_path` is set, else the preset's (`TINY_TRANSFORMER`, `QWEN_IMAGE_TRANSFORMER`)."""
     if not cfg.pretrained_path:
         return dict(TINY_TRANSFORMER if cfg.preset == "tiny" else QWEN_IMAGE_TRANSFORMER)
-    config = json.loads((transformer_folder(cfg.pretrained_path) / "config.json").read_text())
+    config = json.loads((transformer_folder(pretrained_folder(cfg)) / "config.json").read_text())
     return {k: tuple(v) if isinstance(v, list) else v for k, v in config.items() if not k.startswith("_")}
 
 
@@ -101,7 +115,7 @@ def build_transformer(cfg: DiTConfig, seed: int, device: str = "cpu"):
     dtype = model_dtype(cfg)
     if cfg.pretrained_path:
         model = QwenImageTransformer2DModel.from_pretrained(
-            str(transformer_folder(cfg.pretrained_path)), dtype=dtype, local_files_only=True)
+            str(transformer_folder(pretrained_folder(cfg))), dtype=dtype, local_files_only=True)
     else:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(derive_seed(seed, _MODEL_INIT))

@@ -17,9 +17,9 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
-from spotlight.config import ConfigError, RunConfig
+from spotlight.config import ConfigError, DiTConfig, RunConfig
 from spotlight.rl.dit_model import (PixelDecoder, QwenVAEDecoder, build_transformer, check_pipeline_folder,
-                                    model_dtype, pack, true_cfg, unpack, velocity)
+                                    model_dtype, pack, pretrained_folder, true_cfg, unpack, velocity)
 from spotlight.rl.dit_sampler import FlowSDESampler, SampleState
 from spotlight.rl.flow_sde import qwen_image_sigmas, sde_mean_std
 from spotlight.rl.lora import base_state, frozen_reference, has_lora, lora_metadata, storable
@@ -33,9 +33,9 @@ from spotlight.rl.synthetic_images import images_to_latents, synthetic_images, s
 _WARM_START = 0x3A3  # stream tag of the warm start's data and noise
 
 
-def _local_scheduler_config(path: str | None) -> dict | None:
-    """A local checkpoint's scheduler/scheduler_config.json, when there is one."""
-    file = Path(path) / "scheduler" / "scheduler_config.json" if path else None
+def _local_scheduler_config(dit: DiTConfig) -> dict | None:
+    """The checkpoint folder's scheduler/scheduler_config.json, when there is one."""
+    file = pretrained_folder(dit) / "scheduler" / "scheduler_config.json" if dit.pretrained_path else None
     return json.loads(file.read_text()) if file is not None and file.is_file() else None
 
 
@@ -46,7 +46,7 @@ def conditioning(cfg: RunConfig, model) -> tuple[PromptEncoder, Callable[[torch.
     preset, the pixel decoder (the latent is the image). The learner, every rollout worker and
     every SP member (`sp_member.build_policy`) build theirs here, so all condition and decode alike."""
     dit = cfg.policy.dit
-    path = Path(dit.pretrained_path) if dit.pretrained_path else None
+    path = pretrained_folder(dit) if dit.pretrained_path else None
     dtype = model_dtype(dit)
     if path is not None and (path / "text_encoder").is_dir():
         encoder: PromptEncoder = QwenPromptEncoder(path, cfg.device, dtype)
@@ -76,7 +76,7 @@ class DiTPolicy:
         self.side = dit.latent_side
         self.channels = model.config.out_channels
         self.tokens = (self.side // 2) ** 2
-        sigmas = qwen_image_sigmas(cfg.sampler.num_steps, self.tokens, _local_scheduler_config(dit.pretrained_path))
+        sigmas = qwen_image_sigmas(cfg.sampler.num_steps, self.tokens, _local_scheduler_config(dit))
         self.sampler = FlowSDESampler(cfg.sampler, sigmas, cfg.seed)
 
     @classmethod
@@ -85,6 +85,8 @@ class DiTPolicy:
         (`conditioning`), and with `train.gradient_checkpointing` diffusers' own gradient
         checkpointing on the transformer — it acts only where gradients are taken (the update,
         the warm start) and gives the same gradients (tests/test_dit_pipeline.py)."""
+        if cfg.policy.dit.pretrained_path:
+            pretrained_folder(cfg.policy.dit)  # a remote folder is fetched to this node's cache first
         check_pipeline_folder(cfg)
         model = build_transformer(cfg.policy.dit, cfg.seed, cfg.device)
         if cfg.train.gradient_checkpointing:
@@ -105,7 +107,7 @@ class DiTPolicy:
         view = copy.copy(self)
         sampler_cfg = dataclasses.replace(self.cfg.sampler, num_steps=steps, sde_window=None)
         view.cfg = dataclasses.replace(self.cfg, sampler=sampler_cfg)
-        sigmas = qwen_image_sigmas(steps, self.tokens, _local_scheduler_config(self.cfg.policy.dit.pretrained_path))
+        sigmas = qwen_image_sigmas(steps, self.tokens, _local_scheduler_config(self.cfg.policy.dit))
         view.sampler = FlowSDESampler(sampler_cfg, sigmas, self.cfg.seed)
         if ode:
             view.sampler.sde_steps = range(0)

@@ -43,7 +43,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase, Qwen2Config, Qwen2ForCausalLM
 
 from spotlight.rl.char_tokenizer import build_char_tokenizer
-from spotlight.config import ConfigError, LLMConfig, RunConfig
+from spotlight.config import ConfigError, InputError, LLMConfig, RunConfig
 from spotlight.rl.lora import base_state, frozen_reference, has_lora, peft_config
 from spotlight.rl.grpo import kl_k3, masked_mean, ppo_clip_loss
 from spotlight.rl.policy import Rollout, sum_stats
@@ -190,20 +190,28 @@ class LLMPolicy:
 
     @classmethod
     def from_config(cls, cfg: RunConfig) -> LLMPolicy:
-        """Load `policy.llm.pretrained_path` (local only), or build the tiny Qwen2 seeded by `cfg.seed`;
-        with `train.gradient_checkpointing`, the update recomputes activations (`checkpointed_layers`)."""
+        """Load `policy.llm.pretrained_path` (a local folder, or a remote one fetched once into this
+        node's model cache: `cloud.model_cache.model_folder`), or build the tiny Qwen2 seeded by
+        `cfg.seed`; with `train.gradient_checkpointing`, the update recomputes activations
+        (`checkpointed_layers`)."""
         llm = cfg.policy.llm
         if llm.pretrained_path:
+            from cloud.model_cache import model_folder
+            from cloud.store import StoreError
+
+            try:
+                path = model_folder(llm.pretrained_path)
+            except (InputError, StoreError) as err:
+                raise ConfigError(f"policy.llm.pretrained_path: {' '.join(str(err).split())}") from None
             problem = llm.folder_problem()
             if problem is not None:
                 raise ConfigError(f"policy.llm.pretrained_path: {problem}")
-            path = Path(llm.pretrained_path)
             try:
                 tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
                 model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=torch.float32)
             except (OSError, ValueError, KeyError) as err:  # what transformers raises for a folder it cannot use
                 first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-                raise ConfigError(f"policy.llm.pretrained_path: {str(path)!r} does not load as a transformers "
+                raise ConfigError(f"policy.llm.pretrained_path: {llm.pretrained_path!r} does not load as a transformers "
                                   f"causal LM with its tokenizer: {first[:200]}") from None
         else:
             tokenizer = build_char_tokenizer()

@@ -8,8 +8,8 @@ is read here only.
 
 Invariant: a member's model and samples are those of the single-process policy of the same run
 config — `build_model` is `dit_model.build_transformer`'s model: loaded from the run's
-`policy.dit.pretrained_path` when it has one (each node's own copy, as every rollout worker loads
-it), else initialised from the run seed as it does (so the stock tiny arch gives the trainer's
+`policy.dit.pretrained_path` when it has one (each node's own copy — the folder, or a remote one's
+copy in the node's model cache, `cloud.model_cache` — as every rollout worker loads it), else initialised from the run seed as it does (so the stock tiny arch gives the trainer's
 initial weights); `build_policy` is the trainer's `DiTPolicy` on the same sampler, text encoder
 and decoder (`dit_policy.conditioning`: a pipeline folder's own). With degree-1 groups, results
 are bit-identical to a `RolloutWorker`'s (tests/test_fleet_contract.py); a degree-2 group on a

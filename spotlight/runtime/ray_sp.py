@@ -26,18 +26,23 @@ node once; its members load them from the node's shared memory), and a node that
 starts from the newest. Exploration requests are sampled with the run's exploration settings
 (`exploration.num_steps`, `exploration.ode`).
 
+Preemption notices (`runtime.notice_sources`): each node's agent watches its node — the metadata
+endpoint, SIGTERM — as a rollout worker watches its own (`rollout_worker.notice_sources`), and a
+notice it sees is handled as a drain of the node is (`SPExecutor`: the groups there give their
+requests back at the next committed step and re-form without the node's members).
+
 Counters (`stats`): `sp_regroups`, in-place regroups (a group re-formed from members of dissolved
 groups: a death, a notice, a join, a cancelled exploration), and `sp_regroup_s`, their seconds in
 all (`Coordinator.regroups`: from the dissolution seen to the new group ready).
 
-Not covered here (refused with one line where a config asks for it): the LLM policy; notice
-watchers in the workers (`runtime.notice_sources`: on a cluster a drain still reaches the groups
-through the engine). Groups commit every step whatever `runtime.commit_every` says.
+Not covered here (refused with one line where a config asks for it): the LLM policy. Groups commit
+every step whatever `runtime.commit_every` says.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Sequence
+from functools import partial
 from typing import Any
 
 import ray
@@ -53,6 +58,7 @@ from schedulers.request import Kind
 from spotlight.config import ConfigError, RunConfig
 from spotlight.rl.sp_member import serve_spec
 from spotlight.runtime.ray_cluster import SPOT_RESOURCE, SPOT_SLIVER
+from spotlight.runtime.rollout_worker import notice_sources
 
 
 def check_sp(cfg: RunConfig) -> None:
@@ -61,9 +67,6 @@ def check_sp(cfg: RunConfig) -> None:
     if cfg.policy.kind != "dit":
         raise ConfigError(f"runtime.sp_degree: sequence parallelism serves the DiT policy, not policy.kind "
                           f"{cfg.policy.kind!r} (set runtime.sp_degree: 1)")
-    if rt.notice_sources:
-        raise ConfigError("runtime.notice_sources: SP groups (runtime.sp_degree > 1) do not watch for notices "
-                          "themselves yet; leave it empty (a cluster's drains still reach them)")
     heads = serve_spec(cfg).heads
     try:
         check_degree(heads, rt.sp_degree)
@@ -99,10 +102,13 @@ class RaySPExecutor:
         self.sp = SPExecutor(self.coord, self._agent_for, version, keep_events=False)
 
     def _agent_for(self, node: Node) -> RayAgent:
+        rt = self.cfg.runtime
+        watch = {"notices": partial(notice_sources, tuple(rt.notice_sources)) if rt.notice_sources else None,
+                 "notice_poll_s": rt.notice_poll_s}
         if self.base is None:
-            return RayAgent.start(node.name, self.spec, self.weights, self.sp.version, self._placement(node))
+            return RayAgent.start(node.name, self.spec, self.weights, self.sp.version, self._placement(node), **watch)
         # LoRA: the whole model once, then the newest adapters (the agent takes calls in order).
-        agent = RayAgent.start(node.name, self.spec, self.base, self.sp.version, self._placement(node))
+        agent = RayAgent.start(node.name, self.spec, self.base, self.sp.version, self._placement(node), **watch)
         agent.publish(self.sp.version, self.weights)
         return agent
 

@@ -53,6 +53,24 @@ def _same(a: Any, b: Any) -> bool:
     return a is b
 
 
+def notice_sources(names: Collection[str], clock: Any) -> list[Any]:
+    """The notice sources `runtime.notice_sources` names, on `clock`: AWS IMDSv2, GCP's metadata
+    server, SIGTERM (installing its handler: call it on the process's main thread). What a rollout
+    worker watches, and an SP node's agent (`spotlight.runtime.ray_sp`)."""
+    sources: list[Any] = []
+    if "aws" in names:
+        from cloud.aws import ImdsSpotWatcher
+
+        sources.append(ImdsSpotWatcher(clock))
+    if "gcp" in names:
+        from cloud.gcp import GcpPreemptionWatcher
+
+        sources.append(GcpPreemptionWatcher(clock))
+    if "sigterm" in names:
+        sources.append(SigtermSource(clock))
+    return sources
+
+
 class RolloutWorker:
     def __init__(self, name: str, cfg: RunConfig, queue: Any, policy: Policy | None = None,
                  commit_every: int = 1) -> None:
@@ -110,16 +128,7 @@ class RolloutWorker:
         from schedulers.preemption import NoticeWatcher
 
         clock = WallClock()
-        if "aws" in names:
-            from cloud.aws import ImdsSpotWatcher
-
-            self.sources.append(ImdsSpotWatcher(clock))
-        if "gcp" in names:
-            from cloud.gcp import GcpPreemptionWatcher
-
-            self.sources.append(GcpPreemptionWatcher(clock))
-        if "sigterm" in names:
-            self.sources.append(SigtermSource(clock))  # build() runs on the process's main thread
+        self.sources = notice_sources(names, clock)  # build() runs on the process's main thread
         self.watcher = NoticeWatcher(self.sources, self.notify, clock, self.cfg.runtime.notice_poll_s).start()
 
     def close(self) -> None:

@@ -10,7 +10,10 @@ once its metrics row is written, and a run folder without a newer checkpoint fir
 newest complete one from it (`spotlight.train.checkpoint_sync`): a run restarted on a fresh machine
 resumes where the store left it. The running rollout's committed state goes to the store too
 (`spotlight.train.inflight`, every `cloud.inflight_every_s`), and a controller restarted mid-rollout
-resumes that iteration from it.
+resumes that iteration from it. The run's results — metrics, summary, TensorBoard events, samples,
+and final/ at the end — go to the store's results/ after every stored checkpoint and when the run
+ends, and results/status.json says where the run stands after every iteration
+(`spotlight.train.results_sync`; read back by `spotlight status` and `spotlight pull`).
 
 With `exploration.enabled`, an `Explorer` picks each iteration's prompts and seeds from what idle
 workers explored with the previous weights during the previous train phase (`spotlight.train.exploration`).
@@ -46,6 +49,7 @@ from schedulers.clock import WallClock
 from schedulers.request import Kind, Request
 from spotlight.train import checkpoint
 from spotlight.train.checkpoint_sync import CheckpointSync
+from spotlight.train.results_sync import ResultsSync, fleet_counts, status_record
 from spotlight.config import ConfigError, RunConfig, load_config, to_yaml
 from spotlight.train.eval_samples import write_evaluation
 from spotlight.train.exploration import Explorer
@@ -120,6 +124,8 @@ class Trainer:
         self.sync: CheckpointSync | None = None
         """The --checkpoint-uri mirror of checkpoints/, when there is one."""
         self._pushed = 0  # the newest iteration the mirror holds
+        self.results: ResultsSync | None = None
+        """The --checkpoint-uri mirror of the run's results and status, when there is a store."""
         self.inflight: InflightStore | None = None
         """Where a running rollout's committed state goes (with --checkpoint-uri and inflight_every_s > 0)."""
         self.eval_written: Path | None = None
@@ -173,6 +179,8 @@ class Trainer:
             self.explorer = self._explorer()
         self._truncate_metrics(self.start_step)
         (self.out / "config.yaml").write_text(to_yaml(cfg))  # after the check: it is the resume key
+        if store is not None:  # a resumed run keeps the stored results of the heads before it
+            self.results = ResultsSync(store, self.out, self.log, keep_stored=self.start_step > 0)
         return self
 
     def _warm_start(self) -> dict[str, Any] | None:
@@ -395,8 +403,11 @@ class Trainer:
             self.runtime.shutdown()
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2))
         # A stop's checkpoint, or a push that failed in the loop: with the run folder complete, the
-        # store must now hold the newest checkpoint, or the command fails saying so.
+        # store must now hold the newest checkpoint and the results, or the command fails saying so.
         self._push(must=True)
+        if self.results is not None:
+            self.results.push(final=True, stop_reason=self.stop_reason, must=True)
+            self._report(summary["steps"], summary.get("reward_last"), finished=True)
         return summary
 
     def _loop(self) -> None:
@@ -410,6 +421,7 @@ class Trainer:
         start = time.perf_counter()
         saved = self.start_step  # iterations the newest checkpoint holds
         self.cost.start(self.start_step, self._restart_s)
+        self._report(self.start_step, None)
         with open(self.out / "metrics.jsonl", "a") as metrics:
             for step in bar:
                 if not self._go_on(step, saved):
@@ -438,13 +450,13 @@ class Trainer:
                     checkpoint_s, saved = time.perf_counter() - c0, step + 1
                 self.cost.after_iteration(checkpoint_s)
                 save_spent(self.out, self._spent())
-                self._push()  # after the row: the stored metrics.jsonl reaches the checkpoint
                 for key, value in row.items():
                     if key != "step" and isinstance(value, (int, float)):
                         writer.add_scalar(key, value, step)
                 if self.eval_written is not None:
                     _add_evaluation(writer, self.eval_written, step)
                     self.eval_written = None
+                self._publish(step + 1, row["reward_mean"], writer)  # after the row: the store's metrics reach it
                 bar.set_postfix(reward=f"{row['reward_mean']:.3f}", std=f"{row['group_reward_std']:.3f}")
         writer.close()
 
@@ -473,17 +485,36 @@ class Trainer:
             raise ConfigError(f"{self.cfg.cloud.checkpoint_uri}: holds checkpoints of a run with a different "
                               "config; use another --checkpoint-uri or delete them")
 
-    def _push(self, must: bool = False) -> None:
-        """Mirror the newest checkpoint to --checkpoint-uri unless it is there already. A failed push
-        is logged and tried again later; with `must` it raises StoreError."""
+    def _push(self, must: bool = False) -> bool:
+        """Mirror the newest checkpoint to --checkpoint-uri unless it is there already; True when it
+        stored one now. A failed push is logged and tried again later; with `must` it raises StoreError."""
         if self.sync is None:  # no store: nothing to look for after every iteration
-            return
+            return False
         newest = checkpoint.latest(self.out / "checkpoints")
         if (newest is not None and newest.step > self._pushed
                 and self.sync.push(self.out, newest.step, must=must) is not None):
             self._pushed = newest.step
             if self.inflight is not None:  # resuming now starts at or after this checkpoint
                 self.inflight.prune(newest.step)
+            return True
+        return False
+
+    def _publish(self, done: int, reward_mean: float, writer) -> None:
+        """The store's copy of the run after `done` iterations: the newest checkpoint, the results
+        with each checkpoint stored (TensorBoard's events flushed first), and the status."""
+        if self._push() and self.results is not None:
+            writer.flush()
+            self.results.push()
+        self._report(done, reward_mean)
+
+    def _report(self, done: int, reward_mean: float | None, finished: bool = False) -> None:
+        """results/status.json after `done` iterations (one small put), when there is a store."""
+        if self.results is None:
+            return
+        self.results.write_status(status_record(
+            self.out.name, self.out, done, self.cfg.train.steps, reward_mean, self.cost.summary(),
+            fleet_counts(self.runtime.engine), self._pushed or None, finished=finished,
+            stop_reason=self.stop_reason if finished else None))
 
     def _go_on(self, step: int, saved: int) -> bool:
         """Ask the cost control whether iteration `step` runs; switch the workers to on-demand when

@@ -1,0 +1,159 @@
+"""Where a launched fleet meets: two signed records in the run's store, which every node reaches.
+
+SkyPilot 0.14.1 gives a job group's tasks host names (`head-0.NAME`) only on Kubernetes
+(`sky/optimizer.py`: "in-group service discovery ... is only supported on Kubernetes"); on AWS and
+GCP a spot node has no name for its head. The store is the one place every node already reaches,
+so the head writes there:
+
+- `fleet/head.json` — the head's internal address and Ray port, and a **generation**: one more than
+  the record it replaces. A head that SkyPilot restarts or recovers (a new machine, a new address)
+  publishes the next generation; spot nodes that see the generation change re-join.
+- `fleet/done.json` — written once the run has ended for good (finished, out of budget, or failed
+  in a way a restart cannot cure). A spot task exits 0 only when this is there: an exit 0 is what
+  tells SkyPilot not to relaunch it. The head removes it when it starts (a re-launched run goes on).
+
+Each record is {"record": {...}, "hmac": HEX}: HMAC-SHA256 of the record's canonical JSON, keyed
+by the fleet's Ray token. Anyone who can write to the bucket can write a record, but only a holder
+of the token can sign one; a node reads a record only through `verify`, so a forged head address
+is never dialled — the token (which `ray start` sends) never leaves for an address the fleet did
+not publish. The record names its run, so a record of another run with the same store is refused
+too.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from cloud.store import MissingKey, Store
+
+HEAD_KEY = "fleet/head.json"
+DONE_KEY = "fleet/done.json"
+MAX_RECORD_BYTES = 4096
+"""A record is about 200 bytes; anything much larger is not one of ours."""
+
+
+class ForgedRecord(ValueError):
+    """A fleet record whose signature does not verify with the fleet's token (or that is not a
+    record at all); the message is one line naming the key."""
+
+
+@dataclass(frozen=True)
+class HeadRecord:
+    run: str
+    generation: int
+    address: str
+    port: int
+    published_at: float
+
+
+@dataclass(frozen=True)
+class DoneRecord:
+    run: str
+    reason: str
+    exit_code: int
+    generation: int
+    at: float
+
+
+def _canonical(record: dict[str, Any]) -> bytes:
+    return json.dumps(record, sort_keys=True, separators=(",", ":")).encode()
+
+
+def _mac(record: dict[str, Any], token: str) -> str:
+    return hmac.new(token.encode(), _canonical(record), hashlib.sha256).hexdigest()
+
+
+def signed(record: dict[str, Any], token: str) -> bytes:
+    """The stored form of `record`, signed with `token`."""
+    return json.dumps({"record": record, "hmac": _mac(record, token)}, indent=1).encode()
+
+
+def verify(blob: bytes, token: str, key: str) -> dict[str, Any]:
+    """The record in `blob` when its signature verifies with `token`; else `ForgedRecord`."""
+    try:
+        if len(blob) > MAX_RECORD_BYTES:
+            raise ValueError(f"{len(blob)} bytes")
+        data = json.loads(blob)
+        record, mac = data["record"], data["hmac"]
+        if not isinstance(record, dict) or not isinstance(mac, str):
+            raise TypeError("not a signed record")
+    except (ValueError, KeyError, TypeError) as err:
+        raise ForgedRecord(f"{key}: not a fleet record ({type(err).__name__}: {str(err)[:80]})") from None
+    if not hmac.compare_digest(_mac(record, token), mac):
+        raise ForgedRecord(f"{key}: its signature does not verify with this fleet's token (forged, or another fleet's)")
+    return record
+
+
+class Rendezvous:
+    """The fleet records of run `run` in `store`, signed and verified with `token`. `log` hears of a
+    record that is refused (once per distinct record)."""
+
+    def __init__(self, store: Store, token: str, run: str, log: Callable[[str], None] = print,
+                 wall: Callable[[], float] = time.time) -> None:
+        if not token:
+            raise ValueError("Rendezvous: the fleet's token is empty")
+        self.store = store
+        self.token = token
+        self.run = run
+        self.log = log
+        self.wall = wall
+        self._refused: set[bytes] = set()
+
+    def _read(self, key: str) -> dict[str, Any] | None:
+        try:
+            blob = self.store.get(key)
+        except MissingKey:
+            return None
+        try:
+            record = verify(blob, self.token, key)
+            if record.get("run") != self.run:
+                raise ForgedRecord(f"{key}: a record of run {str(record.get('run'))[:60]!r}, not {self.run!r}")
+            return record
+        except ForgedRecord as err:
+            if blob not in self._refused:
+                self._refused.add(blob)
+                self.log(f"refused {self.store.uri}/{err}")
+            return None
+
+    # ---- the head -------------------------------------------------------------------------------
+
+    def head(self) -> HeadRecord | None:
+        """The head's published address, verified; None when there is none (or none that verifies)."""
+        record = self._read(HEAD_KEY)
+        try:
+            return None if record is None else HeadRecord(
+                run=record["run"], generation=int(record["generation"]), address=str(record["address"]),
+                port=int(record["port"]), published_at=float(record["published_at"]))
+        except (KeyError, TypeError, ValueError):
+            return None
+
+    def publish_head(self, address: str, port: int) -> HeadRecord:
+        """Publish this head at `address`:`port` as the next generation; the run is no longer done."""
+        previous = self.head()
+        generation = (previous.generation if previous else 0) + 1
+        self.store.delete(DONE_KEY)
+        head = HeadRecord(self.run, generation, address, port, self.wall())
+        self.store.put(HEAD_KEY, signed(asdict(head), self.token))
+        return head
+
+    # ---- the end --------------------------------------------------------------------------------
+
+    def done(self) -> DoneRecord | None:
+        record = self._read(DONE_KEY)
+        try:
+            return None if record is None else DoneRecord(
+                run=record["run"], reason=str(record["reason"]), exit_code=int(record["exit_code"]),
+                generation=int(record["generation"]), at=float(record["at"]))
+        except (KeyError, TypeError, ValueError):
+            return None
+
+    def publish_done(self, reason: str, exit_code: int, generation: int) -> DoneRecord:
+        done = DoneRecord(self.run, reason, exit_code, generation, self.wall())
+        self.store.put(DONE_KEY, signed(asdict(done), self.token))
+        return done

@@ -1,0 +1,181 @@
+"""A run's results mirrored to its store (`cloud.checkpoint_uri`), so they outlive the head that
+wrote them: the cloud deletes the head's disk when a launched run ends.
+
+Under the store's root, beside the `step-N/` checkpoints (`spotlight.train.checkpoint_sync`):
+    results/metrics.jsonl, summary.json, config.yaml, cost.json   (every file directly in the run folder)
+    results/tb/...                      TensorBoard events
+    results/eval/...                    evaluation samples (a DiT's grids, an LLM's completions)
+    results/final/...                   the trained model (or LoRA adapter), pushed at the end only
+    results/MANIFEST.json               {"files": {PATH: {"size", "checksum"}}, "finished": bool,
+                                         "stop_reason": str | null, "updated_at": unix time}
+    results/status.json                 where the run stands (`status_record`), one small object
+
+Invariants:
+- MANIFEST.json is written after every file it names, and each file's "checksum" is the one the
+  store returned when it stored the file (nothing is hashed here; `Store.get_file(checksum=...)`
+  verifies a download natively). So a reader that finds a file not matching the manifest knows the
+  object was replaced (a push under way: read the manifest again) or damaged.
+- A push uploads a file only when its (size, mtime_ns) changed since this process last stored it;
+  a file that changed while it was being sent is left out of that manifest and sent again by the
+  next push, so a manifest never names bytes it did not see stored.
+- A resumed run (`keep_stored`) keeps the stored manifest's entries of files its run folder lacks:
+  the TensorBoard events and samples an earlier head wrote stay named.
+- `finished` is true only in the manifest of the push after final/ and summary.json were written.
+The reader is `spotlight.run_results` (`spotlight pull`, `spotlight status`); tests/test_results_home.py
+checks all of this.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from cloud.store import MissingKey, Store, StoreError
+
+RESULTS = "results"
+"""The store prefix of a run's results."""
+MANIFEST = f"{RESULTS}/MANIFEST.json"
+STATUS = f"{RESULTS}/status.json"
+FOLDERS = ("tb", "eval")
+"""Run-folder folders mirrored during the run; `final` joins them at the end."""
+FINAL = "final"
+RESERVED = frozenset({"MANIFEST.json", "status.json"})
+"""Top-level names the results' own records use: never a run-folder file's key."""
+
+
+def result_files(out: Path, final: bool) -> list[str]:
+    """The run-folder paths (relative, '/'-separated) that are the run's results: the files
+    directly in `out` (not hidden, not .tmp), everything under tb/ and eval/, and under final/
+    when `final`."""
+    files = sorted(p.name for p in out.iterdir() if p.is_file() and not p.name.startswith(".")
+                   and not p.name.endswith(".tmp") and p.name not in RESERVED)
+    for folder in (*FOLDERS, FINAL) if final else FOLDERS:
+        root = out / folder
+        if root.is_dir():
+            files += sorted(p.relative_to(out).as_posix() for p in root.rglob("*")
+                            if p.is_file() and not any(part.startswith(".") for part in p.relative_to(out).parts))
+    return files
+
+
+def _stamp(path: Path) -> tuple[int, int]:
+    st = path.stat()
+    return st.st_size, st.st_mtime_ns
+
+
+class ResultsSync:
+    """Pushes run folder `out`'s results to `store` (module docstring). `keep_stored`: carry the
+    stored manifest's entries over (a resumed run). `log` gets one line per failure and per final
+    push; `now` is the wall clock (unix seconds) of `updated_at`."""
+
+    def __init__(self, store: Store, out: Path, log: Callable[[str], None] = print, keep_stored: bool = False,
+                 now: Callable[[], float] = time.time) -> None:
+        self.store = store
+        self.out = Path(out)
+        self.log = log
+        self.keep_stored = keep_stored
+        self.now = now
+        self.entries: dict[str, dict[str, Any]] | None = None
+        """What the store holds, by run-folder path (None until the first push reads it)."""
+        self._sent: dict[str, tuple[int, int]] = {}
+        """(size, mtime_ns) of each file when this process stored it."""
+        self._status_failed = False
+
+    def push(self, final: bool = False, stop_reason: str | None = None, must: bool = False) -> dict[str, Any] | None:
+        """Store the results that changed, then the manifest; with `final`, final/ too and the
+        manifest says `finished` (with `stop_reason`). Returns {"files", "sent", "bytes", "seconds"}.
+        A store failure (after the store's retries) raises StoreError when `must`, else is logged
+        and returns None: the next push sends what this one did not."""
+        start = time.perf_counter()
+        try:
+            sent, size = self._upload(final)
+            manifest = {"files": dict(sorted(self.entries.items())), "finished": final, "stop_reason": stop_reason,
+                        "updated_at": self.now()}
+            self.store.put(MANIFEST, json.dumps(manifest, indent=1).encode())  # last: names only stored files
+        except StoreError as err:
+            if must:
+                raise
+            self.log(f"results not stored ({err}); they stay in {self.out}, the next push retries")
+            return None
+        assert self.entries is not None
+        seconds = time.perf_counter() - start
+        if final:
+            self.log(f"results stored in {self.store.uri}/{RESULTS} ({len(self.entries)} files, "
+                     f"{sent} sent, {size / 1e6:.1f} MB, {seconds:.2f} s)")
+        return {"files": len(self.entries), "sent": sent, "bytes": size, "seconds": seconds}
+
+    def _upload(self, final: bool) -> tuple[int, int]:
+        """Send the files that changed; returns (files sent, their bytes)."""
+        if self.entries is None:
+            self.entries = self._stored() if self.keep_stored else {}
+        sent = size = 0
+        for rel in result_files(self.out, final):
+            path = self.out / rel
+            before = _stamp(path)
+            if self._sent.get(rel) == before:
+                continue
+            checksum = self.store.put_file(f"{RESULTS}/{rel}", path)
+            if _stamp(path) != before:  # written to while sent: the next push sends it whole
+                self.entries.pop(rel, None)
+                self._sent.pop(rel, None)
+                continue
+            self.entries[rel] = {"size": before[0], "checksum": checksum}
+            self._sent[rel] = before
+            sent, size = sent + 1, size + before[0]
+        return sent, size
+
+    def _stored(self) -> dict[str, dict[str, Any]]:
+        """The stored manifest's entries, or none when it is missing or unreadable (logged)."""
+        try:
+            files = json.loads(self.store.get(MANIFEST))["files"]
+            if isinstance(files, dict) and all(isinstance(v, dict) for v in files.values()):
+                return files
+            why = "its files are not a mapping"
+        except MissingKey:
+            return {}
+        except (ValueError, KeyError, TypeError) as err:
+            why = f"{type(err).__name__}: {err}"
+        self.log(f"{self.store.uri}/{MANIFEST} unreadable ({why}); the results are stored anew")
+        return {}
+
+    def write_status(self, status: dict[str, Any]) -> bool:
+        """Store `status` (a `status_record`) with `updated_at` (now) as results/status.json: one
+        small put. A failure is logged once per run of failures and returns False; the next call
+        tries anyway."""
+        try:
+            self.store.put(STATUS, json.dumps({**status, "updated_at": self.now()}).encode())
+        except StoreError as err:
+            if not self._status_failed:
+                self.log(f"run status not stored ({err}); it is tried again every iteration")
+            self._status_failed = True
+            return False
+        self._status_failed = False
+        return True
+
+
+def fleet_counts(engine: Any) -> dict[str, dict[str, int]]:
+    """Live nodes and workers by kind of a `schedulers.fleet.FleetEngine`: {"nodes": {"ondemand",
+    "spot"}, "workers": {"ondemand", "spot"}}. Reads the engine's own tables, asks no one."""
+    nodes = [n for n in engine.nodes.values() if n.alive]
+    workers = list(engine.workers.values())
+    return {"nodes": {"ondemand": sum(not n.spot for n in nodes), "spot": sum(n.spot for n in nodes)},
+            "workers": {"ondemand": sum(not w.spot for w in workers), "spot": sum(w.spot for w in workers)}}
+
+
+def status_record(run: str, out: Path, done: int, steps: int, reward_mean: float | None, cost: dict[str, Any],
+                  fleet: dict[str, dict[str, int]], checkpoint: int | None, finished: bool = False,
+                  stop_reason: str | None = None) -> dict[str, Any]:
+    """results/status.json: run name and run folder (on the head), iterations `done` of `steps`,
+    the newest iteration's reward mean, the cost meter's figures (`CostControl.summary`: cost_usd,
+    budget_usd, cost_rate_usd_h, ...), live nodes and workers by kind (`fleet_counts`), the newest
+    stored checkpoint's iteration (None: none yet), and whether the run has finished and why.
+    `ResultsSync.write_status` adds `updated_at` (unix seconds). A non-finite reward is null (strict
+    JSON has no NaN)."""
+    finite = reward_mean if reward_mean is not None and math.isfinite(reward_mean) else None
+    return {"run": run, "out": str(out), "iteration": done, "steps": steps, "reward_mean": finite,
+            "cost_usd": cost.get("cost_usd"), "budget_usd": cost.get("budget_usd"),
+            "cost_rate_usd_h": cost.get("cost_rate_usd_h"), **fleet, "checkpoint": checkpoint,
+            "finished": finished, "stop_reason": stop_reason}

@@ -1,0 +1,63 @@
+"""The fleet's meeting place in its store (cloud/rendezvous.py): records signed with the fleet's
+token, generations that count head restarts, and the done record that lets spot tasks end."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from cloud.rendezvous import DONE_KEY, HEAD_KEY, ForgedRecord, Rendezvous, signed, verify
+from cloud.store import LocalStore
+
+TOKEN = "ab" * 32
+
+
+def _fleet(tmp_path, token=TOKEN, run="r", log=None):
+    return Rendezvous(LocalStore(tmp_path / "store"), token, run, log=log or (lambda msg: None), wall=lambda: 1000.0)
+
+
+def test_each_head_publishes_the_next_generation_and_a_new_head_undoes_done(tmp_path):
+    fleet = _fleet(tmp_path)
+    assert fleet.head() is None and fleet.done() is None
+    first = fleet.publish_head("10.0.0.5", 6379)
+    assert (first.generation, first.address, first.port) == (1, "10.0.0.5", 6379)
+    assert fleet.head() == first
+    fleet.publish_done("finished: steps", 0, first.generation)
+    assert fleet.done().reason == "finished: steps"
+    # a recovered head elsewhere: the next generation, and the run is no longer done
+    second = fleet.publish_head("10.0.7.9", 6379)
+    assert second.generation == 2 and fleet.head().address == "10.0.7.9" and fleet.done() is None
+
+
+def test_a_record_signed_without_the_token_or_for_another_run_is_refused_once(tmp_path):
+    said: list[str] = []
+    fleet = _fleet(tmp_path, log=said.append)
+    store = fleet.store
+    forged = {"run": "r", "generation": 9, "address": "203.0.113.7", "port": 6379, "published_at": 1.0}
+    store.put(HEAD_KEY, signed(forged, "cd" * 32))
+    assert fleet.head() is None and fleet.head() is None
+    assert len(said) == 1 and "does not verify with this fleet's token" in said[0], said
+    # the same token, another run's record
+    store.put(HEAD_KEY, signed({**forged, "run": "other"}, TOKEN))
+    assert fleet.head() is None and "a record of run 'other'" in said[-1]
+    # a changed field breaks the signature
+    blob = json.loads(signed(forged, TOKEN))
+    blob["record"]["address"] = "198.51.100.1"
+    store.put(HEAD_KEY, json.dumps(blob).encode())
+    assert fleet.head() is None
+    # a forged head does not make the next generation start above it
+    assert fleet.publish_head("10.0.0.5", 6379).generation == 1
+    store.put(DONE_KEY, b"not json")
+    assert fleet.done() is None and "not a fleet record" in said[-1]
+
+
+@pytest.mark.parametrize("blob", [b"", b"[]", b'{"record": 1, "hmac": "x"}', b"x" * 5000])
+def test_what_is_not_a_record_is_refused(blob):
+    with pytest.raises(ForgedRecord, match="fleet/head.json: not a fleet record"):
+        verify(blob, TOKEN, HEAD_KEY)
+
+
+def test_an_empty_token_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="token is empty"):
+        _fleet(tmp_path, token="")

@@ -1,0 +1,311 @@
+"""A run's results reach its store, and `spotlight pull` / `spotlight status` read them back from the
+store alone (issue 26, "Results home"): spotlight.train.results_sync, spotlight.run_results.
+
+- A finished tiny-DiT run with a folder store: results/ holds metrics, summary, config, cost,
+  TensorBoard events, the evaluation grid and final/, with a manifest that says finished; the
+  trainer wrote status.json before the first iteration, after each, and at the end.
+- `spotlight pull` returns exactly those files, bit-identical to the run folder; a failed pull
+  leaves no folder; a non-empty --out is refused.
+- `spotlight status` (text and --json) on the finished run with a launched fleet's records, and
+  on a run cut short (checkpoints, mid-run results and a status, no final/).
+- Against a real S3-compatible server (moto), with S3's own CRC-64/NVME checksums: the same
+  round trip, and an object replaced behind the manifest's back fails the pull; a pull during a
+  push (the manifest replaced meanwhile) starts over and gets the new results.
+- Pushes are incremental (unchanged files are not sent again), a store failure mid-run is logged
+  and caught up by the next push, and a resumed run keeps the results earlier heads stored.
+- A bad URI, a store with no run, and damaged objects (bad JSON, a wrong field, a replaced or
+  missing file, a planted manifest naming ../) each end in one `spotlight: error:` line, exit 2.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from cloud.open_store import open_store
+from cloud.store import LocalStore, StoreError
+from conftest import small_dit_config
+from s3_server import s3, s3_server  # noqa: F401 (fixtures)
+from spotlight.cli import main
+from spotlight.run_results import pull
+from spotlight.train.results_sync import MANIFEST, STATUS, ResultsSync, result_files
+from spotlight.train.trainer import Trainer
+
+STEPS = 3
+
+
+@pytest.fixture(autouse=True)
+def _store_roots(tmp_path_factory, monkeypatch):
+    """Folder stores anywhere under this session's temporary folders."""
+    monkeypatch.setenv("SPOTLIGHT_STORE_ROOTS", str(tmp_path_factory.getbasetemp()))
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    """A 3-iteration tiny-DiT run (checkpoints after 2 and 3, an evaluation at 0 and 2) with a folder
+    store; returns (run folder, store folder, every status the trainer wrote)."""
+    base = tmp_path_factory.mktemp("finished")
+    store, out = base / "store", base / "run"
+    statuses = []
+    write = ResultsSync.write_status
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SPOTLIGHT_STORE_ROOTS", str(tmp_path_factory.getbasetemp()))
+        cfg = small_dit_config(train={"steps": STEPS, "checkpoint_every": 2, "eval_prompts": 1, "eval_seeds": 2,
+                                      "eval_every": 2}, cloud={"checkpoint_uri": f"file://{store}"})
+        mp.setattr(ResultsSync, "write_status", lambda self, s: statuses.append(s) or write(self, s))
+        Trainer(cfg, out, progress=False, log=lambda _: None).build().train()
+    return out, store, statuses
+
+
+def _cli(capsys, *argv):
+    code = main(list(argv))
+    got = capsys.readouterr()
+    return code, got.out, got.err
+
+
+def _one_error(capsys, *argv, says: str) -> None:
+    code, out, err = _cli(capsys, *argv)
+    assert code == 2 and out == "", (code, out, err)
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("spotlight: error: ") and says in lines[0], err
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+def test_a_finished_run_stores_its_results_with_a_manifest_written_last(finished):
+    out, store, statuses = finished
+    manifest = json.loads((store / MANIFEST).read_text())
+    assert manifest["finished"] is True and manifest["stop_reason"] == "steps"
+    names = set(manifest["files"])
+    assert {"metrics.jsonl", "summary.json", "config.yaml", "cost.json", "eval/step-000002.png"} <= names
+    assert any(n.startswith("tb/events.out.tfevents") for n in names)
+    assert any(n.startswith("final/") and n.endswith(".safetensors") for n in names)
+    assert names == set(result_files(out, final=True)) and not any(n.startswith("checkpoints/") for n in names)
+    for rel, entry in manifest["files"].items():  # the store's own checksum (a folder's: sha256)
+        assert entry["size"] == (out / rel).stat().st_size and entry["checksum"].startswith("sha256:")
+    # status.json before the first iteration, after each, and once finished (with the stored checkpoint)
+    assert [(s["iteration"], s["checkpoint"], s["finished"]) for s in statuses] == [
+        (0, None, False), (1, None, False), (2, 2, False), (3, 3, False), (3, 3, True)]
+    stored = json.loads((store / STATUS).read_text())
+    assert stored["stop_reason"] == "steps" and stored["nodes"] == {"ondemand": 1, "spot": 0}
+    assert stored["reward_mean"] == json.loads((out / "summary.json").read_text())["reward_last"]
+    assert stored["cost_usd"] > 0 and abs(stored["updated_at"] - time.time()) < 600
+
+
+def test_pull_returns_the_results_bit_identical_and_refuses_a_folder_in_use(finished, tmp_path, capsys):
+    out, store, _ = finished
+    code, printed, err = _cli(capsys, "pull", f"file://{store}", "--out", str(tmp_path / "got"))
+    assert code == 0, err
+    assert f"pulled {len(result_files(out, final=True))} files" in printed and "finished (steps)" in printed
+    assert "pull:" in err  # the bar on stderr
+    pulled = _files(tmp_path / "got")
+    assert pulled == {rel: (out / rel).read_bytes() for rel in result_files(out, final=True)}
+    assert [p.name for p in tmp_path.iterdir()] == ["got"]  # no staging folder left
+    _one_error(capsys, "pull", str(store), "--out", str(tmp_path / "got"), says="not an empty folder")
+    (tmp_path / "empty").mkdir()  # an empty --out is fine; --no-progress draws nothing
+    code, _, err = _cli(capsys, "pull", str(store), "--out", str(tmp_path / "empty"), "--no-progress")
+    assert code == 0 and err == "" and _files(tmp_path / "empty") == pulled
+
+
+def _fleet_records(store: Path, now: float) -> None:
+    (store / "fleet").mkdir(exist_ok=True)
+    head = {"run": "smoke", "generation": 2, "address": "10.0.1.5", "port": 6380, "published_at": now - 300}
+    done = {"run": "smoke", "reason": "steps", "exit_code": 0, "generation": 2, "at": now - 30}
+    (store / "fleet/head.json").write_text(json.dumps({"record": head, "hmac": "00"}))
+    (store / "fleet/done.json").write_text(json.dumps({"record": done, "hmac": "00"}))
+
+
+def test_status_of_a_finished_run_in_text_and_json(finished, tmp_path, capsys):
+    store = tmp_path / "store"
+    shutil.copytree(finished[1], store)
+    _fleet_records(store, time.time())
+    code, text, _ = _cli(capsys, "status", f"file://{store}")
+    assert code == 0
+    for line in ("state:       finished (steps)", f"iteration:   {STEPS} of {STEPS} done", "reward:      ",
+                 "live nodes:  1 on-demand, 0 spot (workers: 1 on-demand, 0 spot)",
+                 f"checkpoint:  iteration {STEPS} (step-00000{STEPS}/)", "final/ included", "updated:     ",
+                 "head:        generation 2 at 10.0.1.5:6380, published 5 min ago",
+                 "done:        steps (exit code 0, generation 2, 30 s ago)"):
+        assert line in text, text
+    code, printed, _ = _cli(capsys, "status", str(store), "--json")
+    view = json.loads(printed)
+    assert code == 0 and view["finished"] is True and view["stop_reason"] == "steps"
+    assert view["status"]["iteration"] == STEPS and view["checkpoints"] == [3, 2] and view["last_checkpoint"] == 3
+    assert view["results"]["final"] is True and view["head"]["address"] == "10.0.1.5"
+    assert view["done"]["reason"] == "steps" and 0 <= view["updated_ago_s"] < 600
+
+
+@pytest.fixture
+def cut_short(finished, tmp_path):
+    """A store of a run cut short after iteration 2: its checkpoints, results pushed mid-run (no
+    final/, no summary) and a status that is not finished. Returns (store folder, run folder)."""
+    out, store = tmp_path / "run", tmp_path / "store"
+    shutil.copytree(finished[0], out, ignore=shutil.ignore_patterns("final", "summary.json"))
+    shutil.copytree(finished[1], store, ignore=shutil.ignore_patterns("results"))
+    sync = ResultsSync(LocalStore(store), out, log=lambda _: None)
+    sync.push()
+    status = json.loads((finished[1] / STATUS).read_text())
+    sync.write_status({**status, "iteration": 2, "finished": False, "stop_reason": None, "checkpoint": 2,
+                       "nodes": {"ondemand": 1, "spot": 3}, "workers": {"ondemand": 1, "spot": 6}})
+    return store, out
+
+
+def test_status_and_pull_of_a_run_cut_short(cut_short, tmp_path, capsys):
+    store, out = cut_short
+    code, text, _ = _cli(capsys, "status", str(store))
+    assert code == 0 and "state:       not finished" in text and "iteration:   2 of 3 done" in text
+    assert "live nodes:  1 on-demand, 3 spot (workers: 1 on-demand, 6 spot)" in text and "no final/ yet" in text
+    code, printed, _ = _cli(capsys, "status", str(store), "--json")
+    assert code == 0 and json.loads(printed)["finished"] is False
+    code, printed, _ = _cli(capsys, "pull", str(store), "--out", str(tmp_path / "got"), "--no-progress")
+    assert code == 0 and "not finished" in printed
+    assert _files(tmp_path / "got") == {rel: (out / rel).read_bytes() for rel in result_files(out, final=False)}
+    (store / MANIFEST).unlink()  # checkpoints and a status, no results yet
+    code, text, _ = _cli(capsys, "status", str(store))
+    assert code == 0 and "results:     none stored yet" in text
+    _one_error(capsys, "pull", str(store), "--out", str(tmp_path / "again"), says="no results/MANIFEST.json yet")
+
+
+class _Counting(LocalStore):
+    """A folder store that counts uploads and fails the next `fail` of them."""
+
+    def __init__(self, root) -> None:
+        super().__init__(root)
+        self.sent: list[str] = []
+        self.fail = 0
+
+    def put_file(self, key, path):
+        if self.fail:
+            self.fail -= 1
+            raise StoreError(f"{self.uri}/{key}: SlowDown (HTTP 503)")
+        self.sent.append(key)
+        return super().put_file(key, path)
+
+
+def test_pushes_send_only_what_changed_and_catch_up_after_a_failure(tmp_path):
+    out = tmp_path / "run"
+    (out / "tb").mkdir(parents=True)
+    (out / "metrics.jsonl").write_text('{"step": 0}\n')
+    (out / "tb/events").write_bytes(b"e0")
+    (out / "final").mkdir()
+    (out / "final/model.safetensors").write_bytes(b"w")
+    store, lines = _Counting(tmp_path / "store"), []
+    sync = ResultsSync(store, out, log=lines.append)
+    assert sync.push()["sent"] == 2 and sorted(store.sent) == ["results/metrics.jsonl", "results/tb/events"]
+    assert sync.push()["sent"] == 0  # nothing changed: nothing sent, the manifest rewritten
+    with open(out / "metrics.jsonl", "a") as f:
+        f.write('{"step": 1}\n')
+    store.fail = 1
+    assert sync.push() is None and len(lines) == 1 and "results not stored" in lines[0] and "SlowDown" in lines[0]
+    store.fail = 1
+    with pytest.raises(StoreError):  # the end's push fails the run
+        sync.push(final=True, must=True)
+    store.sent.clear()
+    assert sync.push(final=True, stop_reason="budget", must=True)["sent"] == 2
+    assert sorted(store.sent) == ["results/final/model.safetensors", "results/metrics.jsonl"]
+    manifest = json.loads((store.root / MANIFEST).read_text())
+    assert manifest["finished"] is True and manifest["stop_reason"] == "budget"
+    # A head resumed on a fresh disk keeps what the earlier head stored (its TensorBoard events).
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    (fresh / "metrics.jsonl").write_text('{"step": 0}\n{"step": 1}\n{"step": 2}\n')
+    ResultsSync(store, fresh, keep_stored=True).push()
+    kept = json.loads((store.root / MANIFEST).read_text())["files"]
+    assert set(kept) == {"metrics.jsonl", "tb/events", "final/model.safetensors"}
+    assert kept["metrics.jsonl"]["size"] == (fresh / "metrics.jsonl").stat().st_size
+
+
+def test_a_bad_uri_and_a_store_with_no_run_are_one_line(tmp_path, capsys):
+    for command in (["status"], ["pull", "--out", str(tmp_path / "got")]):
+        _one_error(capsys, command[0], "s3:///runs/x", *command[1:], says="s3:///runs/x: no bucket")
+        _one_error(capsys, command[0], "gcs://bucket/x", *command[1:], says="unknown scheme 'gcs'")
+        _one_error(capsys, command[0], str(tmp_path / "nothing"), *command[1:], says="no run here")
+    assert not (tmp_path / "got").exists()
+
+
+@pytest.mark.parametrize("damage, says", [
+    (lambda s: (s / STATUS).write_text("{not json"), "results/status.json: not JSON"),
+    (lambda s: (s / STATUS).write_text('{"run": "x", "iteration": "two"}'), "status.json: iteration: expected integer"),
+    (lambda s: (s / MANIFEST).write_text("[]"), "results/MANIFEST.json: expected a JSON object"),
+    (lambda s: (s / "fleet").mkdir() or (s / "fleet/head.json").write_text('{"record": {"run": "x"}}'),
+     "fleet/head.json: record: generation: expected integer"),
+])
+def test_damaged_records_stop_status_with_one_line(finished, tmp_path, capsys, damage, says):
+    store = tmp_path / "store"
+    shutil.copytree(finished[1], store)
+    damage(store)
+    _one_error(capsys, "status", str(store), says=says)
+
+
+def _planted(store: Path, rel: str) -> None:
+    manifest = json.loads((store / MANIFEST).read_text())
+    manifest["files"][rel] = {"size": 1, "checksum": manifest["files"]["config.yaml"]["checksum"]}
+    (store / MANIFEST).write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize("damage, says", [
+    (lambda s: (s / "results/config.yaml").write_text("replaced"), "config.yaml: named by results/MANIFEST.json "
+                                                                   "but does not match its checksum"),
+    (lambda s: (s / "results/summary.json").unlink(), "summary.json: named by results/MANIFEST.json but is missing"),
+    (lambda s: _planted(s, "../../escaped.txt"), "names '../../escaped.txt', not a relative path"),
+    (lambda s: _planted(s, "MANIFEST.json"), "a name of the results' own records"),
+])
+def test_a_damaged_result_fails_the_pull_with_one_line_and_leaves_nothing(finished, tmp_path, capsys, damage, says):
+    store = tmp_path / "store"
+    shutil.copytree(finished[1], store)
+    damage(store)
+    _one_error(capsys, "pull", str(store), "--out", str(tmp_path / "pulled" / "got"), "--no-progress", says=says)
+    assert not (tmp_path / "pulled" / "got").exists() and list((tmp_path / "pulled").glob("*")) == []
+    assert not (tmp_path / "escaped.txt").exists() and not (tmp_path.parent / "escaped.txt").exists()
+
+
+def test_pull_and_status_through_s3_with_its_own_checksums(finished, s3, tmp_path, capsys):
+    out = finished[0]
+    uri = f"s3://{s3.bucket}/runs/tiny"
+    sync = ResultsSync(open_store(uri), out, log=lambda _: None)
+    sync.push(final=True, stop_reason="budget", must=True)
+    assert json.loads(s3.client.get_object(Bucket=s3.bucket, Key="runs/tiny/" + MANIFEST)["Body"].read())[
+        "files"]["summary.json"]["checksum"].startswith("crc64nvme:")
+    sync.write_status(json.loads((finished[1] / STATUS).read_text()))
+    code, printed, err = _cli(capsys, "pull", uri, "--out", str(tmp_path / "got"), "--no-progress")
+    assert code == 0, err
+    assert _files(tmp_path / "got") == {rel: (out / rel).read_bytes() for rel in result_files(out, final=True)}
+    code, text, _ = _cli(capsys, "status", uri)
+    assert code == 0 and "state:       finished (budget)" in text and "checkpoint:  none stored yet" in text
+    s3.client.put_object(Bucket=s3.bucket, Key="runs/tiny/results/summary.json", Body=b"{}")
+    _one_error(capsys, "pull", uri, "--out", str(tmp_path / "again"), "--no-progress",
+               says="summary.json: named by results/MANIFEST.json but does not match its checksum")
+    assert not (tmp_path / "again").exists()
+
+
+class _PushedMeanwhile(LocalStore):
+    """A folder store whose head pushes new results while the first file is being pulled."""
+
+    def __init__(self, root, head: ResultsSync) -> None:
+        super().__init__(root)
+        self.head = head
+
+    def get_file(self, key, path, checksum=None):
+        if self.head is not None:
+            head, self.head = self.head, None
+            (head.out / "metrics.jsonl").write_text('{"step": 0}\n{"step": 1}\n')
+            (head.out / "config.yaml").write_text("seed: 2\n")
+            head.push()
+        return super().get_file(key, path, checksum)
+
+
+def test_a_pull_during_a_push_starts_over_and_gets_the_new_results(tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "config.yaml").write_text("seed: 1\n")
+    (out / "metrics.jsonl").write_text('{"step": 0}\n')
+    head = ResultsSync(LocalStore(tmp_path / "store"), out)
+    head.push()
+    got = pull(_PushedMeanwhile(tmp_path / "store", head), tmp_path / "got", progress=False)
+    assert got["files"] == 2 and _files(tmp_path / "got") == _files(out)
