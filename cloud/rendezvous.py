@@ -36,6 +36,8 @@ HEAD_KEY = "fleet/head.json"
 DONE_KEY = "fleet/done.json"
 MAX_RECORD_BYTES = 4096
 """A record is about 200 bytes; anything much larger is not one of ours."""
+MAX_REASON = 500
+"""Characters of a done record's reason kept: escaped as \\uXXXX they still fit in `MAX_RECORD_BYTES`."""
 
 
 class ForgedRecord(ValueError):
@@ -154,6 +156,7 @@ class Rendezvous:
             return None
 
     def publish_done(self, reason: str, exit_code: int, generation: int) -> DoneRecord:
-        done = DoneRecord(self.run, reason, exit_code, generation, self.wall())
+        """The run has ended for good (`reason`, at most `MAX_REASON` characters of it, is shown)."""
+        done = DoneRecord(self.run, reason[:MAX_REASON], exit_code, generation, self.wall())
         self.store.put(DONE_KEY, signed(asdict(done), self.token))
         return done

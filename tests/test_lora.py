@@ -153,6 +153,11 @@ def test_the_model_card_names_the_base_reward_iterations_loading_and_config():
                                               warm_start={"steps": 0}), 7)
     assert 'PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained("/models/Qwen2.5-0.5B"), "final")' in as_released
     assert yaml.safe_load(card.split("```yaml\n")[1].split("```")[0]) == cfg.to_dict()
+    # a base in a bucket: no from_pretrained reads s3://, the snippet goes through Spotlight's cache
+    bucket = model_card(small_llm_config(policy={**LORA, "llm": {"pretrained_path": "s3://my-models/qwen"}},
+                                         warm_start={"steps": 0}), 7)
+    assert ("from cloud.model_cache import model_folder" in bucket and
+            'AutoModelForCausalLM.from_pretrained(model_folder("s3://my-models/qwen"))' in bucket)
     full = model_card(small_dit_config(), 3)
     assert "base_model" not in yaml.safe_load(full.split("---")[1])  # a random base has no name to give
     assert "every parameter trained" in full and "QwenImageTransformer2DModel.from_pretrained" in full

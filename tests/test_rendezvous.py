@@ -23,6 +23,8 @@ def test_each_head_publishes_the_next_generation_and_a_new_head_undoes_done(tmp_
     first = fleet.publish_head("10.0.0.5", 6379)
     assert (first.generation, first.address, first.port) == (1, "10.0.0.5", 6379)
     assert fleet.head() == first
+    fleet.publish_done("failed: " + "é" * 5000, 2, first.generation)  # a long error line still makes a record
+    assert fleet.done().reason.startswith("failed: é") and fleet.done().exit_code == 2
     fleet.publish_done("finished: steps", 0, first.generation)
     assert fleet.done().reason == "finished: steps"
     # a recovered head elsewhere: the next generation, and the run is no longer done

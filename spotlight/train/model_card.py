@@ -11,6 +11,7 @@ from pathlib import Path
 
 import yaml
 
+from cloud.model_cache import cached_folder
 from spotlight.config import RunConfig
 
 
@@ -25,6 +26,22 @@ def base_model(cfg: RunConfig) -> str:
     return name
 
 
+_BUCKET_IMPORT = "from cloud.model_cache import model_folder  # a bucket's folder, downloaded once\n"
+
+
+def _named(path: str) -> tuple[str, str]:
+    """(an import line or "", the Python expression a snippet loads model source `path` by): a folder
+    or Hub id as a string; a bucket folder, which no `from_pretrained` reads, through Spotlight's cache."""
+    if path.startswith(("s3://", "gs://")):
+        return _BUCKET_IMPORT, f'model_folder("{path}")'
+    return "", f'"{path}"'
+
+
+def _local(path: str) -> Path | None:
+    """Where model source `path` is on this machine, if it is (a bucket folder: its cached copy)."""
+    return cached_folder(path) if path.startswith(("s3://", "gs://")) else Path(path)
+
+
 def _loading(cfg: RunConfig) -> str:
     lora = cfg.policy.lora.enabled
     if cfg.policy.kind == "dit":
@@ -32,13 +49,15 @@ def _loading(cfg: RunConfig) -> str:
             return ("from diffusers import QwenImageTransformer2DModel\n"
                     "transformer = QwenImageTransformer2DModel.from_pretrained(\"final\")")
         path = cfg.policy.pretrained_path if not cfg.warm_start.steps else None  # else final/ holds the base
+        imported, named = _named(path) if path else ("", "")
         if path and cfg.policy.dit.pipeline:
-            return ("from diffusers import QwenImagePipeline\n"
-                    f"pipe = QwenImagePipeline.from_pretrained(\"{path}\")\n"
+            return (imported + "from diffusers import QwenImagePipeline\n"
+                    f"pipe = QwenImagePipeline.from_pretrained({named})\n"
                     "pipe.load_lora_weights(\"final\")  # pytorch_lora_weights.safetensors")
-        sub = ', subfolder="transformer"' if path and (Path(path) / "transformer").is_dir() else ""
-        base = f'"{path}"{sub}' if path else '"final/transformer"'
-        return ("from diffusers import QwenImagePipeline, QwenImageTransformer2DModel\n"
+        local = _local(path) if path else None
+        sub = ', subfolder="transformer"' if local is not None and (local / "transformer").is_dir() else ""
+        base = f'{named}{sub}' if path else '"final/transformer"'
+        return (imported + "from diffusers import QwenImagePipeline, QwenImageTransformer2DModel\n"
                 f"transformer = QwenImageTransformer2DModel.from_pretrained({base})\n"
                 "pipe = QwenImagePipeline(..., transformer=transformer)  # or QwenImagePipeline.from_pretrained(base)\n"
                 "pipe.load_lora_weights(\"final\")  # pytorch_lora_weights.safetensors")
@@ -46,10 +65,11 @@ def _loading(cfg: RunConfig) -> str:
         return ("from transformers import AutoModelForCausalLM, AutoTokenizer\n"
                 "model = AutoModelForCausalLM.from_pretrained(\"final\")\n"
                 "tokenizer = AutoTokenizer.from_pretrained(\"final\")")
-    base = cfg.policy.pretrained_path if cfg.policy.pretrained_path and not cfg.warm_start.steps else "final/base"
-    return ("from peft import PeftModel\n"
+    path = cfg.policy.pretrained_path if cfg.policy.pretrained_path and not cfg.warm_start.steps else "final/base"
+    imported, base = _named(path)
+    return (imported + "from peft import PeftModel\n"
             "from transformers import AutoModelForCausalLM, AutoTokenizer\n"
-            f"model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(\"{base}\"), \"final\")\n"
+            f"model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained({base}), \"final\")\n"
             "tokenizer = AutoTokenizer.from_pretrained(\"final\")")
 
 
