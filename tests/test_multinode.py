@@ -5,7 +5,10 @@ that joins gets executors and work — and the run ends bit-identical to a local
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import threading
 import time
 
@@ -15,7 +18,7 @@ import torch
 from safetensors.torch import load_file
 
 from conftest import small_dit_config
-from ray_cluster import LoopbackCluster
+from ray_cluster import LoopbackCluster, descendants
 
 STEPS = 4
 
@@ -204,13 +207,20 @@ def test_a_spot_node_sigkilled_while_it_computes_the_update_changes_no_weight(tm
             return [w for w in workers if w in runtime.engine.workers and spot_b.ip in runtime.engine.workers[w].nodes[0]]
 
         def kill_when_spot_b_computes():
-            """Once a worker of spot-b has computed a part of this update and holds another."""
+            """Once a worker of spot-b has computed a part of this update and holds another. Its
+            processes are known before the decision, so the kill lands right after it, while the
+            part in hand still computes (a scan of /proc between them gave a part time to finish:
+            once in CI nothing was left in flight to re-queue)."""
             deadline = time.monotonic() + 60
             before = sum(runtime.queue.completions_by_worker(Kind.TRAIN).get(w, 0) for w in on_spot_b(runtime.engine.workers))
             while time.monotonic() < deadline:
+                pids = descendants(spot_b.process.pid)
                 done = runtime.queue.completions_by_worker(Kind.TRAIN)
                 if sum(done.get(w, 0) for w in on_spot_b(done)) > before and on_spot_b(runtime.queue.held(Kind.TRAIN)):
-                    cluster.kill(spot_b)
+                    for pid in pids:
+                        with contextlib.suppress(ProcessLookupError):
+                            os.kill(pid, signal.SIGKILL)
+                    cluster.kill(spot_b)  # and whatever started since the scan
                     seen["killed"] = True
                     return
                 time.sleep(0.002)

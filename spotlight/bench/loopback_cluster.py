@@ -45,7 +45,7 @@ def free_port(host: str = HEAD_IP) -> int:
         return s.getsockname()[1]
 
 
-def _descendants(pid: int) -> list[int]:
+def descendants(pid: int) -> list[int]:
     """Every process below `pid` (children, theirs, ...), from /proc."""
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
@@ -68,7 +68,7 @@ def _descendants(pid: int) -> list[int]:
 def kill_tree(process: subprocess.Popen) -> None:
     """SIGKILL `process` and everything it started, as a machine that vanishes: every process group
     of its process tree (see the module docstring), then what is left of the tree."""
-    below = _descendants(process.pid)
+    below = descendants(process.pid)
     groups = {process.pid}
     for pid in below:
         try:
