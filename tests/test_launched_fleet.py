@@ -215,8 +215,11 @@ def test_a_fleet_forms_through_the_store_outlives_a_spot_node_and_its_head_and_b
         tmp_path, topology):
     place, s3 = topology
     steps = 6
+    # No on-demand rollout worker: every rollout waits for a spot node (runtime.spot_wait_s), so the
+    # node that re-joins the restarted head is the one that computes what is left (with one, the
+    # head could finish alone before the node is back).
     cfg = small_dit_config(train={"steps": steps, "prompts_per_step": 2, "group_size": 4, "checkpoint_every": 1},
-                           runtime={"kind": "ray", "spot_workers": 1, "ondemand_workers": 1},
+                           runtime={"kind": "ray", "spot_workers": 1, "ondemand_workers": 0},
                            cloud={"checkpoint_uri": f"s3://{s3.bucket}/run"})
     head, spot = _tasks(cfg, tmp_path)
     nodes = place.nodes
