@@ -62,18 +62,21 @@ class Bill:
     @property
     def spot_usd_h(self) -> float | None:
         """The fleet's dollars per hour with every spot node on `cloud.gpu` at its spot price."""
-        first = self.spot[0].price if self.spot else None
-        if self.head.price is None or (self.spot_nodes and first is None):
-            return None
-        return self.head.price.ondemand_usd_h + (self.spot_nodes * first.spot_usd_h if self.spot_nodes else 0.0)
+        return self._usd_h(spot=True)
 
     @property
     def ondemand_usd_h(self) -> float | None:
         """... with every spot node on demand instead (the same GPU)."""
+        return self._usd_h(spot=False)
+
+    def _usd_h(self, spot: bool) -> float | None:
+        """The head on demand plus every spot node on `cloud.gpu`, at its spot or on-demand price."""
         first = self.spot[0].price if self.spot else None
         if self.head.price is None or (self.spot_nodes and first is None):
             return None
-        return self.head.price.ondemand_usd_h + (self.spot_nodes * first.ondemand_usd_h if self.spot_nodes else 0.0)
+        if not self.spot_nodes:
+            return self.head.price.ondemand_usd_h
+        return self.head.price.ondemand_usd_h + self.spot_nodes * (first.spot_usd_h if spot else first.ondemand_usd_h)
 
     def hours(self, usd_h: float | None) -> float | None:
         """How long the budget pays for `usd_h` (None: no budget, or no price)."""

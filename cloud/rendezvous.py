@@ -27,8 +27,8 @@ import hmac
 import json
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import asdict, dataclass, fields
+from typing import Any, TypeVar
 
 from cloud.store import MissingKey, Store
 
@@ -61,6 +61,11 @@ class DoneRecord:
     exit_code: int
     generation: int
     at: float
+
+
+_R = TypeVar("_R", HeadRecord, DoneRecord)
+_TYPES = {"str": str, "int": int, "float": float}
+"""The fields' declared types (strings: `from __future__ import annotations`) -> their converters."""
 
 
 def _canonical(record: dict[str, Any]) -> bytes:
@@ -123,17 +128,19 @@ class Rendezvous:
                 self.log(f"refused {self.store.uri}/{err}")
             return None
 
+    @staticmethod
+    def _typed(kind: type[_R], record: dict[str, Any] | None) -> _R | None:
+        """`record` as a `kind` (each field converted to its declared type), None when it is not one."""
+        try:
+            return None if record is None else kind(**{f.name: _TYPES[f.type](record[f.name]) for f in fields(kind)})
+        except (KeyError, TypeError, ValueError):
+            return None
+
     # ---- the head -------------------------------------------------------------------------------
 
     def head(self) -> HeadRecord | None:
         """The head's published address, verified; None when there is none (or none that verifies)."""
-        record = self._read(HEAD_KEY)
-        try:
-            return None if record is None else HeadRecord(
-                run=record["run"], generation=int(record["generation"]), address=str(record["address"]),
-                port=int(record["port"]), published_at=float(record["published_at"]))
-        except (KeyError, TypeError, ValueError):
-            return None
+        return self._typed(HeadRecord, self._read(HEAD_KEY))
 
     def publish_head(self, address: str, port: int) -> HeadRecord:
         """Publish this head at `address`:`port` as the next generation; the run is no longer done."""
@@ -147,13 +154,8 @@ class Rendezvous:
     # ---- the end --------------------------------------------------------------------------------
 
     def done(self) -> DoneRecord | None:
-        record = self._read(DONE_KEY)
-        try:
-            return None if record is None else DoneRecord(
-                run=record["run"], reason=str(record["reason"]), exit_code=int(record["exit_code"]),
-                generation=int(record["generation"]), at=float(record["at"]))
-        except (KeyError, TypeError, ValueError):
-            return None
+        """The run's end record, verified; None while the run is not done."""
+        return self._typed(DoneRecord, self._read(DONE_KEY))
 
     def publish_done(self, reason: str, exit_code: int, generation: int) -> DoneRecord:
         """The run has ended for good (`reason`, at most `MAX_REASON` characters of it, is shown)."""

@@ -721,7 +721,7 @@ def build_parser() -> argparse.ArgumentParser:
                                         "checkpoint store) and into one SkyPilot job group - an on-demand head "
                                         "(Ray head, controller, learner) and one spot task per spot node, joining "
                                         "its Ray cluster with a token - check it with SkyPilot, and submit it "
-                                        "(`sky jobs launch`); the store's credentials go to the head as SkyPilot "
+                                        "(`sky jobs launch`); the store's credentials go to every node as SkyPilot "
                                         "secrets. SkyPilot runs from its own virtualenv: $SPOTLIGHT_SKY_PYTHON, "
                                         "else .venv-sky (`make sky-venv`). See docs/launch-on-aws-gcp.md.")
     launch.add_argument("config", help="run config YAML with a `cloud:` section (e.g. experiments/tiny_dit.yaml)")
