@@ -22,6 +22,8 @@ and botocore validates the body against it as it streams; `get_file(checksum=...
 S3's value with the expected one before writing anything (a replaced or truncated object is
 refused, `ChecksumMismatch`). The price: a download is one validated stream per object, not
 s3transfer's parallel ranged GETs, whose ranges carry no checksum.
+A bounded `get(key, max_bytes)` reads the GET's Content-Length and closes the body unread when
+it is over (`cloud.store.ObjectTooLarge`).
 
 Spot prices: `spot_price_history` reads `describe_spot_price_history`, all pages.
 
@@ -46,7 +48,6 @@ three request timeouts. boto3 is imported only when an S3 store or a price query
 from __future__ import annotations
 
 import http.client
-import json
 import logging
 import os
 import urllib.error
@@ -56,9 +57,10 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
+from cloud.bounded_json import loads
 from cloud.retry import Backoff, GaveUp, keeping_global_random, one_line
 from cloud.store import (ChecksumMismatch, LocalStore, MissingKey, ObjectStat, Store, StoreError, StoreURIError,
-                         check_key, parse_store_uri, replacing)
+                         check_key, parse_store_uri, replacing, too_large)
 from schedulers.clock import Clock, WallClock
 from schedulers.preemption import Cause, NoticeSource, PreemptionNotice
 
@@ -70,6 +72,8 @@ TOKEN_TTL_S = 21600  # the IMDSv2 maximum (6 h)
 # Renew a minute before the token expires, so a poll never sends a token that dies in flight.
 TOKEN_RENEW_MARGIN_S = 60.0
 
+MAX_IMDS_BYTES = 64 * 1024
+"""Most bytes of an IMDS answer read: an instance-action is ~60 bytes, a token 56 characters."""
 # IMDS is link-local: never route it through an HTTP(S)_PROXY from the environment.
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
@@ -141,9 +145,9 @@ class ImdsSpotWatcher:
             if status != 200:
                 raise ConnectionError(f"IMDS GET {path} answered {status}")
             try:
-                return json.loads(body)
+                return loads(body, max_bytes=MAX_IMDS_BYTES, what=f"IMDS {path}")  # bounded depth: poll never raises
             except ValueError:
-                return body.decode(errors="replace")  # 200 with an unexpected body: still a notice
+                return body.decode(errors="replace")[:200]  # 200 with an unexpected body: still a notice
         raise ConnectionError(f"IMDS GET {path} answered 401 with a fresh token")
 
     def _session_token(self) -> str:
@@ -161,7 +165,7 @@ class ImdsSpotWatcher:
         request = urllib.request.Request(self.base + path, method=method, headers=headers)
         try:
             with _OPENER.open(request, timeout=self._timeout_s) as response:
-                return response.status, response.read()
+                return response.status, response.read(MAX_IMDS_BYTES + 1)
         except urllib.error.HTTPError as e:
             with e:
                 return e.code, b""
@@ -373,11 +377,24 @@ class S3Store:
             raise StoreError(f"{self.uri}/{key}: the server keeps no {CHECKSUM_ALGORITHM} checksum (it keeps {kept})")
         return _CHECKSUM_PREFIX + value
 
-    def get(self, key: str) -> bytes:
+    def get(self, key: str, max_bytes: int | None = None) -> bytes:
         k = self._key(key)
+
+        def fetch() -> bytes:
+            answer = self.client.get_object(Bucket=self.bucket, Key=k, ChecksumMode="ENABLED")
+            body = answer["Body"]
+            with body:  # not `as`: StreamingBody.__enter__ gives the raw stream, whose reads skip the checksum
+                size = int(answer.get("ContentLength", -1))
+                if max_bytes is not None and size > max_bytes:
+                    # Closed unread: the headers said enough (issue 27: a 400 MB manifest cost 1.17 GB).
+                    raise too_large(self.uri, key, size, max_bytes)
+                data = body.read()
+            if max_bytes is not None and len(data) > max_bytes:  # a server that sent no Content-Length
+                raise too_large(self.uri, key, len(data), max_bytes)
+            return data
+
         # The body is read inside the retried call: a connection cut mid-body is retried too.
-        return self._call("GET", key, lambda: self.client.get_object(
-            Bucket=self.bucket, Key=k, ChecksumMode="ENABLED")["Body"].read())
+        return self._call("GET", key, fetch)
 
     def get_file(self, key: str, path: Path, checksum: str | None = None) -> None:
         k = self._key(key)

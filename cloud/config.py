@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from cloud.names import image_problem, region_problem
 from cloud.store import StoreURIError, parse_store_uri
 from schedulers.input_file import ConfigError, at_most, check
 
@@ -34,6 +35,8 @@ class CloudConfig:
     provider: Literal["aws", "gcp"] | None = None
     """Cloud to launch on; None lets SkyPilot choose among those enabled."""
     region: str | None = None
+    """Region of every node, as the cloud names it (us-east-1 on AWS, us-central1 on GCP; of
+    `provider` when one is named); None lets SkyPilot choose."""
     job_recovery: Literal["FAILOVER", "EAGER_NEXT_REGION"] = "FAILOVER"
     """SkyPilot's recovery strategy for a preempted node (each spot node is a task of its own in
     the run's job group). Either way a recovered node stays in the region the group was placed in:
@@ -42,10 +45,11 @@ class CloudConfig:
     for a task that names none (`EagerFailoverStrategy.recover` in `sky/jobs/recovery_strategy.py`).
     So FAILOVER and EAGER_NEXT_REGION both retry in that region (another zone may serve)."""
     image_id: str | None = None
-    """Node image of every node (SkyPilot's `image_id`, e.g. an AMI `ami-...` or `docker:IMAGE`): one
-    built by running the node setup once (`cloud/node_setup.py`: ~/.spotlight-venv and
-    ~/.spotlight-fleet.lock in the image) skips the install in each node's setup (docs/launching.md);
-    None: the cloud's default image, installed at setup."""
+    """Node image of every node (SkyPilot's `image_id`): `docker:IMAGE` (a Docker reference), an AWS
+    AMI `ami-...`, a GCP image `projects/P/global/images/NAME` or a SkyPilot tag `skypilot:NAME`
+    (the grammars: `cloud.names`). One built by running the node setup once (`cloud/node_setup.py`:
+    ~/.spotlight-venv and ~/.spotlight-fleet.lock in the image) skips the install in each node's
+    setup (docs/launching.md); None: the cloud's default image, installed at setup."""
     max_restarts_on_errors: int = 3
     """SkyPilot restarts of a node whose task failed by itself (not preempted), 0..1,000."""
     checkpoint_uri: str | None = None
@@ -76,9 +80,15 @@ class CloudConfig:
         check(self.deadline_h is None or self.deadline_h > 0, "deadline_h", "a number > 0 or null", self.deadline_h)
         check(self.price_scale > 0, "price_scale", "a number > 0", self.price_scale)
         check(self.inflight_every_s >= 0, "inflight_every_s", "a number >= 0", self.inflight_every_s)
-        check(self.image_id is None or (isinstance(self.image_id, str) and 0 < len(self.image_id) <= 512
-                                        and self.image_id.isprintable() and " " not in self.image_id),
-              "image_id", "an image name of at most 512 printable characters, no spaces, or null", self.image_id)
+        # SkyPilot puts both unquoted into the cluster templates, and a Docker image into `docker pull`
+        # on every node (cloud/names.py says where): each must be a name of its grammar, for the cloud
+        # named, not merely free of spaces (issue 27: `docker:img;touch${IFS}/tmp/x` passed that).
+        if self.region is not None:
+            expected = region_problem(self.region, self.provider)
+            check(expected is None, "region", f"{expected} or null", self.region)
+        if self.image_id is not None:
+            expected = image_problem(self.image_id, self.provider)
+            check(expected is None, "image_id", f"{expected} or null", self.image_id)
         at_most(self, ("gpus_per_node",), 64, " GPUs")
         at_most(self, ("max_restarts_on_errors",), 1000)
         at_most(self, ("inflight_every_s",), 86400, " s")

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cloud.bounded_json import load_file
 from schedulers.clock import Clock
 from schedulers.input_file import ConfigError
 
@@ -323,6 +324,8 @@ SPENT_FILE = "cost.json"
 """In the run folder: {"cost_usd": dollars every session of the run spent so far, "startup_s": the
 last session's start-up seconds (warm-start training aside)}. A resumed run adds to the dollars, and
 its pre-run check asks the budget left to pay for a start-up like the last one plus one iteration."""
+MAX_SPENT_BYTES = 64 * 1024
+"""cost.json is read with at most this: it is ~50 bytes, so a larger file is not one."""
 
 
 @dataclass(frozen=True)
@@ -337,9 +340,9 @@ def load_spent(run_dir: Path) -> Spent:
     if not path.is_file():
         return Spent()
     try:
-        data = json.loads(path.read_text())
+        data = load_file(path, max_bytes=MAX_SPENT_BYTES)  # bounded: too large, too deep, not JSON are ValueErrors
         spent = Spent(float(data["cost_usd"]), float(data.get("startup_s", 0.0)))
-    except (ValueError, KeyError, TypeError, AttributeError):
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         raise ConfigError(f"{path}: expected {{\"cost_usd\": dollars, \"startup_s\": seconds}} (what earlier "
                           "sessions of this run spent); fix or delete it") from None
     for name, value in (("cost_usd", spent.cost_usd), ("startup_s", spent.startup_s)):

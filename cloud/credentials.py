@@ -14,8 +14,10 @@ Per store:
   own identity, which on AWS is the instance role SkyPilot gives its nodes (it can read and write
   S3); on another cloud there is none, so that is refused.
 - `gs://`: SPOTLIGHT_GCS_KEY_JSON, a service-account key's JSON text (`cloud.gcs.KEY_JSON_ENV`):
-  from the environment, else read from the key file $GOOGLE_APPLICATION_CREDENTIALS names. With
-  none, a node uses its VM's service account on GCP; elsewhere refused.
+  from the environment, else read from the key file $GOOGLE_APPLICATION_CREDENTIALS names; either
+  way checked by the store's own check (`cloud.gcs.service_account_info`) before anything is
+  written, so a user's login or a stray text is refused here, not on every node. With none, a node
+  uses its VM's service account on GCP; elsewhere refused.
 - a folder: none (`spotlight.launch_config` refuses folders for a launch anyway).
 
 Invariant: a value returned here is only ever put into a subprocess's environment; messages name
@@ -24,12 +26,11 @@ variables, never values (tests/test_cloud_sky.py checks the launch's files and o
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cloud.gcs import KEY_JSON_ENV
+from cloud.gcs import KEY_JSON_ENV, MAX_KEY_BYTES, NotAServiceAccountKey, service_account_info
 from cloud.store import parse_store_uri
 from schedulers.input_file import ConfigError
 
@@ -38,8 +39,6 @@ AWS_PLACE = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_DEFAULT_REGION")
 """Not secret, but the store's address: passed the same way, so the task files carry no endpoint."""
 GCS_KEY_ENV = KEY_JSON_ENV
 """What a GCS store reads its service-account key from."""
-MAX_KEY_FILE_BYTES = 64 * 1024
-"""A service-account key file is ~2.3 KB; a larger file is not one."""
 
 
 @dataclass
@@ -72,7 +71,7 @@ def store_credentials(checkpoint_uri: str, provider: str | None, environ: Mappin
             found.notes.append("no AWS keys in this environment: the nodes reach S3 with their instance "
                                "role (SkyPilot's on AWS)")
     elif scheme == "gs":
-        key = environ.get(GCS_KEY_ENV) or _key_file(environ.get("GOOGLE_APPLICATION_CREDENTIALS"))
+        key = _key_text(environ.get(GCS_KEY_ENV)) or _key_file(environ.get("GOOGLE_APPLICATION_CREDENTIALS"))
         if key:
             found.secrets[GCS_KEY_ENV] = key
             found.notes.append(f"store credentials for every node (SkyPilot secret): {GCS_KEY_ENV}")
@@ -86,19 +85,34 @@ def store_credentials(checkpoint_uri: str, provider: str | None, environ: Mappin
     return found
 
 
+def _key_text(text: str | None) -> str | None:
+    """$SPOTLIGHT_GCS_KEY_JSON's text when it is a service-account key, None when blank (the store
+    ignores a blank one too); anything else is refused here, before it is shipped to every node
+    that would refuse it only once running (`cloud.gcs.service_account_info`, the store's check)."""
+    if not text or not text.strip():
+        return None
+    try:
+        service_account_info(text)
+    except NotAServiceAccountKey as err:
+        raise ConfigError(f"${GCS_KEY_ENV} {err} (a launched fleet needs one to reach a gs:// store)") from None
+    return text
+
+
 def _key_file(path: str | None) -> str | None:
     """The text of the service-account key file at `path`, None when there is none to use (no
-    path, or ADC of another kind: a user's own login cannot be handed to a machine)."""
+    path); a file that is not a service-account key (e.g. a user's own login, ADC of another kind)
+    is refused by the same check as $SPOTLIGHT_GCS_KEY_JSON."""
     if not path:
         return None
     try:
         with open(Path(path).expanduser(), "rb") as f:
-            raw = f.read(MAX_KEY_FILE_BYTES + 1)
-        info = json.loads(raw) if len(raw) <= MAX_KEY_FILE_BYTES else None
-    except (OSError, ValueError):
-        raise ConfigError(f"$GOOGLE_APPLICATION_CREDENTIALS names {path[:200]}, which is not a readable JSON "
-                          "key file") from None
-    if not (isinstance(info, dict) and info.get("type") == "service_account"):
-        raise ConfigError(f"$GOOGLE_APPLICATION_CREDENTIALS names {path[:200]}, which is not a service-account "
-                          f"key (a launched head needs one: set ${GCS_KEY_ENV} or point it at a key file)")
+            raw = f.read(MAX_KEY_BYTES + 1)  # bounded: a key is ~2.3 KB, /dev/zero is not one
+    except OSError as err:
+        raise ConfigError(f"$GOOGLE_APPLICATION_CREDENTIALS names {path[:200]}, which cannot be read "
+                          f"({err.strerror or type(err).__name__})") from None
+    try:
+        service_account_info(raw)
+    except NotAServiceAccountKey as err:
+        raise ConfigError(f"$GOOGLE_APPLICATION_CREDENTIALS names {path[:200]}, which {err} (a launched head "
+                          f"needs one: set ${GCS_KEY_ENV} or point it at a key file)") from None
     return raw.decode()

@@ -14,7 +14,9 @@ Reads: `get_file(key, path, checksum)` first compares the object's crc32c from i
 `checksum` (a replaced or truncated object is refused before a byte is downloaded), then downloads
 that generation with the client's crc32c validation on (the bytes received are checked against the
 X-Goog-Hash GCS sends), into a temporary file next to `path` that is renamed over it only when whole
-and matching; a mismatch is `ChecksumMismatch` and leaves nothing at `path`.
+and matching; a mismatch is `ChecksumMismatch` and leaves nothing at `path`. A bounded
+`get(key, max_bytes)` reads the object's size from its metadata first and downloads that
+generation only when it fits (`cloud.store.ObjectTooLarge` otherwise, nothing downloaded).
 
 Retries, two layers: the client library retries single requests (and resumable-upload chunks) its
 own way — HTTP 408/429/5xx and connection errors, for up to 120 s of wall time; `cloud.retry.Backoff`
@@ -48,8 +50,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from cloud.bounded_json import MAX_DEPTH, depth_over
 from cloud.retry import Backoff, GaveUp, keeping_global_random, one_line
-from cloud.store import ChecksumMismatch, MissingKey, ObjectStat, StoreError, check_key, replacing
+from cloud.store import ChecksumMismatch, MissingKey, ObjectStat, StoreError, check_key, replacing, too_large
 from schedulers.clock import Clock, WallClock
 
 log = logging.getLogger(__name__)
@@ -60,6 +63,9 @@ EMULATOR_ENV = "STORAGE_EMULATOR_HOST"
 CRC32C = "crc32c"
 """The algorithm of a GCS store's checksums."""
 SCOPES = ["https://www.googleapis.com/auth/devstorage.read_write"]
+_BOUNDED_GET_TRIES = 3
+"""Times a bounded `get` reads an object's size again when the object is replaced in between (a
+results manifest is replaced at every push, minutes apart: a second try sees a stable one)."""
 CHUNK_BYTES = 64 * 1024 * 1024
 """A resumable upload's chunk (a multiple of GCS's 256 KiB): what a failed request re-sends at
 most. As S3's parts (`cloud.aws.MULTIPART_CHUNK_BYTES`); the client's own default is 100 MiB."""
@@ -68,7 +74,53 @@ _CHECKSUM_REFUSED = re.compile(r"(crc32c|md5).*doesn.t match", re.IGNORECASE)
 # The client's message for a damaged download: the X-Goog-Hash checksum, then the received bytes'.
 _DOWNLOAD_MISMATCH = re.compile(r"indicated an (\w+) checksum of:\s*(\S+)\s+but the actual \w+ checksum of the "
                                 r"downloaded contents was:\s*(\S+)")
-_KEY_FIELDS = ("type", "client_email", "private_key", "token_uri")
+_KEY_FIELDS = ("client_email", "private_key", "token_uri")
+"""What google-auth needs of a service-account key besides its type (it requires client_email and
+token_uri, `service_account.Credentials.from_service_account_info`, and signs with private_key)."""
+MAX_KEY_BYTES = 64 * 1024
+"""A service-account key's JSON is ~2.3 KB; a larger text is not one."""
+# Google's other credential types, which a key file or ADC may hold: none is a key a machine can use.
+_OTHER_KINDS = {
+    "authorized_user": "a user's own login (gcloud auth application-default login), which cannot be handed to a machine",
+    "external_account": "workload identity federation, bound to where it was made",
+    "external_account_authorized_user": "a federated user's login, which cannot be handed to a machine",
+    "impersonated_service_account": "an impersonation that needs the caller's own credentials",
+}
+
+
+class NotAServiceAccountKey(ValueError):
+    """Text that is not a service-account key; `str(err)` says why ("is not JSON (line 1 column 2)",
+    "is not a service-account key (no client_email)") and never quotes the text."""
+
+
+def service_account_info(text: str | bytes) -> dict[str, Any]:
+    """The fields of a service-account key's JSON `text`, as Google issues them, else
+    `NotAServiceAccountKey`. The one check of a key, wherever it comes from: $SPOTLIGHT_GCS_KEY_JSON
+    when a store opens (`_credentials`), and $SPOTLIGHT_GCS_KEY_JSON or the file
+    $GOOGLE_APPLICATION_CREDENTIALS names when `spotlight launch` ships it (`cloud.credentials`), so
+    that a launch refuses, before anything is written, whatever the head's store would refuse
+    (tests/test_launch_inputs.py, tests/test_cloud_gcs.py)."""
+    if len(text) > MAX_KEY_BYTES:
+        raise NotAServiceAccountKey(f"is not a service-account key (longer than {MAX_KEY_BYTES // 1024} KiB; "
+                                    "a key is ~2.3 KB)")
+    if depth_over(text, MAX_DEPTH):  # json.loads would raise RecursionError, not a ValueError (issue 27)
+        raise NotAServiceAccountKey(f"is not a service-account key (nested deeper than {MAX_DEPTH} levels)")
+    try:
+        info = json.loads(text)
+    except ValueError as err:  # JSONDecodeError, or UnicodeDecodeError for bytes
+        where = f"line {err.lineno} column {err.colno}" if isinstance(err, json.JSONDecodeError) else "not UTF-8"
+        raise NotAServiceAccountKey(f"is not JSON ({where}); expected a service-account key's JSON text") from None
+    if not isinstance(info, dict):
+        raise NotAServiceAccountKey("is not a service-account key (not a JSON object)")
+    kind = info.get("type")
+    if kind != "service_account":
+        # Only Google's own type names are repeated: anything else in the text stays unshown.
+        what = f": it is {kind!r}, {_OTHER_KINDS[kind]}" if isinstance(kind, str) and kind in _OTHER_KINDS else ""
+        raise NotAServiceAccountKey(f"is not a service-account key (type is not 'service_account'{what})")
+    missing = [f for f in _KEY_FIELDS if not (isinstance(info.get(f), str) and info[f].strip())]
+    if missing:
+        raise NotAServiceAccountKey(f"is not a service-account key (no {', '.join(missing)})")
+    return info
 
 
 class _NoBucket(Exception):
@@ -145,15 +197,9 @@ def _credentials(uri: str) -> tuple[Any, str | None]:
         from google.oauth2 import service_account
 
         try:
-            info = json.loads(text)
-        except ValueError as err:
-            where = f"line {err.lineno} column {err.colno}" if isinstance(err, json.JSONDecodeError) else "?"
-            raise StoreError(f"{uri}: ${KEY_JSON_ENV} is not JSON ({where}); expected a service-account "
-                             "key's JSON text") from None
-        missing = [f for f in _KEY_FIELDS if not isinstance(info, dict) or not info.get(f)]
-        if missing or info.get("type") != "service_account":
-            what = f"no {', '.join(missing)}" if missing else "type is not 'service_account'"
-            raise StoreError(f"{uri}: ${KEY_JSON_ENV} is not a service-account key ({what})")
+            info = service_account_info(text)
+        except NotAServiceAccountKey as err:
+            raise StoreError(f"{uri}: ${KEY_JSON_ENV} {err}") from None
         try:
             credentials = service_account.Credentials.from_service_account_info(info, scopes=SCOPES)
         except (ValueError, TypeError):  # the message may quote the key: never shown
@@ -286,10 +332,29 @@ class GcsStore:
 
         return self._call("PUT", key, upload)
 
-    def get(self, key: str) -> bytes:
+    def get(self, key: str, max_bytes: int | None = None) -> bytes:
         name = self._name(key)
-        # The body is read inside the retried call: a connection cut or damaged body is retried too.
-        return self._call("GET", key, lambda: self._bucket.blob(name).download_as_bytes(checksum=CRC32C))
+        if max_bytes is None:
+            # The body is read inside the retried call: a connection cut or damaged body is retried too.
+            return self._call("GET", key, lambda: self._bucket.blob(name).download_as_bytes(checksum=CRC32C))
+
+        def bounded() -> bytes:
+            """The object's size from its metadata first (one more request, for a bounded read only),
+            then that generation's bytes: an object over `max_bytes` is never downloaded."""
+            from google.api_core.exceptions import PreconditionFailed
+
+            for _ in range(_BOUNDED_GET_TRIES):
+                stored = self._metadata(name)
+                if int(stored.size) > max_bytes:
+                    raise too_large(self.uri, key, int(stored.size), max_bytes)
+                try:
+                    return self._bucket.blob(name).download_as_bytes(checksum=CRC32C,
+                                                                     if_generation_match=stored.generation)
+                except PreconditionFailed:  # replaced since its size was read: read its size again
+                    continue
+            raise StoreError(f"GET {self.uri}/{key}: replaced {_BOUNDED_GET_TRIES} times while it was read")
+
+        return self._call("GET", key, bounded)
 
     def get_file(self, key: str, path: Path, checksum: str | None = None) -> None:
         name = self._name(key)

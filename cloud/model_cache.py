@@ -54,6 +54,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
+from cloud.bounded_json import load_file
 from cloud.store import ObjectStat, Store, StoreError, StoreURIError, check_key, parse_store_uri, replacing
 from schedulers.input_file import InputError, short
 
@@ -66,6 +67,9 @@ EXPECTED_SOURCE = "a local folder, s3://BUCKET/PREFIX, gs://BUCKET/PREFIX or a H
 # The Hub's repo names: letters, digits, '-', '_', '.', at most 96 characters each side of the '/'.
 _HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}")
 _RECORD = ".fetch.json"
+_MAX_RECORD_BYTES = 16 << 20
+"""A fetch record is read with at most 16 MiB: ~200 bytes a file, and a model folder has tens of
+files (Qwen-Image: ~40), a Hub repo at most thousands. A larger or deeper one reads as none."""
 _BIG = 64 << 20  # files from 64 MiB up get a line of their own while they arrive (Qwen-Image's shards: ~5 GB)
 
 
@@ -341,7 +345,7 @@ def _has_size(path: Path, size: int) -> bool:
 def _read_record(folder: Path, source: str) -> dict[str, Any]:
     """The fetch record of `folder` when it is `source`'s and readable; else an empty one."""
     try:
-        record = json.loads(folder.with_name(folder.name + _RECORD).read_text())
+        record = load_file(folder.with_name(folder.name + _RECORD), max_bytes=_MAX_RECORD_BYTES)
     except (OSError, ValueError):
         return {}
     ok = (isinstance(record, dict) and record.get("source") == source and isinstance(record.get("files"), dict)

@@ -43,7 +43,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from schedulers.input_file import ConfigError
+from schedulers.input_file import ConfigError, InputFileError, open_regular
 
 SHIPPED = Path(__file__).with_name("prices.csv")
 COLUMNS = ("provider", "instance_type", "gpu", "gpus", "ondemand_usd_h", "spot_usd_h", "source", "date")
@@ -120,11 +120,14 @@ def _quote(text: str) -> str:
 
 
 def read_table_text(path: Path, what: str) -> str:
-    """The text of a CSV table: at most MAX_TABLE_BYTES (read bounded, so /dev/zero is refused
-    too), UTF-8; anything else is one PriceError line."""
+    """The text of a CSV table: a regular file (`schedulers.input_file.open_regular`: a FIFO or a
+    device is refused before it is opened), at most MAX_TABLE_BYTES, UTF-8; anything else is one
+    PriceError line."""
     try:
-        with open(path, "rb") as f:
+        with open_regular(path, what) as f:
             data = f.read(MAX_TABLE_BYTES + 1)
+    except InputFileError as err:
+        raise PriceError(str(err)) from None
     except OSError as err:
         raise PriceError(f"{path}: cannot read {what} ({err.strerror or type(err).__name__})") from None
     if len(data) > MAX_TABLE_BYTES:

@@ -30,7 +30,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from typing import Any, TypeVar
 
-from cloud.store import MissingKey, Store
+from cloud.bounded_json import loads
+from cloud.store import MissingKey, ObjectTooLarge, Store
 
 HEAD_KEY = "fleet/head.json"
 DONE_KEY = "fleet/done.json"
@@ -84,9 +85,8 @@ def signed(record: dict[str, Any], token: str) -> bytes:
 def verify(blob: bytes, token: str, key: str) -> dict[str, Any]:
     """The record in `blob` when its signature verifies with `token`; else `ForgedRecord`."""
     try:
-        if len(blob) > MAX_RECORD_BYTES:
-            raise ValueError(f"{len(blob)} bytes")
-        data = json.loads(blob)
+        # Bounded: 4 KiB of `[` is 4,096 levels, past json's ~1,000 (a RecursionError: issue 27).
+        data = loads(blob, max_bytes=MAX_RECORD_BYTES, what="record")
         record, mac = data["record"], data["hmac"]
         if not isinstance(record, dict) or not isinstance(mac, str):
             raise TypeError("not a signed record")
@@ -114,8 +114,13 @@ class Rendezvous:
 
     def _read(self, key: str) -> dict[str, Any] | None:
         try:
-            blob = self.store.get(key)
+            blob = self.store.get(key, max_bytes=MAX_RECORD_BYTES)
         except MissingKey:
+            return None
+        except ObjectTooLarge as err:  # not read: no record of ours is that large
+            # Logged once per distinct message, as a refused record is once per distinct blob.
+            self._refuse(str(err).encode(), ForgedRecord(f"{key}: not a fleet record (over {MAX_RECORD_BYTES} "
+                                                         "bytes, not read)"))
             return None
         try:
             record = verify(blob, self.token, key)
@@ -123,10 +128,13 @@ class Rendezvous:
                 raise ForgedRecord(f"{key}: a record of run {str(record.get('run'))[:60]!r}, not {self.run!r}")
             return record
         except ForgedRecord as err:
-            if blob not in self._refused:
-                self._refused.add(blob)
-                self.log(f"refused {self.store.uri}/{err}")
+            self._refuse(blob, err)
             return None
+
+    def _refuse(self, seen: bytes, err: ForgedRecord) -> None:
+        if seen not in self._refused:
+            self._refused.add(seen)
+            self.log(f"refused {self.store.uri}/{err}")
 
     @staticmethod
     def _typed(kind: type[_R], record: dict[str, Any] | None) -> _R | None:

@@ -51,6 +51,7 @@ from typing import Any
 import yaml
 
 from cloud.config import CloudConfig
+from cloud.names import ACCELERATOR, CLUSTER_NAME, CLUSTER_NAME_MAX, LOCAL_PATH
 from cloud.node_setup import ACTIVATE, SETUP
 from schedulers.input_file import ConfigError
 
@@ -94,10 +95,6 @@ NODE_IP_ENV = "SPOTLIGHT_RAY_NODE_IP"
 PORT_FLAGS_ENV = "SPOTLIGHT_RAY_PORT_FLAGS"
 
 
-# SkyPilot cluster and job names; lower case because GCP accepts only that.
-_NAME = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
-
-
 class SkyError(RuntimeError):
     """SkyPilot is missing, rejects a task, or a launch step failed; `str(err)` is one line."""
 
@@ -125,16 +122,17 @@ def run_name(config_path: str | Path) -> str:
 
 
 def check_name(name: str) -> str:
-    if not _NAME.fullmatch(name) or len(name) > 40:
+    if not CLUSTER_NAME.fullmatch(name) or len(name) > CLUSTER_NAME_MAX:
         raise ConfigError(f"--name: expected lower-case letters, digits and '-', starting with a letter, "
-                          f"at most 40 characters (a SkyPilot cluster name), got {name!r}")
+                          f"at most {CLUSTER_NAME_MAX} characters (a SkyPilot cluster name), got {name!r}")
     return name
 
 
 def known_gpus(prices: Path | None = None) -> dict[str, str]:
     """Accelerator names SkyPilot knows, lower-cased -> as spelled: `KNOWN_GPUS` plus the `gpu`
     column of the price table, when one is there (a table that cannot be read adds nothing: the
-    price meter reports what is wrong with it)."""
+    price meter reports what is wrong with it). A table's name that is not an accelerator name
+    (`cloud.names.ACCELERATOR`) adds nothing either: the spelling here is what a task file carries."""
     names = {g.lower(): g for g in KNOWN_GPUS}
     path = prices if prices is not None else REPO_ROOT / "cloud" / "prices.csv"
     from cloud.prices import PriceError, read_table_text
@@ -142,7 +140,7 @@ def known_gpus(prices: Path | None = None) -> dict[str, str]:
     try:  # bounded: a `cloud.prices` naming a huge file or /dev/zero reads at most 1 MiB
         for row in csv.DictReader(read_table_text(path, "price table").splitlines()):
             gpu = (row.get("gpu") or "").strip()
-            if gpu:
+            if ACCELERATOR.fullmatch(gpu):
                 names.setdefault(gpu.lower(), gpu)
     except (PriceError, csv.Error):
         pass
@@ -294,6 +292,12 @@ def write_tasks(cloud: CloudConfig, spot_workers: int, run_config: str, out: str
     name = check_name(name)
     check_fleet(cloud, spot_workers)
     out = Path(out).resolve()
+    # SkyPilot uploads the workdir and run.yaml inside double quotes or Python's repr in a shell
+    # command (cloud/names.py): a quote or '$' in either folder's path would run there.
+    for what, folder in (("--out", out), ("the project's folder", REPO_ROOT)):
+        if not LOCAL_PATH.fullmatch(str(folder)):
+            raise ConfigError(f"{what}: expected a folder whose path has only letters, digits, spaces and "
+                              f"._+-@%=,:~/ (SkyPilot puts it into shell commands), got {str(folder)[:200]!r}")
     out.mkdir(parents=True, exist_ok=True)
     run_yaml = out / "run.yaml"
     run_yaml.write_text(run_config)

@@ -13,6 +13,10 @@ The `Store` Protocol is small on purpose, so that S3 (`cloud.aws.S3Store`), Goog
   when the object was replaced, truncated or damaged. So a caller never hashes a file itself;
 - `get`/`get_file` of a key that does not exist raise `MissingKey`; `get_file` writes its
   destination atomically too;
+- `get(key, max_bytes=N)` of an object over N bytes raises `ObjectTooLarge` without reading it
+  whole: the size is known first (a folder's stat, S3's Content-Length, GCS's metadata), so a
+  planted 400 MB manifest costs a refusal, not 1.2 GB of memory (issue 27). Whatever is read back
+  as JSON goes through `get_json`: that bound, then `cloud.bounded_json`'s depth and syntax checks;
 - `stat(key)` gives an object's size and the checksum `get_file` verifies against (the same
   "ALGORITHM:VALUE" `put_file` returned for it), without reading the object, so a folder of
   objects can be fetched verified without a manifest (`cloud.model_cache`); a missing key is
@@ -40,14 +44,16 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 from urllib.parse import urlsplit
 
+from cloud.bounded_json import MAX_DEPTH, loads, size_text
 from schedulers.input_file import InputError
 
 EXPECTED_URI = "s3://BUCKET/PREFIX, gs://BUCKET/PREFIX, file:///ABSOLUTE/PATH or a local path"
@@ -72,6 +78,11 @@ class ChecksumMismatch(StoreError):
     damaged); the message names the object and both checksums."""
 
 
+class ObjectTooLarge(StoreError, ValueError):
+    """`get(key, max_bytes)` of an object larger than `max_bytes`; nothing of it was read. A
+    ValueError too, so a reader's `except ValueError` for a bad object takes it as one."""
+
+
 class StoreURIError(InputError):
     """A URI that names no store; the message is one line: the URI, what is wrong, what was expected."""
 
@@ -88,7 +99,10 @@ class Store(Protocol):
         checksum, "ALGORITHM:VALUE" (module docstring)."""
         ...
 
-    def get(self, key: str) -> bytes: ...
+    def get(self, key: str, max_bytes: int | None = None) -> bytes:
+        """The object's bytes; with `max_bytes`, `ObjectTooLarge` for an object larger than that,
+        found out before it is read (module docstring)."""
+        ...
 
     def get_file(self, key: str, path: Path, checksum: str | None = None) -> None:
         """Write the object to the local file `path` (atomically; parent folders are made). With
@@ -168,6 +182,20 @@ def _bucket_location(parts, shown: str, service: str, valid, allowed: str) -> St
     if parts.query or parts.fragment or "//" in prefix:
         raise StoreURIError(f"{shown}: unexpected '?', '#' or '//' (expected {form})")
     return StoreLocation(scheme, bucket=bucket, prefix=prefix)
+
+
+def get_json(store: Store, key: str, *, max_bytes: int, max_depth: int = MAX_DEPTH) -> Any:
+    """The JSON value stored at `key`, at most `max_bytes` of it and `max_depth` levels deep:
+    `MissingKey` when there is none, a ValueError (`ObjectTooLarge`, `cloud.bounded_json.JsonRefused`)
+    with one line naming the object when it is not JSON within those bounds."""
+    return loads(store.get(key, max_bytes=max_bytes), max_bytes=max_bytes, max_depth=max_depth,
+                 what=f"{store.uri}/{key}")
+
+
+def too_large(uri: str, key: str, size: int | None, max_bytes: int) -> ObjectTooLarge:
+    """The error of an object of `size` bytes (None: not known) read with at most `max_bytes`."""
+    of = f"{size} bytes, more" if size is not None else "more"
+    return ObjectTooLarge(f"{uri}/{key}: {of} than the {size_text(max_bytes)} expected of it (not read)")
 
 
 def store_roots() -> list[Path]:
@@ -264,11 +292,25 @@ class LocalStore:
             self._write_atomically(key, lambda f: _copy_hashing(src, f, digest))
         return f"{SHA256}:{digest.hexdigest()}"
 
-    def get(self, key: str) -> bytes:
+    def get(self, key: str, max_bytes: int | None = None) -> bytes:
         try:
-            return self._path(key).read_bytes()
-        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            # O_NONBLOCK: a FIFO in an object's place must not wait for a writer (regular files ignore it).
+            fd = os.open(self._path(key), os.O_RDONLY | os.O_NONBLOCK)
+        except (FileNotFoundError, NotADirectoryError):
             raise MissingKey(f"{self.uri}/{key}: no such object") from None
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):  # a folder, a FIFO, a device: no object, as for get_file
+                raise MissingKey(f"{self.uri}/{key}: no such object")
+            if max_bytes is not None and info.st_size > max_bytes:  # found out before a byte is read
+                raise too_large(self.uri, key, info.st_size, max_bytes)
+            with open(fd, "rb", closefd=False) as f:
+                data = f.read() if max_bytes is None else f.read(max_bytes + 1)  # + 1: one that grew since
+        finally:
+            os.close(fd)
+        if max_bytes is not None and len(data) > max_bytes:
+            raise too_large(self.uri, key, None, max_bytes)
+        return data
 
     def get_file(self, key: str, path: Path, checksum: str | None = None) -> None:
         source = self._path(key)

@@ -16,6 +16,12 @@ Invariants, tested in tests/test_elastic_sp_agent_server.py:
 - A silent or slow connection is dropped `handshake_timeout_s` after it was accepted and never
   delays another: each handshake runs in its own thread
   (test_a_silent_connection_does_not_hold_up_a_coordinator).
+- A flood of connections that never authenticate does not keep a coordinator out: a new connection
+  is never refused, it evicts a pending one of the address holding the most (`PendingHandshakes`);
+  lines about such peers are rate-limited per address (`PeerLog`)
+  (test_a_flood_of_silent_connections_does_not_lock_out_a_coordinator,
+  test_pending_handshakes_evict_the_oldest_of_the_heaviest_address,
+  test_the_peer_log_writes_a_burst_then_one_line_per_interval_with_the_count).
 - A message with a bad signature, a stale sequence number, an oversized length, or that is not
   data of `WIRE_TYPES` (a pickle included: never unpickled) ends that connection only, with one
   line on stderr; the server keeps the node's weights and serves the next coordinator
@@ -39,6 +45,7 @@ node lost when the connection ends.
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import queue
 import secrets
@@ -47,7 +54,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Collection
+from collections import OrderedDict
+from collections.abc import Callable, Collection, Hashable
 from dataclasses import dataclass
 from multiprocessing.connection import wait
 from pathlib import Path
@@ -65,19 +73,33 @@ from elastic_sp.signed_connection import (
 )
 from elastic_sp.spec import DEFAULT_BUILDER, ServeSpec
 from elastic_sp.weights import NodeWeights
+from schedulers.clock import Clock, WallClock
 from schedulers.request import Kind, Request
 from schedulers.sample_state import SampleState
 
 AUTHKEY_ENV = "SPOTLIGHT_SP_AUTHKEY"
 READY_LINE = "agent listening on "
 """The server's first line on stdout, followed by HOST:PORT (how a launcher learns a port 0 choice)."""
-HANDSHAKE_TIMEOUT_S = 5.0
+HANDSHAKE_TIMEOUT_S = 2.0
 """A connection must complete its handshake within this long of being accepted (and, once
-authenticated, never stall longer mid-message): a real one takes 0.35 ms on localhost (median of
-200) plus two round trips of the network; a silent one is dropped then, and never delays another
-(each handshake runs in its own thread)."""
-MAX_PENDING_HANDSHAKES = 64
-"""Connections handshaking at once; more are closed at once (a flood costs threads, not the node)."""
+authenticated, never stall longer mid-message). A real one takes 0.35 ms on localhost (median of
+200) plus one round trip of the network; over a 300 ms intercontinental round trip that loses one
+segment it takes ~1.2 s (Linux resends after ~3 round trips on a new connection). It is also how
+long a silent peer holds a pending slot: at 5 s, 64 silent sockets re-opened as they were dropped
+kept every coordinator out (issue 27)."""
+CONNECT_TIMEOUT_S = 5.0
+"""The coordinator's side of the handshake, TCP's own included: a lost SYN is sent again after 1 s,
+then 3 s, so it waits longer than the server."""
+MAX_PENDING_HANDSHAKES = 256
+"""Connections accepted and not yet authenticated, at once. Each is a thread blocked in select
+(28 KiB of RSS and 0.13 ms to start: 256 cost 7 MiB). When all are taken, a new connection evicts
+one (`PendingHandshakes`); refusing it instead let 64 silent sockets lock coordinators out."""
+PEER_LOG_BURST = 5
+"""Lines about one unauthenticated peer address written at once before the rate limit applies:
+enough for a few failed handshakes of a misconfigured coordinator (a wrong key) to be seen whole."""
+PEER_LOG_EVERY_S = 10.0
+"""After the burst, one line per address per this long, saying how many were not written: a flood
+that once wrote thousands of lines writes 6 a minute, and an operator learns of it within 10 s."""
 
 # ---- coordinator -> agent ------------------------------------------------------------------------
 
@@ -193,6 +215,125 @@ def _log(line: str) -> None:
         sys.stderr.flush()
 
 
+# ---- before authentication -----------------------------------------------------------------------
+
+
+class PendingHandshakes:
+    """The connections accepted and not yet authenticated, by peer address: at most `capacity`.
+
+    Invariants (test_pending_handshakes_evict_the_oldest_of_the_heaviest_address):
+    - `admit` always admits. When `capacity` are pending, the newcomer evicts the oldest handshake
+      of the address holding the most, the newcomer counted (a tie: the address whose oldest is
+      oldest). An address's budget is thus its fair share of `capacity`: a flood evicts its own
+      handshakes first, never one of an address that holds fewer — a coordinator connecting from
+      another address than the flood is never evicted.
+    - Connections from one address (a NAT, loopback) are evicted oldest first: a coordinator behind
+      the flood's address keeps its slot until `capacity` newer connections arrive. At 256 that is
+      ~0.2 s against a flood re-opening ~1,000 connections a second on loopback, where a real
+      handshake took 15 ms (median; 60 ms the most, of 150 made during that flood).
+    Thread-safe: the accept loop admits, the handshake threads release. `admit` calls `evict` on
+    the evicted handshake under the lock, so a `release` that says it was evicted comes after that
+    call: its thread may close the socket without racing the eviction's shutdown (a socket closed
+    meanwhile could have its file descriptor reused).
+    """
+
+    def __init__(self, capacity: int) -> None:
+        if capacity < 1:
+            raise ValueError(f"capacity: expected at least 1 pending handshake, got {capacity}")
+        self.capacity = capacity
+        self._by_address: dict[str, dict[Hashable, int]] = {}
+        """Each address's pending handshakes, oldest first, with the number they were admitted as."""
+        self._count = 0
+        self._numbers = itertools.count()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return self._count
+
+    def count(self, address: str) -> int:
+        return len(self._by_address.get(address, ()))
+
+    def admit(self, handshake: Hashable, address: str,
+              evict: Callable[[Hashable], None] = lambda handshake: None) -> tuple[Hashable, str] | None:
+        """Add `handshake` from `address`; the handshake it evicted (after `evict(it)`) and its
+        address, or None."""
+        with self._lock:
+            evicted = None
+            if self._count >= self.capacity:
+                victim = max(self._by_address.items(),
+                             key=lambda item: (len(item[1]) + (item[0] == address), -next(iter(item[1].values()))))[0]
+                evicted = (next(iter(self._by_address[victim])), victim)
+                self._remove(*evicted)
+                evict(evicted[0])
+            self._by_address.setdefault(address, {})[handshake] = next(self._numbers)
+            self._count += 1
+            return evicted
+
+    def release(self, handshake: Hashable, address: str) -> bool:
+        """Remove `handshake`, done: True if it was still pending, False if it had been evicted."""
+        with self._lock:
+            if handshake not in self._by_address.get(address, ()):
+                return False
+            self._remove(handshake, address)
+            return True
+
+    def _remove(self, handshake: Hashable, address: str) -> None:
+        queue = self._by_address[address]
+        del queue[handshake]
+        if not queue:
+            del self._by_address[address]
+        self._count -= 1
+
+
+@dataclass
+class _Bucket:
+    tokens: float
+    at: float
+    hidden: int = 0
+    hidden_since: float = 0.0
+
+
+class PeerLog:
+    """Lines about peers that have not authenticated, rate-limited per address: a token bucket of
+    `burst` lines, refilled at one per `every_s`. A line over the budget is counted, not written;
+    the next line written about that address says how many were not. At most `max_addresses` are
+    remembered (the one least recently heard of is forgotten, its count with it), so a flood from
+    many addresses costs bounded memory, though each new address gets its burst.
+    (test_the_peer_log_writes_a_burst_then_one_line_per_interval_with_the_count)
+    """
+
+    def __init__(self, clock: Clock, write: Callable[[str], None], burst: int = PEER_LOG_BURST,
+                 every_s: float = PEER_LOG_EVERY_S, max_addresses: int = 4096) -> None:
+        self.clock = clock
+        self.write = write
+        self.burst = burst
+        self.every_s = every_s
+        self.max_addresses = max_addresses
+        self._buckets: OrderedDict[str, _Bucket] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __call__(self, address: str, line: str) -> bool:
+        """Write `line` about `address` if its budget allows; whether it was written."""
+        with self._lock:
+            now = self.clock.now()
+            b = self._buckets.pop(address, None) or _Bucket(float(self.burst), now)
+            self._buckets[address] = b  # the most recently heard of goes last
+            if len(self._buckets) > self.max_addresses:
+                self._buckets.popitem(last=False)
+            b.tokens, b.at = min(float(self.burst), b.tokens + (now - b.at) / self.every_s), now
+            if b.tokens < 1:
+                if not b.hidden:
+                    b.hidden_since = now
+                b.hidden += 1
+                return False
+            b.tokens -= 1
+            if b.hidden:
+                line += f" ({b.hidden} more about {address} in the last {now - b.hidden_since:.0f} s not written)"
+                b.hidden = 0
+            self.write(line)
+            return True
+
+
 # ---- the server ----------------------------------------------------------------------------------
 
 
@@ -211,6 +352,9 @@ class AgentServer:
         """The builder modules a coordinator's spec may name (see the module docstring)."""
         self.kept: tuple[ServeSpec, NodeWeights] | None = None
         """The node's weights, kept across coordinators for the spec they belong to."""
+        self.pending = PendingHandshakes(MAX_PENDING_HANDSHAKES)
+        """Each entry is (socket, peer) of a connection in its handshake."""
+        self.peer_log = PeerLog(WallClock(), _log)
 
     def serve_forever(self) -> None:
         """Accept in a thread, handshake each connection in a thread of its own (a silent one holds
@@ -225,7 +369,6 @@ class AgentServer:
                     return
 
     def _accept_loop(self, ready: queue.Queue[SignedConnection]) -> None:
-        pending = threading.BoundedSemaphore(MAX_PENDING_HANDSHAKES)
         while True:
             try:
                 sock, peer = self.sock.accept()
@@ -234,22 +377,33 @@ class AgentServer:
                     return
                 time.sleep(0.1)  # e.g. out of file descriptors: back off, do not spin
                 continue
-            if not pending.acquire(blocking=False):
-                _log(f"agent {self.node}: refused {peer[0]}:{peer[1]}: {MAX_PENDING_HANDSHAKES} handshakes pending")
+            evicted = self.pending.admit((sock, peer), peer[0], _shut)
+            if evicted is not None:
+                (_, victim_peer), address = evicted
+                self.peer_log(address, f"agent {self.node}: dropped {victim_peer[0]}:{victim_peer[1]} in the "
+                                       f"handshake: evicted by a newer connection ({len(self.pending)} pending, "
+                                       f"{self.pending.count(address)} from {address})")
+            try:
+                threading.Thread(target=self._handshake, args=(sock, peer, ready), daemon=True,
+                                 name=f"sp-handshake-{peer[0]}:{peer[1]}").start()
+            except RuntimeError as err:  # can't start new thread: drop this one, keep accepting
+                self.pending.release((sock, peer), peer[0])
                 sock.close()
-                continue
-            threading.Thread(target=self._handshake, args=(sock, peer, ready, pending), daemon=True,
-                             name=f"sp-handshake-{peer[0]}:{peer[1]}").start()
+                self.peer_log(peer[0], f"agent {self.node}: dropped {peer[0]}:{peer[1]}: {_one_line(err)}")
 
-    def _handshake(self, sock: socket.socket, peer: tuple, ready: queue.Queue[SignedConnection],
-                   pending: threading.BoundedSemaphore) -> None:
+    def _handshake(self, sock: socket.socket, peer: tuple, ready: queue.Queue[SignedConnection]) -> None:
         try:
-            ready.put(accept(sock, self.key, self.handshake_timeout_s, WIRE_TYPES, self.max_message_bytes))
+            conn = accept(sock, self.key, self.handshake_timeout_s, WIRE_TYPES, self.max_message_bytes)
         except Exception as err:  # a wrong key, a silent or slow peer, a port scan: that connection only
+            if self.pending.release((sock, peer), peer[0]):  # an evicted one was written about then
+                self.peer_log(peer[0], f"agent {self.node}: dropped {peer[0]}:{peer[1]} in the handshake: "
+                                       f"{_one_line(err)}")
             sock.close()
-            _log(f"agent {self.node}: dropped {peer[0]}:{peer[1]} in the handshake: {_one_line(err)}")
-        finally:
-            pending.release()
+            return
+        if self.pending.release((sock, peer), peer[0]):
+            ready.put(conn)
+        else:  # evicted as it got through: its socket is shut already
+            conn.close()
 
     def session(self, conn: SignedConnection) -> bool:
         """Serve one coordinator; True when it asked the server to shut down. A message that breaks
@@ -348,6 +502,15 @@ class AgentServer:
             conn.send(Refused(f"unknown command {type(cmd).__name__}"))
 
 
+def _shut(handshake: tuple[socket.socket, tuple]) -> None:
+    """End an evicted handshake's connection: wakes its thread from select (a close would not), and
+    that thread closes the socket."""
+    try:
+        handshake[0].shutdown(socket.SHUT_RDWR)
+    except OSError:  # the peer has gone already
+        pass
+
+
 def _one_line(err: BaseException) -> str:
     text = " ".join(str(err).split()) or type(err).__name__
     return text if len(text) <= 200 else text[:197] + "..."
@@ -378,7 +541,7 @@ class RemoteAgent:
     @classmethod
     def connect(cls, address: tuple[str, int], spec: ServeSpec, checkpoint: str | Path | None = None,
                 load_weights: bool = False, start_method: str = "forkserver", authkey: bytes | None = None,
-                process: subprocess.Popen | None = None, handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S,
+                process: subprocess.Popen | None = None, handshake_timeout_s: float = CONNECT_TIMEOUT_S,
                 max_message_bytes: int = MAX_MESSAGE_BYTES) -> RemoteAgent:
         """Connect to the agent server at `address` and set it up for `spec`. The key: `authkey`,
         else $SPOTLIGHT_SP_AUTHKEY; one shorter than 32 characters is a ValueError. Waits for the

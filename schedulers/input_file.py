@@ -2,7 +2,10 @@
 bad one costs one error line, never a traceback, unbounded memory or unbounded time.
 
 Invariants (tests/test_bad_input.py feeds every command files that break each one):
-- at most `max_bytes` are ever read, whatever the file claims to be (/dev/zero is refused at once);
+- only a regular file is opened: a FIFO, a device or a socket is refused by its `stat` before
+  `open` (opening a FIFO waits for a writer forever; /dev/zero would be read to `max_bytes`), and
+  the opened file is checked again, so one swapped in meanwhile is refused too (`open_regular`);
+- at most `max_bytes` are ever read, whatever the file claims to be;
 - text is strict UTF-8 without NUL bytes; anything else is "not a text file";
 - YAML is read by `_Loader`: PyYAML's safe loader, refusing anchors and aliases (a 332-byte alias
   bomb expands to gigabytes), nesting deeper than `MAX_DEPTH` (100k `[` would overflow the
@@ -10,7 +13,9 @@ Invariants (tests/test_bad_input.py feeds every command files that break each on
   and integers longer than `MAX_INT_DIGITS` digits;
 - JSON is read with the same duplicate-key and depth rules, and without NaN or Infinity;
 - every message is one line starting with the file name, and values are quoted by `short`, at most
-  `QUOTE_CHARS` characters.
+  `QUOTE_CHARS` characters; `error_line` makes the line a command prints of it, with every control
+  character of a key or file name quoted in it escaped (a newline there must not forge a second
+  error line, an escape sequence must not reach the terminal).
 
 An `InputFileError` carries that line; callers re-raise it as their own error type (ConfigError,
 TraceError) so that the CLI reports it like any other bad input.
@@ -19,9 +24,12 @@ TraceError) so that the CLI reports it like any other bad input.
 from __future__ import annotations
 
 import json
+import os
 import reprlib
+import stat
+import unicodedata
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import yaml
 
@@ -32,6 +40,8 @@ MAX_INT_DIGITS = 100
 refuses to parse more than 4,300 digits anyway (with a ValueError, not a YAML error)."""
 QUOTE_CHARS = 200
 """Most characters of a value quoted in an error line (issue 13: a 312 MB error line)."""
+LINE_CHARS = 300
+"""Most characters of an error line, its `spotlight: error: ` prefix included (`error_line`)."""
 
 _REPR = reprlib.Repr()
 _REPR.maxstring = QUOTE_CHARS
@@ -71,17 +81,89 @@ def short(value: Any, limit: int = QUOTE_CHARS) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
-def read_text(path: str | Path, what: str, max_bytes: int) -> str:
-    """The file's text, or InputFileError: missing, a folder, larger than `max_bytes`, not UTF-8
-    text. `what` names the input in messages ("config", "trace", ...)."""
+_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+_ESCAPED = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs", "Co", "Cn"})
+"""Unicode categories `error_line` escapes: C0, DEL and C1 controls (Cc), format characters such as
+the bidi overrides U+202A..E and U+2066..9 and the zero-width ones (Cf), the line and paragraph
+separators U+2028/9 (Zl, Zp: `str.splitlines` splits at them), surrogates, private-use and
+unassigned code points."""
+
+
+TAIL_CHARS = 60
+"""How much of a long line's end `error_line` keeps (the value a message quotes comes last)."""
+_CUT = " ... "
+
+
+def error_line(message: str, prefix: str = "spotlight: error: ", limit: int = LINE_CHARS) -> str:
+    """`prefix + message` as one printable line of at most `limit` characters: every character of
+    the `_ESCAPED` categories becomes a visible escape (`\\n`, `\\x1b`, `\\u2028`), so that a newline
+    or an escape sequence in a key, a value or a file name quoted from input shows as text rather
+    than forging a second line or reaching the terminal. `spotlight.cli` prints every error line
+    through it; text that `short` quoted already (repr escapes these too) comes out unchanged."""
+    out = []
+    for ch in message:
+        if ch in _ESCAPES:
+            out.append(_ESCAPES[ch])
+        elif unicodedata.category(ch) in _ESCAPED:
+            code = ord(ch)
+            out.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}")
+        else:
+            out.append(ch)
+    line = prefix + "".join(out)
+    if len(line) <= limit:
+        return line
+    # Cut from the middle: the start says where (the file, the field), the end what was given.
+    tail = min(TAIL_CHARS, limit // 4)
+    return line[:limit - tail - len(_CUT)] + _CUT + line[-tail:]
+
+
+_KINDS = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def _require_regular(mode: int, path: Path, what: str) -> None:
+    if stat.S_ISREG(mode):
+        return
+    if stat.S_ISDIR(mode):
+        raise InputFileError(f"{path}: is a folder (expected a {what} file)")
+    kind = next((name for test, name in _KINDS if test(mode)), "not a regular file")
+    raise InputFileError(f"{path}: {kind}, not a regular file (expected a {what} file)")
+
+
+def open_regular(path: str | Path, what: str) -> BinaryIO:
+    """`path` opened for reading in binary, if it is a regular file (a symlink to one is): a
+    folder, a FIFO, a device or a socket is an InputFileError line, at once — `open` of a FIFO
+    would wait for a writer forever. The mode is checked by `stat` before `open` and again on the
+    opened file (opened non-blocking, so a FIFO swapped in between opens at once and is refused
+    too). The OSError of a file that cannot be opened (missing, no permission) is the caller's
+    to word. Every file a user hands a command (a config, a trace, a price table, a step-time
+    or prompt file) is opened here."""
     path = Path(path)
     try:
-        with open(path, "rb") as f:
+        mode = os.stat(path).st_mode
+    except ValueError:  # a NUL byte in the name (a config value can hold one): no file has that name
+        raise InputFileError(f"{short(str(path))}: not a file name (it holds a NUL byte)") from None
+    _require_regular(mode, path, what)
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        _require_regular(os.fstat(fd).st_mode, path, what)
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_text(path: str | Path, what: str, max_bytes: int) -> str:
+    """The file's text, or InputFileError: missing, a folder or anything but a regular file
+    (`open_regular`), larger than `max_bytes`, not UTF-8 text. `what` names the input in messages
+    ("config", "trace", ...)."""
+    path = Path(path)
+    try:
+        with open_regular(path, what) as f:
             data = f.read(max_bytes + 1)  # bounded even when the size is not known in advance
     except FileNotFoundError:
         raise InputFileError(f"{path}: no such {what} file") from None
-    except IsADirectoryError:
-        raise InputFileError(f"{path}: is a folder (expected a {what} file)") from None
     except OSError as err:
         raise InputFileError(f"{path}: cannot read {what} ({err.strerror or type(err).__name__})") from None
     if len(data) > max_bytes:

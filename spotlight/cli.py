@@ -16,6 +16,10 @@
 Bad input (a config, a trace, a flag value) ends with one `spotlight: error: ...` line and exit
 code 2 — never a traceback — and creates nothing: every command checks its inputs and the places
 it will write before it writes (tests/test_bad_input.py feeds each command malformed inputs).
+Every such line is printed by `_say`, which escapes the control characters a key or a file name
+quoted in it may hold (`schedulers.input_file.error_line`); an input that is not a regular file
+(a FIFO, a device) is refused before it is opened (`schedulers.input_file.open_regular`). A write
+that finds no room (stdout or `--plot` on a full disk, /dev/full) ends with one line and exit 1.
 Numeric flags are parsed by `_int` / `_float` (finite numbers only; values quoted at most ~200
 characters); their ranges are the config's or the simulator's, or, for `bench`, `BENCH_LIMITS`.
 Heavy modules (torch, the trainer, the simulator) are imported inside the commands, after the
@@ -32,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import json
 import math
 import os
@@ -41,7 +46,7 @@ from pathlib import Path
 
 from cloud.store import StoreError
 from spotlight.config import ConfigError, RunConfig, default_config, load_config, to_yaml
-from schedulers.input_file import InputError, short
+from schedulers.input_file import InputError, error_line, short
 from spotlight.sim.report import plural
 
 BENCH_LIMITS = {"repeats": (1, 1000), "iterations": (1, 1000), "world": (2, 16), "heads": (1, 64),
@@ -98,6 +103,18 @@ def _shown(path: Path) -> str:
     return text if len(text) <= 200 else text[:197] + "..."
 
 
+def _say(message: str, prefix: str = "spotlight: error: ") -> None:
+    """Print one line about the command's input or outcome on stderr: `error_line` escapes the
+    control characters a key or a file name quoted in it may hold, and caps it at 300 characters.
+    Every `spotlight: ...` line of this module is printed here."""
+    print(error_line(message, prefix), file=sys.stderr)
+
+
+class WriteError(Exception):
+    """An output the command could not write (a full disk, a read-only file): one line, exit 1 —
+    not bad input, but not a traceback either."""
+
+
 def _output_file(path: str, flag: str) -> Path:
     """A file a command will write: refused before anything runs when it names a folder or its
     folder does not exist (so a bad flag costs nothing and leaves nothing)."""
@@ -112,15 +129,61 @@ def _output_file(path: str, flag: str) -> Path:
 
 def _output_folder(path: str | Path, flag: str) -> Path:
     """A folder a command will create or write into: refused when it, or the nearest existing
-    path above it, is not a folder."""
+    path above it, is not a folder, or is one this process cannot create folders in."""
     out = Path(path)
     for there in (out, *out.parents):
         if there.exists() or there.is_symlink():
             if not there.is_dir():
                 what = "an existing file" if there == out else f"inside the file {_shown(there)}"
                 raise ConfigError(f"{flag}: {_shown(out)} is {what} (expected a folder)")
+            _check_writable(there, out, flag)
             break
     return out
+
+
+def _check_writable(folder: Path, out: Path, flag: str) -> None:
+    """ConfigError unless a folder can be made in `folder` (where `out`, or its first missing
+    part, will be made). Tried, not asked: `os.access` says yes to root for every folder, yet
+    /proc and /sys refuse a new folder even to root, and a read-only mount refuses everyone. The
+    folder tried is removed at once."""
+    import tempfile
+
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".spotlight-write-check-", dir=folder))
+    except OSError as err:
+        where = "" if folder == out else f" (making a folder in {_shown(folder)})"
+        raise ConfigError(f"{flag}: {_shown(out)} cannot be written{where}: {err.strerror or type(err).__name__} "
+                          "(expected a folder this user can write)") from None
+
+
+PLOT_FORMATS = ("png", "pdf", "svg", "svgz", "eps", "ps", "jpg", "jpeg", "tif", "tiff", "webp")
+"""What `--plot` writes, by the file name's suffix (PNG without one): matplotlib's Agg formats that
+need nothing more installed (its pgf needs LaTeX)."""
+
+
+def _plot_file(path: str) -> Path:
+    """`--plot`'s file: `_output_file`, with a suffix of `PLOT_FORMATS` or none."""
+    out = _output_file(path, "--plot")
+    if out.suffix and out.suffix[1:].lower() not in PLOT_FORMATS:
+        raise ConfigError(f"--plot: {_shown(out)}: expected a file name ending in "
+                          f"{', '.join('.' + f for f in PLOT_FORMATS)} (or none, for PNG), got {short(out.suffix)}")
+    return out
+
+
+def _save_plot(draw, data, path: Path) -> None:
+    """`draw(data, file)` into `path` itself — matplotlib given a name without a suffix writes
+    NAME.png instead (with --plot /dev/full: a new file in /dev) — in the format its suffix names.
+    A write that fails (a full disk) removes the file it had begun and is a WriteError line."""
+    import matplotlib
+
+    fresh = not path.exists()
+    try:
+        with matplotlib.rc_context({"savefig.format": path.suffix[1:].lower() or "png"}), open(path, "wb") as f:
+            draw(data, f)
+    except OSError as err:
+        if fresh and path.is_file():
+            path.unlink(missing_ok=True)
+        raise WriteError(f"--plot: cannot write {_shown(path)}: {err.strerror or type(err).__name__}") from None
 
 
 def _overrides(args: argparse.Namespace) -> dict:
@@ -296,6 +359,9 @@ def check_train_inputs(cfg: RunConfig, args: argparse.Namespace, out: Path) -> N
     if args.preemption_trace and cfg.runtime.address:
         raise ConfigError("--preemption-trace: a trace replays on the cluster a run starts for itself; joined to a "
                           "cluster (--address), the fleet is that cluster's own nodes")
+    from spotlight.memory_estimate import check_memory  # last: a run's own errors come first; arithmetic only
+
+    check_memory(cfg, where)  # the estimate against this machine's (and the GPU's) memory (issue 27)
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -304,6 +370,13 @@ def cmd_train(args: argparse.Namespace) -> int:
     name = Path(args.config).stem if args.config else "tiny_dit"
     out = Path(args.out) if args.out else Path("runs") / name
     check_train_inputs(cfg, args, out)
+    if cfg.policy.lora.enabled and cfg.policy.lora.target_modules:  # before the warm start (a minute on a CPU)
+        from spotlight.rl.lora_targets import check_targets
+
+        try:
+            check_targets(cfg)
+        except ConfigError as err:
+            raise ConfigError(f"{args.config}: {err}" if args.config else str(err)) from None
     trace = None
     if args.preemption_trace:
         from schedulers.traces import load_trace
@@ -326,13 +399,13 @@ def cmd_train(args: argparse.Namespace) -> int:
         with hub_progress(_progress(args), diffusers=cfg.policy.kind == "dit"):
             summary = Trainer(cfg, out, progress=_progress(args), log=log).build(runtime).train()
     except NonFiniteUpdate as err:  # not bad input: the run itself failed (exit 1), in one line too
-        print(f"spotlight: error: {err}", file=sys.stderr)
+        _say(str(err))
         return 1
     except RewardError as err:  # a reward component failed twice (the user's function, often): exit 2
-        print(f"spotlight: error: {err}", file=sys.stderr)
+        _say(str(err))
         return 2
     except KeyboardInterrupt:
-        print(f"spotlight: interrupted; {_kept(out, cfg)}", file=sys.stderr)
+        _say(_kept(out, cfg), "spotlight: interrupted; ")
         return 130
     if args.json:
         print(json.dumps(summary))
@@ -394,7 +467,7 @@ def cmd_prices(args: argparse.Namespace) -> int:
     else:
         skipped = []
     for line in skipped:
-        print(f"spotlight: not refreshed: {line}", file=sys.stderr)
+        _say(line, "spotlight: not refreshed: ")
     if write is not None:
         table.write(write)
         print(f"wrote {write} (use it with cloud.prices: {write})", file=sys.stderr)
@@ -443,7 +516,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             result = run_update_bench(executors=args.executors, iterations=args.iterations,
                                       repeats=1 if args.repeats is None else args.repeats, progress=_progress(args))
         except RuntimeError as err:  # the kill missed its update: a run that could not be timed, not bad input
-            print(f"spotlight: error: bench update: {err}", file=sys.stderr)
+            _say(f"bench update: {err}")
             return 1
     elif args.name == "lora":
         from spotlight.bench.lora import run_lora_bench
@@ -496,12 +569,12 @@ def cmd_launch(args: argparse.Namespace) -> int:
     if toy is not None:
         print(toy)
     if python is None:
-        print(f"spotlight: SkyPilot validation skipped: {why}", file=sys.stderr)
+        _say(why, "spotlight: SkyPilot validation skipped: ")
         return 0
     try:
         checked = sky.validate(paths, python)
         for path, error in checked.errors.items():
-            print(f"spotlight: error: {out / path.name}: SkyPilot rejects this task: {error}", file=sys.stderr)
+            _say(f"{out / path.name}: SkyPilot rejects this task: {error}")
         if not checked.ok:
             return 2
         print(f"validated with SkyPilot {checked.version} ({python})")
@@ -509,7 +582,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
             return 0
         sky.launch_tasks(paths, name, python.parent / "sky", store_secrets=store.secrets)
     except sky.SkyError as err:
-        print(f"spotlight: error: {err}", file=sys.stderr)
+        _say(str(err))
         return 2
     print(f"submitted the fleet as the managed job group {name}: the head (on demand) and "
           f"{cfg.runtime.spot_workers} spot node{'s' * (cfg.runtime.spot_workers != 1)}, each recovered on its own; "
@@ -524,7 +597,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
 def cmd_simulate(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    plot = _output_file(args.plot, "--plot") if args.plot else None
+    plot = _plot_file(args.plot) if args.plot else None
     from spotlight.train.iteration_time import PEAK_BF16_FLOPS
     from spotlight.sim.simulator import POLICIES, SimConfig, gpu_prices, simulate
     from spotlight.sim.report import plot_simulation, table
@@ -572,7 +645,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     finally:
         bars.close()
     if plot is not None:
-        plot_simulation(result, plot)
+        _save_plot(plot_simulation, result, plot)
     if args.json:
         print(json.dumps(result))
     else:
@@ -590,7 +663,7 @@ def cmd_traces(args: argparse.Namespace) -> int:
     if args.action == "synth" and not args.out:
         raise ConfigError("traces synth: --out FILE is required (the Bamboo CSV to write)")
     out = _output_file(args.out, "--out") if args.action == "synth" else None
-    plot = _output_file(args.plot, "--plot") if args.plot else None
+    plot = _plot_file(args.plot) if args.plot else None
     trace = open_trace(args.trace)
     if out is not None:
         write_bamboo(trace, out)
@@ -599,7 +672,7 @@ def cmd_traces(args: argparse.Namespace) -> int:
         return 0
     summary = summarize(trace)
     if plot is not None:
-        plot_trace(trace, plot)
+        _save_plot(plot_trace, trace, plot)
     print(json.dumps(summary) if args.json else trace_table(summary))
     return 0
 
@@ -615,8 +688,7 @@ def _print_table(result: dict, indent: str = "") -> None:
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # one short line, exit 2, as argparse does, but with our prefix
-        message = " ".join(message.split())
-        self.exit(2, f"spotlight: error: {message if len(message) <= 250 else message[:247] + '...'}\n")
+        self.exit(2, error_line(message) + "\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -810,16 +882,29 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+_NO_ROOM = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO})
+"""The errors of a write that found no room (a full disk or quota, /dev/full, a file over its size
+limit) or a failing device: `main` ends them with one line and exit 1 wherever they arise (stdout,
+a file a command writes), since no input and no bug of ours causes them."""
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         try:
             return _run(argv)
         finally:
             # A reader gone away shows here, where it can be handled, rather than in the interpreter's
-            # last flush ("Exception ignored ... BrokenPipeError").
+            # last flush ("Exception ignored ... BrokenPipeError"); so does a full stdout.
             sys.stdout.flush()
     except BrokenPipeError:
         return _closed_pipe()
+    except OSError as err:
+        if err.errno not in _NO_ROOM:
+            raise
+        with contextlib.suppress(OSError, ValueError):  # stderr may be the full one
+            _say(f"cannot write {_shown(Path(err.filename)) if err.filename else 'the output'}: {err.strerror}")
+        _drop_unwritten()
+        return 1
 
 
 def _run(argv: list[str] | None) -> int:
@@ -827,10 +912,13 @@ def _run(argv: list[str] | None) -> int:
     try:
         return args.func(args)
     except (InputError, FileNotFoundError, StoreError) as err:  # every package's bad-input errors
-        print(f"spotlight: error: {err}", file=sys.stderr)
+        _say(str(err))
         return 2
+    except WriteError as err:  # an output the command could not write: not bad input
+        _say(str(err))
+        return 1
     except KeyboardInterrupt:  # `train` says what its run keeps itself (cmd_train)
-        print("spotlight: interrupted", file=sys.stderr)
+        _say("", "spotlight: interrupted")
         return 130
 
 
@@ -840,6 +928,13 @@ def _closed_pipe() -> int:
     goes to /dev/null, so that the interpreter's last flush does not fail again (the recipe of
     Python's signal docs, "Note on SIGPIPE"). SIGPIPE itself stays ignored: its default action would
     also end the process on a write to a closed socket (Ray, S3, the SP agents)."""
+    _drop_unwritten()
+    return 141
+
+
+def _drop_unwritten() -> None:
+    """What stdout and stderr cannot write goes to /dev/null, so that the interpreter's last flush
+    does not fail again ("Exception ignored ...", exit 120)."""
     devnull = os.open(os.devnull, os.O_WRONLY)
     for stream in (sys.stdout, sys.stderr):
         try:
@@ -847,7 +942,6 @@ def _closed_pipe() -> int:
         except (OSError, ValueError):
             with contextlib.suppress(OSError, ValueError, AttributeError):
                 os.dup2(devnull, stream.fileno())
-    return 141
 
 
 if __name__ == "__main__":

@@ -561,7 +561,8 @@ class TrainConfig:
     checkpoint_every: int = 10
     """Iterations between checkpoints (the last iteration is always checkpointed); 1..1,000,000."""
     micro_batch: int = 64
-    """Samples per forward pass in rollout and update (bounds memory, not results); 1..65,536."""
+    """Samples per forward pass in rollout and update, 1..65,536: bounds memory; the results differ only
+    by float rounding, so it may change when a run resumes (`spotlight.train.resume_identity.NEUTRAL`)."""
     eval_prompts: int = 0
     """Prompts of a fixed evaluation set scored at the start of every iteration (0: no evaluation), 0..65,536.
     `eval_reward` is the policy's mean reward on fixed prompts and seeds, unbiased by how an
@@ -990,10 +991,16 @@ def default_config(overrides: dict[str, Any] | None = None) -> RunConfig:
 
 
 def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """`base` with `over`'s values set in it, section into section. A section of `base` that is
+    not a mapping (`train: [1, 2]`) is kept as it is, whatever `over` sets in it, so that
+    `from_dict` refuses it as it would without overrides: a flag (`--steps 1`) must not replace a
+    malformed section with the defaults (tests/test_bad_input.py, "train: [1, 2] with --steps")."""
     out = dict(base)
     for key, value in over.items():
         if isinstance(value, dict) and isinstance(out.get(key), dict):
             out[key] = _merge(out[key], value)
+        elif isinstance(value, dict) and key in out:
+            continue  # not a mapping where one belongs: from_dict says so, naming the section
         else:
             out[key] = value
     return out

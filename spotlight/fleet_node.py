@@ -40,6 +40,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from cloud.bounded_json import load_file
 from cloud.model_cache import ModelSourceError, prefetch
 from cloud.open_store import open_store
 from cloud.rendezvous import HeadRecord, Rendezvous
@@ -154,8 +155,10 @@ def _rendezvous(config: Path, name: str) -> tuple[Rendezvous, RunConfig]:
 
 def _stop_reason(out: Path) -> str:
     try:
-        return "finished: " + str(json.loads((out / "summary.json").read_text()).get("stop_reason", "steps"))
-    except (OSError, ValueError):
+        # summary.json is ~1 KB: 1 MiB is read at most, and a deeper or larger file is a ValueError.
+        summary = load_file(out / "summary.json", max_bytes=1 << 20)
+        return "finished: " + str(summary.get("stop_reason", "steps"))
+    except (OSError, ValueError, AttributeError):  # AttributeError: JSON that is not an object
         return "finished"
 
 

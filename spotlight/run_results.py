@@ -30,12 +30,14 @@ from pathlib import Path
 from typing import Any
 
 from cloud.open_store import open_store
-from cloud.rendezvous import DONE_KEY, HEAD_KEY
-from cloud.store import ChecksumMismatch, MissingKey, Store, StoreError, check_key
+from cloud.rendezvous import DONE_KEY, HEAD_KEY, MAX_RECORD_BYTES
+from cloud.store import ChecksumMismatch, MissingKey, Store, StoreError, check_key, get_json
 from schedulers.input_file import ConfigError
 from spotlight.sim.report import plural
 from spotlight.train.checkpoint_sync import CheckpointSync, step_dir
-from spotlight.train.results_sync import MANIFEST, RESERVED, RESULTS, STATUS
+from spotlight.train import run_files
+from spotlight.train.results_sync import (MANIFEST, MAX_MANIFEST_BYTES, MAX_STATUS_BYTES, RESERVED, RESULTS, STATUS,
+                                         is_result)
 
 PULL_ATTEMPTS = 3
 """Times a pull starts over when the head replaces the manifest meanwhile (a push every checkpoint:
@@ -50,16 +52,15 @@ class ResultsError(StoreError):
 # ---- reading the store's records ------------------------------------------------------------------
 
 
-def _object(store: Store, key: str) -> dict[str, Any] | None:
-    """The JSON object stored at `key`, None when there is none; anything else is a ResultsError."""
+def _object(store: Store, key: str, max_bytes: int) -> dict[str, Any] | None:
+    """The JSON object stored at `key`, None when there is none; anything else — over `max_bytes`
+    (refused unread), nested too deeply, not JSON (`cloud.store.get_json`) — is a ResultsError."""
     try:
-        raw = store.get(key)
+        value = get_json(store, key, max_bytes=max_bytes)
     except MissingKey:
         return None
-    try:
-        value = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as err:
-        raise ResultsError(f"{store.uri}/{key}: not JSON ({str(err)[:100]})") from None
+    except ValueError as err:  # ObjectTooLarge or JsonRefused: one line naming the object already
+        raise ResultsError(" ".join(str(err).split())[:300]) from None
     if not isinstance(value, dict):
         raise ResultsError(f"{store.uri}/{key}: expected a JSON object, got {type(value).__name__}")
     return value
@@ -94,7 +95,7 @@ def _check_fields(where: str, record: dict[str, Any], fields: dict[str, str]) ->
 
 
 def _status(store: Store) -> dict[str, Any] | None:
-    status = _object(store, STATUS)
+    status = _object(store, STATUS, MAX_STATUS_BYTES)
     if status is None:
         return None
     where = f"{store.uri}/{STATUS}"
@@ -109,7 +110,7 @@ def _status(store: Store) -> dict[str, Any] | None:
 
 def _fleet_record(store: Store, key: str, fields: dict[str, str]) -> dict[str, Any] | None:
     """The record of fleet/head.json or fleet/done.json ({"record": {...}, "hmac": ...}), unverified."""
-    signed = _object(store, key)
+    signed = _object(store, key, MAX_RECORD_BYTES)
     if signed is None:
         return None
     if not isinstance(signed.get("record"), dict):
@@ -119,7 +120,7 @@ def _fleet_record(store: Store, key: str, fields: dict[str, str]) -> dict[str, A
 
 def read_manifest(store: Store) -> dict[str, Any] | None:
     """results/MANIFEST.json, checked (keys, sizes, checksums), or None when there is none."""
-    manifest = _object(store, MANIFEST)
+    manifest = _object(store, MANIFEST, MAX_MANIFEST_BYTES)
     if manifest is None:
         return None
     where = f"{store.uri}/{MANIFEST}"
@@ -134,6 +135,8 @@ def read_manifest(store: Store) -> dict[str, Any] | None:
             raise ResultsError(f"{where}: names {rel[:100]!r}, not a relative path inside the run folder") from None
         if rel in RESERVED:
             raise ResultsError(f"{where}: names {rel!r}, a name of the results' own records")
+        if not is_result(rel):  # only what a run writes: its records, tb/, eval/, final/
+            raise ResultsError(f"{where}: names {rel[:100]!r}, which is not a file a run writes")
         if not (isinstance(want, dict) and _integer(want.get("size")) and want["size"] >= 0
                 and isinstance(want.get("checksum"), str)):
             raise ResultsError(f"{where}: entry {rel[:100]!r} lacks an integer size and a checksum")
@@ -251,7 +254,7 @@ def pull(store: Store, out: Path, progress: bool = True) -> dict[str, Any]:
         manifest = read_manifest(store)
         if manifest is None:
             stored = CheckpointSync(store, log=lambda _: None).stored()
-            if not stored and _object(store, STATUS) is None:
+            if not stored and _object(store, STATUS, MAX_STATUS_BYTES) is None:
                 raise _no_run(store)
             raise ResultsError(f"{store.uri}: no {MANIFEST} yet (results follow the first stored checkpoint"
                                f"{f'; the newest is iteration {stored[0]}' if stored else ''})")
@@ -281,6 +284,7 @@ def _download(store: Store, manifest: dict[str, Any], staging: Path, progress: b
     files = manifest["files"]
     bar = tqdm(total=sum(f["size"] for f in files.values()), desc="pull", unit="B", unit_scale=True,
                disable=not progress, file=sys.stderr)
+    mode = run_files.own_mode()
     try:
         staging.mkdir(parents=True)
         for rel, want in files.items():
@@ -300,6 +304,7 @@ def _download(store: Store, manifest: dict[str, Any], staging: Path, progress: b
             size = path.stat().st_size
             if size != want["size"]:
                 raise ResultsError(f"{store.uri}/{key}: {size} bytes, {MANIFEST} says {want['size']} (truncated?)")
+            path.chmod(mode)  # the modes the run gives its files, whatever the object's were
             bar.update(size)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)

@@ -1,5 +1,7 @@
 """Every command ends bad input the same way (issue 13): exit 2, exactly one stderr line of at most
 300 characters starting `spotlight: error:`, no traceback, nothing created, within 10 s and 500 MB.
+The line holds no control character, whatever the input: a newline or an escape sequence in a key
+or a file name is shown escaped (`\\n`, `\\x1b`), never forges a second line or reaches the terminal.
 
 Each case runs the real CLI in a fresh, empty working directory (so nothing can land in the
 repo), with CI=true and no stdin; the files a case needs are written there first, and afterwards
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import os
 import resource
+import unicodedata
 import subprocess
 import sys
 import threading
@@ -23,6 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+
+from cli_peak import PEAK_REPORTING_CLI
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACE = str(ROOT / "experiments" / "traces" / "bamboo-g4dn.csv")
@@ -33,14 +38,22 @@ ADDRESS_SPACE = 2 << 30
 """RLIMIT_AS of the child: torch's import maps ~0.8 GB; 2 GiB leaves room and stops a runaway."""
 
 
+class _Fifo:
+    """The content of a `Case` file that is a FIFO (named pipe) rather than a regular file."""
+
+
+FIFO = _Fifo()
+
+
 @dataclass
 class Case:
     id: str
     argv: list[str]
     expect: str
     """A piece of the error line."""
-    files: dict[str, str | bytes] = field(default_factory=dict)
-    """Inputs written into the working directory first (a name ending in / is a folder)."""
+    files: dict[str, str | bytes | _Fifo] = field(default_factory=dict)
+    """Inputs written into the working directory first (a name ending in / is a folder, `FIFO` as
+    the content makes a named pipe with no writer: opening it would wait forever)."""
 
 
 def _bomb() -> str:
@@ -117,6 +130,40 @@ TRAIN = [
     Case("--device cuda without CUDA", ["train", "--device", "cuda", "--runtime", "local"],
          "--device: cuda, but torch"),
     Case("cloud.gpu: H900", ["train", "c.yaml", "--runtime", "local"], "cloud.gpu", {"c.yaml": "cloud:\n  gpu: H900\n"}),
+    Case("newline in a config key", ["train", "c.yaml"], "c.yaml: a\\nspotlight: error: forged: unknown field",
+         {"c.yaml": '"a\\nspotlight: error: forged": 1\n'}),
+    Case("ESC in a config key", ["train", "c.yaml"], "c.yaml: \\x1b[2J\\x1b[31mred: unknown field",
+         {"c.yaml": '"\\e[2J\\e[31mred": 1\n'}),
+    Case("U+2028 and a bidi override in a config key", ["train", "c.yaml"], "c.yaml: a\\u2028b\\u202ec: unknown field",
+         {"c.yaml": '"a\\u2028b\\u202ec": 1\n'}),
+    Case("newline in a config file name", ["train", "c\nspotlight: error: forged.yaml"],
+         "c\\nspotlight: error: forged.yaml: a binary file", {"c\nspotlight: error: forged.yaml": BINARY}),
+    Case("ESC in a config file name", ["train", "\x1b[2Jc.yaml"], "\\x1b[2Jc.yaml: seed: expected an integer",
+         {"\x1b[2Jc.yaml": "seed: x\n"}),
+    Case("config is a FIFO", ["train", "c.yaml"], "c.yaml: a FIFO (named pipe), not a regular file", {"c.yaml": FIFO}),
+    Case("config is /dev/zero", ["train", "/dev/zero"], "/dev/zero: a character device, not a regular file"),
+    Case("--preemption-trace a FIFO", ["train", "--preemption-trace", "t.csv", "--runtime", "ray"], "t.csv: a FIFO",
+         {"t.csv": FIFO}),
+    Case("prompts.path a FIFO", ["train", "c.yaml", "--runtime", "local"], "prompts.path: p.txt: a FIFO",
+         {"c.yaml": "prompts:\n  path: p.txt\n", "p.txt": FIFO}),
+    Case("train: [1, 2] with --steps", ["train", "c.yaml", "--steps", "1"],
+         "c.yaml: train: expected a mapping of TrainConfig fields, got [1, 2]", {"c.yaml": "train: [1, 2]\n"}),
+    Case("train: null with --steps", ["train", "c.yaml", "--steps", "1"],
+         "c.yaml: train: expected a mapping of TrainConfig fields, got None", {"c.yaml": "train:\nseed: 1\n"}),
+    Case("cloud: a string with --checkpoint-uri", ["train", "c.yaml", "--checkpoint-uri", "s3://b/p"],
+         "c.yaml: cloud: expected a mapping of CloudConfig fields, got 'aws'", {"c.yaml": "cloud: aws\n"}),
+    # /proc refuses a new folder even to root, for whom a chmod'ed folder is writable
+    # (tests/test_input_hygiene.py has the chmod case, for other users).
+    Case("--out on /proc", ["train", "--out", "/proc/spotlight-out/run", "--runtime", "local"],
+         "--out: /proc/spotlight-out/run cannot be written (making a folder in /proc)"),
+    # issue 27: in range field by field, beyond the machine as a whole (`spotlight.memory_estimate`)
+    Case("a 7B-shaped LLM", ["train", "c.yaml", "--runtime", "local"], "the run needs about",
+         {"c.yaml": "policy:\n  kind: llm\n  llm: {hidden_size: 4096, num_layers: 32, num_heads: 32, num_kv_heads: 8, "
+                    "intermediate_size: 14336}\nreward: {name: arithmetic}\nprompts: {name: arithmetic}\n"}),
+    Case("the tiny DiT at 4096 px", ["train", "c.yaml", "--runtime", "local"], "the run needs about",
+         {"c.yaml": "policy:\n  dit:\n    resolution: 4096\n"}),
+    Case("100k-deep cost.json in --out", ["train", "--out", "run", "--runtime", "local"],
+         "run/cost.json: expected {\"cost_usd\"", {"run/": "", "run/cost.json": DEEP_JSON}),
 ]
 
 SIMULATE = [
@@ -146,6 +193,15 @@ SIMULATE = [
     Case("synthetic trace of 10**8 nodes", ["simulate", "--trace", "synth:poisson?nodes=100000000"],
          "nodes: expected an integer in [1, 65,536]"),
     Case("missing trace", ["simulate", "--trace", "nope.csv"], "nope.csv: no such trace file"),
+    Case("--trace a FIFO", ["simulate", "--trace", "t.csv"], "t.csv: a FIFO", {"t.csv": FIFO}),
+    Case("--step-times a FIFO", ["simulate", "--trace", TRACE, "--step-times", "s.yaml"], "s.yaml: a FIFO",
+         {"s.yaml": FIFO}),
+    Case("--prices a FIFO", ["simulate", "--trace", TRACE, "--prices", "p.csv"], "--prices: p.csv: a FIFO",
+         {"p.csv": FIFO}),
+    Case("--plot of an unknown format", ["simulate", "--trace", TRACE, "--plot", "p.foo"],
+         "--plot: p.foo: expected a file name ending in .png"),
+    Case("--trace name with ESC", ["simulate", "--trace", "\x1b]0;pwned\x07t.csv"],
+         "\\x1b]0;pwned\\x07t.csv: no such trace file"),
 ]
 
 LAUNCH = [
@@ -164,6 +220,22 @@ LAUNCH = [
          {"c.yaml": FLEET + "  checkpoint_uri: file:///etc\n"}),
     Case("cloud.gpus_per_node 10**6", ["launch", "c.yaml", "--dryrun"], "cloud.gpus_per_node: expected at most 64",
          {"c.yaml": FLEET + "  gpus_per_node: 1000000\n"}),
+    Case("config is a FIFO", ["launch", "c.yaml", "--dryrun"], "c.yaml: a FIFO", {"c.yaml": FIFO}),
+    Case("newline in a config key", ["launch", "c.yaml", "--dryrun"], "cloud.a\\nb: unknown field",
+         {"c.yaml": FLEET + '  "a\\nb": 1\n'}),
+    # issue 27: what reaches a shell on every node is checked against its grammar (`cloud.names`)
+    Case("image_id with ${IFS}", ["launch", "c.yaml", "--dryrun"], "cloud.image_id: expected docker:IMAGE",
+         {"c.yaml": FLEET + "  image_id: docker:img;touch${IFS}/tmp/PWN\n"}),
+    Case("image_id with $(...)", ["launch", "c.yaml", "--dryrun"], "cloud.image_id: expected docker:IMAGE",
+         {"c.yaml": FLEET + '  image_id: "docker:img$(id)"\n'}),
+    Case("an AMI on GCP", ["launch", "c.yaml", "--dryrun"], "cloud.image_id: expected docker:IMAGE",
+         {"c.yaml": FLEET + "  provider: gcp\n  image_id: ami-0123456789abcdef0\n"}),
+    Case("region with a command", ["launch", "c.yaml", "--dryrun"], "cloud.region: expected an AWS region",
+         {"c.yaml": FLEET + "  region: us-east-1;id\n"}),
+    Case("a GCP region on AWS", ["launch", "c.yaml", "--dryrun"], "cloud.region: expected an AWS region (e.g. us-east-1)",
+         {"c.yaml": FLEET + "  provider: aws\n  region: us-central1\n"}),
+    Case("--out with $(...)", ["launch", "c.yaml", "--dryrun", "--checkpoint-uri", "s3://fleet-bucket/r", "--out", "o$(id)"],
+         "--out: expected a folder whose path has only", {"c.yaml": FLEET}),
 ]
 
 TRACES = [
@@ -196,6 +268,10 @@ TRACES = [
     Case("synth --out a folder", ["traces", "synth", "synth:poisson?hours=1", "--out", "d/"], "--out: d is a folder",
          {"d/": ""}),
     Case("synth with a repeated field", ["traces", "show", "synth:poisson?nodes=2&nodes=3"], "nodes is given twice"),
+    Case("show a FIFO", ["traces", "show", "t.csv"], "t.csv: a FIFO", {"t.csv": FIFO}),
+    Case("show --plot of an unknown format", ["traces", "show", TRACE, "--plot", "p.foo"],
+         "--plot: p.foo: expected a file name ending in .png"),
+    Case("show a trace whose name has a newline", ["traces", "show", "t\n.csv"], "t\\n.csv:1:", {"t\n.csv": "x\n"}),
 ]
 
 PRICES = [
@@ -213,6 +289,10 @@ PRICES = [
                    "aws,x1,H100,1000000000,1.0,1.0,test,2025-01-01\n"}),
     Case("--write into a folder", ["prices", "--write", "d/"], "--write: d is a folder", {"d/": ""}),
     Case("--refresh bogus", ["prices", "--refresh", "bogus"], "argument --refresh: invalid choice"),
+    Case("--table a FIFO", ["prices", "--table", "p.csv"], "p.csv: a FIFO (named pipe), not a regular file",
+         {"p.csv": FIFO}),
+    Case("--table /dev/zero", ["prices", "--table", "/dev/zero"], "/dev/zero: a character device"),
+    Case("--gpu with ESC", ["prices", "--gpu", "\x1b[2JH100"], "unknown GPU"),
 ]
 
 BENCH = [
@@ -224,6 +304,8 @@ BENCH = [
     Case("--world that does not divide --heads", ["bench", "sp-regroup", "--world", "3", "--heads", "4"],
          "--world 3 must divide --heads 4"),
     Case("unknown bench", ["bench", "bogus"], "argument name: invalid choice: 'bogus'"),
+    Case("unknown flag with ESC and a newline", ["bench", "throughput", "--\x1b[2J\nspotlight: error: forged"],
+         "unrecognized arguments: --\\x1b[2J\\nspotlight: error: forged"),
 ]
 
 CASES = [(f"{group}: {c.id}", c) for group, cases in (("train", TRAIN), ("simulate", SIMULATE), ("launch", LAUNCH),
@@ -235,22 +317,7 @@ def _tree(folder: Path) -> set[str]:
     return {str(p.relative_to(folder)) for p in folder.rglob("*")}
 
 
-# The CLI as `python -m spotlight.cli` would run it, writing its peak RSS (VmHWM: the memory map
-# its exec made, nothing inherited) to the file named first when it exits.
-_CLI = """
-import atexit, runpy, sys
-peak_file = sys.argv.pop(1)
-
-def report():
-    with open("/proc/self/status") as status:
-        peak = next(line.split()[1] for line in status if line.startswith("VmHWM:"))
-    with open(peak_file, "w") as out:
-        out.write(peak)
-
-atexit.register(report)
-sys.argv[0] = "spotlight"
-runpy.run_module("spotlight.cli", run_name="__main__", alter_sys=True)
-"""
+_CLI = PEAK_REPORTING_CLI  # reports its peak memory as it exits (tests/cli_peak.py)
 
 
 def _run(argv: list[str], cwd: Path, peak_file: Path) -> tuple[int, str, str, float, float]:
@@ -289,6 +356,8 @@ def test_bad_input_is_one_line_and_exit_2(case, tmp_path):
     for name, content in case.files.items():
         if name.endswith("/"):
             (cwd / name).mkdir()
+        elif content is FIFO:
+            os.mkfifo(cwd / name)
         elif isinstance(content, bytes):
             (cwd / name).write_bytes(content)
         else:
@@ -301,6 +370,7 @@ def test_bad_input_is_one_line_and_exit_2(case, tmp_path):
     assert len(lines) == 1 and lines[0].strip(), stderr[-2000:]
     (line,) = lines
     assert line.startswith("spotlight: error: ") and len(line) <= 300, line
+    assert not [c for c in line if unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp")], ascii(line)
     assert case.expect in line, line
     assert _tree(cwd) == before, sorted(_tree(cwd) - before)
     assert seconds < LIMIT_S, f"{seconds:.1f} s"

@@ -392,7 +392,7 @@ def test_the_stores_credentials_reach_the_head_as_secrets_and_no_file_or_output(
 
 def test_a_gcs_key_file_goes_to_the_head_as_one_secret(tmp_path, capsys, no_sky, monkeypatch):
     key = {"type": "service_account", "project_id": "p", "private_key": "-----BEGIN PRIVATE KEY-----never-shown",
-           "client_email": "run@p.iam.gserviceaccount.com"}
+           "client_email": "run@p.iam.gserviceaccount.com", "token_uri": "https://oauth2.googleapis.com/token"}
     (tmp_path / "key.json").write_text(json.dumps(key))
     monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path / "key.json"))
     config = _config_file(tmp_path, _fleet(provider="gcp"))

@@ -11,11 +11,13 @@ from __future__ import annotations
 import dataclasses
 import os
 import secrets
+import selectors
 import signal
 import socket
 import struct
 import subprocess
 import sys
+import threading
 import time
 from contextlib import closing
 
@@ -24,12 +26,25 @@ import torch
 
 from cloud.codec import encode
 from planted_pickle import Payload, pickled
-from elastic_sp.agent_server import READY_LINE, WIRE_TYPES, AgentServer, Hello, Kill, RemoteAgent, Setup, Spawn
+from elastic_sp.agent_server import (
+    MAX_PENDING_HANDSHAKES,
+    PEER_LOG_BURST,
+    READY_LINE,
+    WIRE_TYPES,
+    AgentServer,
+    Hello,
+    Kill,
+    PeerLog,
+    PendingHandshakes,
+    RemoteAgent,
+    Setup,
+    Spawn,
+)
 from elastic_sp.signed_connection import ProtocolError, connect
 from elastic_sp.coordinator import Coordinator
 from elastic_sp.regroup_policy import UlyssesStepTime
 from elastic_sp.weights import digest, save_checkpoint
-from schedulers.clock import WallClock
+from schedulers.clock import ManualClock, WallClock
 from schedulers.queue import PullQueue
 from tests.test_elastic_sp_agent import SPEC, serve_undisturbed_then_disturbed_to_step
 
@@ -174,9 +189,7 @@ def dropped(sock: socket.socket, within_s: float = 10.0) -> bool:
     return True
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    """One agent server for the control-plane cases (a start is a process importing torch, ~3 s)."""
+def _serving(tmp_path_factory):
     s = Server(tmp_path_factory.mktemp("agent"), secrets.token_hex(32), "--handshake-timeout-s", str(HANDSHAKE_S))
     yield s
     try:  # still up and serving after everything the cases sent: a coordinator ends it cleanly
@@ -188,6 +201,19 @@ def server(tmp_path_factory):
             s.proc.kill()
             s.proc.wait()
         s.proc.stdout.close()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """One agent server for the control-plane cases (a start is a process importing torch, ~3 s)."""
+    yield from _serving(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def flooded(tmp_path_factory):
+    """A server of its own for the floods: they spend its per-address log allowance (`PeerLog`),
+    which the control-plane cases' log assertions must not find spent, whatever the test order."""
+    yield from _serving(tmp_path_factory)
 
 
 def test_a_silent_connection_does_not_hold_up_a_coordinator(server):
@@ -313,3 +339,125 @@ def test_a_short_key_is_refused_on_both_sides(server, monkeypatch):
         RemoteAgent.connect(server.address, SPEC)
     with pytest.raises(ValueError, match="SPOTLIGHT_SP_AUTHKEY has 31 characters"):
         RemoteAgent.start("n9", SPEC)  # refused before a process is started
+
+
+# ---- a flood of silent connections (issue 27) ------------------------------------------------------
+
+
+class Flood:
+    """`n` connections from `source` (a loopback address: 127.0.0.2 is another peer, on Linux) that
+    never say a word, each re-opened as soon as the server closes it, until `close`."""
+
+    def __init__(self, address, source: str, n: int) -> None:
+        self.address, self.source = address, source
+        self.selector = selectors.DefaultSelector()
+        self.reopened = 0
+        self.stop = threading.Event()
+        for _ in range(n):
+            self._open()
+        self.thread = threading.Thread(target=self._run, name="flood", daemon=True)
+        self.thread.start()
+
+    def _open(self) -> None:
+        sock = socket.socket()
+        try:
+            sock.bind((self.source, 0))
+            sock.settimeout(2.0)
+            sock.connect(self.address)
+        except OSError:
+            sock.close()
+            return
+        sock.setblocking(False)
+        self.selector.register(sock, selectors.EVENT_READ)
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            for key, _ in self.selector.select(0.05):
+                try:
+                    data = key.fileobj.recv(1 << 12)  # the server's greeting: read, never answered
+                except OSError:
+                    data = b""
+                if not data:  # dropped by the server: connect again at once
+                    self.selector.unregister(key.fileobj)
+                    key.fileobj.close()
+                    self.reopened += 1
+                    self._open()
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join()
+        for key in list(self.selector.get_map().values()):
+            key.fileobj.close()
+        self.selector.close()
+
+
+@pytest.mark.parametrize("source", ["127.0.0.2", "127.0.0.1"], ids=["from-another-address", "from-its-own-address"])
+def test_a_flood_of_silent_connections_does_not_lock_out_a_coordinator(flooded, source):
+    """More silent connections than the server holds pending (272; 64 once locked every coordinator
+    out, issue 27), each re-opened as soon as it is evicted: every coordinator still gets through
+    at once, and the server writes a few lines, not one per connection dropped. From another
+    address the flood only ever evicts its own; from the coordinator's (everything here is
+    127.0.0.1) a handshake keeps its slot until 256 newer ones: ~0.2 s at the ~1,000 re-opens a
+    second this flood makes, where a coordinator's takes ~15 ms (60 ms at most of 150)."""
+    before = len(flooded.stderr())
+    flood = Flood(flooded.address, source, MAX_PENDING_HANDSHAKES + 16)
+    try:
+        took = []
+        for _ in range(5):
+            t0 = time.monotonic()
+            RemoteAgent.connect(flooded.address, SPEC, authkey=flooded.key).close(shutdown=False)
+            took.append(time.monotonic() - t0)
+            time.sleep(0.2)
+    finally:
+        flood.close()
+    time.sleep(0.2)
+    lines = flooded.stderr()[before:]
+    assert max(took) < HANDSHAKE_S, took
+    assert flood.reopened >= 16, flood.reopened  # the flood did go on: its oldest were evicted
+    assert len(lines) <= PEER_LOG_BURST + 1, (len(lines), lines[:20])
+    assert any(f"evicted by a newer connection ({MAX_PENDING_HANDSHAKES} pending" in line for line in lines), lines
+    assert flooded.proc.poll() is None
+
+
+def test_pending_handshakes_evict_the_oldest_of_the_heaviest_address():
+    pending = PendingHandshakes(4)
+    for name in ("f0", "f1", "f2"):
+        assert pending.admit(name, "flood") is None
+    assert pending.admit("c0", "coordinator") is None and len(pending) == 4
+    # Full: a newcomer is admitted and evicts the oldest of the address that holds the most.
+    shut = []
+    assert pending.admit("f3", "flood", shut.append) == ("f0", "flood") and shut == ["f0"]
+    assert pending.admit("c1", "coordinator") == ("f1", "flood")  # the newcomer counts: 2 and 2, f1 is older
+    for i in range(4, 1000):  # a flood from another address never evicts the coordinator's
+        assert pending.admit(f"f{i}", "flood")[1] == "flood"
+    assert pending.count("coordinator") == 2 and pending.count("flood") == 2
+    assert not pending.release("f0", "flood")  # evicted: its thread is told so, and writes nothing
+    assert pending.release("c0", "coordinator") and pending.release("c1", "coordinator")
+    assert len(pending) == 2 and pending.count("coordinator") == 0
+    # From one address, oldest first: a handshake keeps its slot until `capacity` newer ones arrive.
+    same = PendingHandshakes(3)
+    evicted = [same.admit(i, "nat") for i in range(6)]
+    assert evicted == [None, None, None, (0, "nat"), (1, "nat"), (2, "nat")]
+    # Addresses holding one each (many addresses): the oldest of them all.
+    spread = PendingHandshakes(2)
+    spread.admit("a", "1.1.1.1"), spread.admit("b", "2.2.2.2")
+    assert spread.admit("c", "3.3.3.3") == ("a", "1.1.1.1")
+    with pytest.raises(ValueError, match="capacity"):
+        PendingHandshakes(0)
+
+
+def test_the_peer_log_writes_a_burst_then_one_line_per_interval_with_the_count():
+    clock, written = ManualClock(), []
+    log = PeerLog(clock, written.append, burst=3, every_s=10.0, max_addresses=2)
+    assert [log("x", f"x{i}") for i in range(8)] == [True] * 3 + [False] * 5
+    assert log("y", "y0")  # another address has its own budget
+    clock.advance(4.0)
+    assert not log("x", "x8")  # 0.4 of a line refilled
+    clock.advance(6.0)
+    assert log("x", "x9") and not log("x", "x10")
+    assert written == ["x0", "x1", "x2", "y0", "x9 (6 more about x in the last 10 s not written)"]
+    clock.advance(1000.0)  # a quiet address refills to the burst, no more
+    assert [log("x", "x") for _ in range(4)] == [True, True, True, False]
+    assert written[-3] == "x (1 more about x in the last 1000 s not written)"
+    log("z", "z0")  # a third address: the least recently heard of (y) is forgotten
+    assert list(log._buckets) == ["x", "z"]

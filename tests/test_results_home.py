@@ -221,6 +221,30 @@ def test_pushes_send_only_what_changed_and_catch_up_after_a_failure(tmp_path):
     assert kept["metrics.jsonl"]["size"] == (fresh / "metrics.jsonl").stat().st_size
 
 
+def test_a_head_killed_between_a_file_and_its_manifest_leaves_results_the_next_head_can_name(tmp_path):
+    """The earlier head stored its events again and died before the manifest: the object is newer
+    than the manifest's entry. The next head names it as the store holds it, and the pull verifies
+    (a launched-fleet test whose head was killed mid-push failed its pull this way)."""
+    first = tmp_path / "first"
+    (first / "tb").mkdir(parents=True)
+    (first / "tb/events").write_bytes(b"e0")
+    store = LocalStore(tmp_path / "store")
+    ResultsSync(store, first).push()
+    store.put("results/tb/events", b"e0e1")  # the first head's next push, cut short before its manifest
+    store.put("results/tb/gone", b"x")
+    manifest = json.loads(store.get(MANIFEST))
+    manifest["files"]["tb/gone"] = {"size": 1, "checksum": "sha256:0"}
+    store.put(MANIFEST, json.dumps(manifest).encode())
+    store.delete("results/tb/gone")  # named, then lost: dropped rather than named wrongly
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    (fresh / "metrics.jsonl").write_text('{"step": 0}\n')
+    ResultsSync(store, fresh, keep_stored=True).push(final=True, must=True)
+    pull(store, tmp_path / "pulled", progress=False)
+    assert (tmp_path / "pulled/tb/events").read_bytes() == b"e0e1"
+    assert sorted(p.name for p in (tmp_path / "pulled").rglob("*") if p.is_file()) == ["events", "metrics.jsonl"]
+
+
 def test_a_bad_uri_and_a_store_with_no_run_are_one_line(tmp_path, capsys):
     for command in (["status"], ["pull", "--out", str(tmp_path / "got")]):
         _one_error(capsys, command[0], "s3:///runs/x", *command[1:], says="s3:///runs/x: no bucket")

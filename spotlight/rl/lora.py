@@ -21,7 +21,8 @@ from typing import Any, Iterator
 
 import torch
 
-from spotlight.config import RunConfig
+from schedulers.input_file import short
+from spotlight.config import ConfigError, RunConfig
 from spotlight.rl.seeding import derive_seed
 
 ADAPTER = "default"
@@ -49,14 +50,21 @@ def add_lora(model: torch.nn.Module, cfg: RunConfig) -> torch.nn.Module:
     returns it. lora_B starts at zero (peft's default), so the model still computes its base."""
     from peft import inject_adapter_in_model
 
+    if cfg.policy.lora.target_modules:  # the user's names: each must name a layer (the defaults need not all)
+        check_names(model, cfg)
     model.requires_grad_(False)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(derive_seed(cfg.seed, _LORA_INIT))
-        inject_adapter_in_model(peft_config(cfg), model, adapter_name=ADAPTER)
+        try:
+            inject_adapter_in_model(peft_config(cfg), model, adapter_name=ADAPTER)
+        except ValueError as err:  # peft's: no target found, or a target that is no layer it adapts (a norm)
+            first = " ".join(str(err).split())[:200]
+            raise ConfigError(f"policy.lora.target_modules: peft cannot adapt these layers: {first}") from None
     for name, p in model.named_parameters():
         p.requires_grad_("lora_" in name)
     if not has_lora(model):
-        raise ValueError(f"policy.lora.target_modules: none of {cfg.policy.lora_targets} names a layer of the model")
+        raise ConfigError(f"policy.lora.target_modules: none of {short(cfg.policy.lora_targets)} names a layer of "
+                          f"the model (expected names of its linear layers, e.g. {_examples(model)})")
     # Adapters train in float32 over a bfloat16 base (as diffusers' LoRA scripts cast them): a
     # bfloat16 weight has 8 bits of mantissa, and Adam's small steps on it would round away.
     # peft's layers cast their input to the adapters' dtype and the result back.
@@ -64,6 +72,29 @@ def add_lora(model: torch.nn.Module, cfg: RunConfig) -> torch.nn.Module:
         if p.dtype != torch.float32:
             p.data = p.data.float()
     return model
+
+
+def check_names(model: torch.nn.Module, cfg: RunConfig) -> None:
+    """ConfigError unless each of `policy.lora.target_modules` names a module of `model` as peft
+    matches one (`check_target_module_exists` for a list: the full name, or its last parts)."""
+    modules = [name for name, _ in model.named_modules() if name]
+    missing = [t for t in cfg.policy.lora.target_modules or ()
+               if not any(name == t or name.endswith("." + t) for name in modules)]
+    if missing:
+        names = ", ".join(short(m, 60) for m in missing[:4]) + (f" and {len(missing) - 4} more" if len(missing) > 4 else "")
+        raise ConfigError(f"policy.lora.target_modules: no layer of the {cfg.policy.kind} model is named {names} "
+                          f"(expected names of its linear layers, e.g. {_examples(model)})")
+
+
+def _examples(model: torch.nn.Module, most: int = 6) -> str:
+    """A few names of `model`'s linear layers as a target list would give them (their last part)."""
+    seen: list[str] = []
+    for name, module in model.named_modules():
+        parts = name.split(".")
+        last = ".".join(parts[-2:] if parts[-1].isdigit() else parts[-1:])  # `to_out.0`, not `0`
+        if isinstance(module, torch.nn.Linear) and last not in seen:
+            seen.append(last)
+    return ", ".join(seen[:most]) or "none: it has no linear layer"
 
 
 def has_lora(model: torch.nn.Module) -> bool:

@@ -30,6 +30,7 @@ from spotlight.rl.policy import Policy, Rollout
 from spotlight.rl.prompts import Prompt
 from spotlight.rl.prompt_file import run_prompts
 from spotlight.rl.warm_start import apply_warm_start
+from spotlight.train.resume_identity import identity, mismatch
 
 
 class NonFiniteUpdate(RuntimeError):
@@ -78,10 +79,12 @@ class Learner:
         self.optimizer = torch.optim.Adam(trainable(self.policy.model), lr=cfg.train.lr)
         if cfg.train.ema_decay > 0:
             self.ema = ema_init(trained_state(self.policy.model))
+        # What every checkpoint records and every resume checks first (another run's is refused).
+        self.identity = identity(cfg, trained_state(self.policy.model))
         skipped: list[str] = []
         ckpt = None if checkpoints is None else checkpoint.newest_usable(
             Path(checkpoints), skipped.append,
-            use=lambda c: checkpoint.load(c, self.policy.model, self.optimizer, ema=self.ema))
+            use=lambda c: checkpoint.load(c, self.policy.model, self.optimizer, ema=self.ema, belongs=self._belongs))
         if ckpt is not None:
             self.version = ckpt.step
         return {"warm_start": warm, "step": self.version, "checkpoint": str(ckpt.path) if ckpt else None,
@@ -175,8 +178,13 @@ class Learner:
         """Inside the block the model holds the EMA weights (`swapped_in`); without an EMA, its own."""
         return swapped_in(self.policy.model, self.ema) if self.ema is not None else nullcontext()
 
+    def _belongs(self, state: dict[str, Any]) -> str | None:
+        """Why a checkpoint's state.json `state` is not this run's (None: it is)."""
+        return mismatch(state.get("identity"), self.cfg, self.identity["shapes"])
+
     def save_checkpoint(self, root: Path) -> str:
-        return str(checkpoint.save(Path(root), self.version, self.policy.model, self.optimizer, ema=self.ema).path)
+        return str(checkpoint.save(Path(root), self.version, self.policy.model, self.optimizer, ema=self.ema,
+                                   extra={"identity": self.identity}).path)
 
     def save_final(self, path: Path) -> None:
         """The trained policy in its libraries' formats (`Policy.save_pretrained`) and its model card;

@@ -44,16 +44,73 @@ _FIX_TOKEN = ("set RAY_AUTH_TOKEN (or RAY_AUTH_TOKEN_PATH) to the cluster's toke
               "(`ray get-auth-token` on the head prints it)")
 
 
-def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
-    """Fail fast on a `host:port` nobody listens on: ray.init retries such an address for minutes."""
-    host, sep, port = address.rpartition(":")
-    if not sep or not port.isdigit() or "://" in address:
-        return  # "auto", "ray://...": Ray resolves these itself and fails fast
+def _dialled(address: str) -> tuple[str, str] | None:
+    """(the cluster's address as given, or as "auto" finds it; the address ray.init will dial), or
+    None when Ray resolves `address` itself and fails fast (a `ray://` client address, an "auto"
+    that finds no cluster, one Ray cannot parse). Resolved by Ray's own functions: ray.init
+    rewrites 127.0.0.1, localhost and ::1 to this machine's address (`resolve_ip_for_localhost`),
+    and reads "auto" from RAY_ADDRESS or the last `ray start --head` of this machine."""
+    if "://" in address:
+        return None
+    from ray._private.services import (canonicalize_bootstrap_address, get_ray_address_from_environment,
+                                       parse_address)
+
     try:
-        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+        given = get_ray_address_from_environment(address, None) if address == "auto" else address
+    except Exception:  # noqa: BLE001 - "auto" without a cluster: ray.init says so, at once
+        return None
+    if not given or given in ("auto", "local"):
+        return None
+    try:  # ray.init raises a ValueError for these (and logs a traceback for an empty host first)
+        host, port = parse_address(given) or ("", "")
+    except ValueError:
+        host, port = "", ""
+    if not host.strip("[]") or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"runtime.address: {given!r} is not an address Ray can join (expected HOST:PORT, with a "
+                          "port in 1..65535, auto, or ray://HOST:PORT)")
+    try:
+        dial = canonicalize_bootstrap_address(given)
+    except Exception:  # noqa: BLE001 - an address Ray cannot resolve: ray.init says why, at once
+        return None
+    return (given, dial) if dial else None
+
+
+def _refused(address: str, timeout_s: float) -> str | None:
+    """Why a TCP connection to `address` (host:port) fails within `timeout_s`, or None when it opens."""
+    from ray._private.services import parse_address
+
+    parsed = parse_address(address)
+    if parsed is None or not str(parsed[1]).isdigit():
+        return None
+    try:
+        socket.create_connection((parsed[0].strip("[]"), int(parsed[1])), timeout=timeout_s).close()
     except OSError as err:
-        raise ConfigError(f"runtime.address: cannot join the Ray cluster at {address!r} "
-                          f"({err.strerror or err})") from None
+        return err.strerror or str(err) or type(err).__name__
+    return None
+
+
+def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """Fail fast, at the address ray.init will dial (`_dialled`), on a cluster it cannot reach:
+    ray.init retries such an address for a minute or more. A cluster whose GCS listens on
+    loopback only is reachable at 127.0.0.1 but never dialled there (Ray dials this machine's
+    address instead): that is said in one line, with what to start the cluster with. Measured
+    with Ray 2.60: `RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 ray start --head --node-ip-address
+    127.0.0.1` binds its GCS on 127.0.0.1 alone (ray.init hung past a minute; this says so in 2 s),
+    while without that switch the same command binds every interface and is joined as usual."""
+    resolved = _dialled(address)
+    if resolved is None:
+        return
+    given, dial = resolved
+    why = _refused(dial, timeout_s)
+    if why is None:
+        return
+    if dial != given and _refused(given, timeout_s) is None:
+        host = dial.rpartition(":")[0]
+        raise ConfigError(f"runtime.address: the Ray cluster at {given} listens on loopback only; Ray dials it at "
+                          f"this machine's address, {dial} ({why}): start it with --node-ip-address 127.0.0.2 "
+                          f"(Ray keeps that one) or {host}, and pass that address")
+    seen = f" (Ray dials {dial})" if dial != address else ""
+    raise ConfigError(f"runtime.address: cannot join the Ray cluster at {address!r}{seen} ({why})")
 
 
 def _set_auth_env(values: dict[str, str]) -> None:
@@ -164,7 +221,8 @@ def _auth_mode(address: str, timeout_s: float = 5.0) -> str | None:
 
 def check(rt: RuntimeConfig) -> None:
     """Say in one line, within seconds, why this process cannot join `rt.address` (nobody listens
-    there, or auth does not match), without joining: for a CLI's checks before any heavy work."""
+    where Ray will dial it, or auth does not match), without joining: for a CLI's checks before
+    any heavy work (tests/test_input_hygiene.py: a loopback-only cluster at 127.0.0.1)."""
     if rt.kind == "ray" and rt.address and not ray.is_initialized():
         _check_reachable(rt.address)
         _auth_mode(rt.address)

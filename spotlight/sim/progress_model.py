@@ -31,13 +31,13 @@ with fresh random seeds; its signal is the std of their *fresh* rewards.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from cloud.bounded_json import load_file, loads
 from planners.selection import contrast_group
 from planners.stale_rank import MIN_PAIRS
 
@@ -51,6 +51,8 @@ ABLATION_FIGURES = {"target": 0.8755054821570714, "r0": 0.7036881844202677, "r_i
 random arm's first eval reward; docs/simulator.md#progress-model), the uniform arm held out,
 shipped so that every machine simulates the same: pass a fresh ablation's results.json to
 `ProgressModel.calibrated` to recalibrate."""
+_MAX_READ_BYTES = 16 << 20
+"""An ablation's results.json (~5 KB) and a metrics row (~1 KB) are read with at most 16 MiB each."""
 
 
 @dataclass(frozen=True)
@@ -76,7 +78,7 @@ class ProgressModel:
         if path is not None:
             path = Path(path)
             try:
-                dit = json.loads(path.read_text())["dit"]
+                dit = load_file(path, max_bytes=_MAX_READ_BYTES)["dit"]  # bounded: a bad file is a ValueError
                 arms = dit["arms"]
                 f.update(target=dit["target"], k_random=arms["random"]["iterations_to_target"],
                          k_bandit=arms["bandit"]["iterations_to_target"],
@@ -131,8 +133,9 @@ def _first_evals(folder: Path) -> float | None:
     """Mean eval reward of the first iteration over the arm's seeds, or None."""
     firsts = []
     for metrics in sorted(folder.glob("seed*/metrics.jsonl")):
-        line = metrics.read_text().splitlines()[0]
-        firsts.append(json.loads(line)["eval_reward"])
+        with open(metrics, encoding="utf-8", errors="replace") as f:
+            line = f.readline(_MAX_READ_BYTES + 1)  # the first row only, never the whole file
+        firsts.append(loads(line, max_bytes=_MAX_READ_BYTES, what=str(metrics))["eval_reward"])
     return float(np.mean(firsts)) if firsts else None
 
 

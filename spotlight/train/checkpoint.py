@@ -30,6 +30,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import math
 import os
 import random
 import shutil
@@ -43,6 +44,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from cloud.bounded_json import JsonRefused, load_file
 from cloud.codec import DecodeError, read_file, write_file
 from spotlight.rl.lora import load_trained_state, storable, trained_state
 
@@ -54,10 +56,18 @@ FILES = ("model.safetensors", "optimizer.safetensors", "state.json")
 """The files every checkpoint holds."""
 EMA = "ema.safetensors"
 """The one optional file: a checkpoint of a run with `train.ema_decay` holds it, others do not."""
+MAX_MANIFEST_BYTES = 1 << 20
+"""MANIFEST.json and state.json are read with at most this (1 MiB): a manifest names 4-5 files in
+~500 bytes and state.json is {"step": N}, so a larger one is not ours and the checkpoint is skipped."""
 
 
 class CheckpointError(ValueError):
     """A checkpoint that cannot be used; `str(err)` is one line saying why."""
+
+
+class CheckpointMismatch(CheckpointError):
+    """A sound checkpoint of another run (`spotlight.train.resume_identity`: another config, seed or
+    model shapes): refused, and never set aside — it is someone's work, not damage."""
 
 
 @dataclass
@@ -199,7 +209,7 @@ def read(ckpt: Checkpoint, hashes: bool = True, weights: bool = True) -> Loaded:
     weights file's header is parsed (names, shapes, offsets within the file) but no tensor is read."""
     folder = ckpt.path
     try:
-        manifest = json.loads((folder / MANIFEST).read_text())
+        manifest = load_file(folder / MANIFEST, max_bytes=MAX_MANIFEST_BYTES)
         files = manifest["files"]
         if (manifest["step"] != ckpt.step or not isinstance(files, dict)
                 or set(files) not in (set(FILES), {*FILES, EMA})):
@@ -209,7 +219,9 @@ def read(ckpt: Checkpoint, hashes: bool = True, weights: bool = True) -> Loaded:
         legacy = " (written by an older Spotlight: its optimizer.pt is a pickle, never loaded)" \
             if (folder / "optimizer.pt").exists() else ""
         raise CheckpointError(f"no {MANIFEST}{legacy}") from None
-    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as err:
+    except JsonRefused as err:  # too large, too deep (issue 27: a 100k-deep one was a RecursionError), not JSON
+        raise CheckpointError(f"unreadable {err}") from None
+    except (ValueError, KeyError, TypeError, OSError) as err:
         raise CheckpointError(f"unreadable {MANIFEST} ({type(err).__name__})") from None
     for name in files:
         want, path = files[name], folder / name
@@ -227,12 +239,14 @@ def read(ckpt: Checkpoint, hashes: bool = True, weights: bool = True) -> Loaded:
     try:
         blob = read_file(folder / FILES[1])
         optimizer, rng = blob["optimizer"], blob["rng"]
-        state = json.loads((folder / FILES[2]).read_text())
+        state = load_file(folder / FILES[2], max_bytes=MAX_MANIFEST_BYTES)
         if not (isinstance(optimizer, dict) and isinstance(rng, dict) and isinstance(state, dict)
                 and state.get("step") == ckpt.step):
             raise CheckpointError(f"{FILES[1]} or {FILES[2]} does not hold iteration {ckpt.step}'s state")
     except DecodeError as err:
         raise CheckpointError(f"{FILES[1]}: {err}") from None
+    except JsonRefused as err:
+        raise CheckpointError(f"unreadable {err}") from None
     except (ValueError, KeyError, TypeError, UnicodeDecodeError) as err:
         raise CheckpointError(f"{FILES[1]} or {FILES[2]} is malformed ({type(err).__name__})") from None
     return Loaded(tensors, optimizer, rng, state, ema)
@@ -249,23 +263,94 @@ def _check_fits(file: str, tensors: dict[str, torch.Tensor], own: dict[str, torc
                                   f"{tuple(own[name].shape)} {own[name].dtype}")
 
 
+def _check_finite(file: str, tensors: dict[str, torch.Tensor]) -> None:
+    """CheckpointError when a floating-point tensor of `tensors` holds a NaN or an infinity."""
+    for name, tensor in tensors.items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise CheckpointError(f"{file}: {name} holds NaN or infinite values")
+
+
+def _check_optimizer(state: dict[str, Any], optimizer: torch.optim.Optimizer) -> None:
+    """CheckpointError unless optimiser state dict `state` is one `optimizer` (built from the run's
+    config) can take as it is: the same parameter groups with the same hyper-parameters (they come
+    from the config: a stored lr of 1e9 is a damaged file, not a setting), and for every parameter,
+    state tensors of the parameter's shape and dtype (scalars such as Adam's step aside), all finite."""
+    own = optimizer.state_dict()
+    groups, mine = state.get("param_groups"), own["param_groups"]
+    if not (isinstance(groups, list) and len(groups) == len(mine)
+            and all(isinstance(g, dict) and g.get("params") == m["params"] for g, m in zip(groups, mine))):
+        raise CheckpointError(f"{FILES[1]}: its parameter groups are not the model's")
+    for g, m in zip(groups, mine):  # a key another torch version lacks is the config's, below
+        for key in (m.keys() & g.keys()) - {"params"}:
+            if _plain(g[key]) != _plain(m[key]):
+                raise CheckpointError(f"{FILES[1]}: {key} is {str(g[key])[:40]}, the config's is {m[key]}")
+    params = {i: p for group, m in zip(optimizer.param_groups, mine) for i, p in zip(m["params"], group["params"])}
+    per_param = state.get("state")
+    if not isinstance(per_param, dict) or not set(per_param) <= set(params):
+        raise CheckpointError(f"{FILES[1]}: its state names parameters the model does not have")
+    for i, entries in per_param.items():
+        if not isinstance(entries, dict):
+            raise CheckpointError(f"{FILES[1]}: the state of parameter {i} is not a mapping")
+        for key, value in entries.items():
+            if isinstance(value, torch.Tensor):
+                if value.dim() > 0 and (value.shape != params[i].shape or value.dtype != params[i].dtype):
+                    raise CheckpointError(f"{FILES[1]}: {key} of parameter {i} is {tuple(value.shape)} {value.dtype}, "
+                                          f"the parameter {tuple(params[i].shape)} {params[i].dtype}")
+                if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+                    raise CheckpointError(f"{FILES[1]}: {key} of parameter {i} holds NaN or infinite values")
+            elif isinstance(value, (int, float)) and not math.isfinite(value):
+                raise CheckpointError(f"{FILES[1]}: {key} of parameter {i} is {value}")
+
+
+def _plain(value: Any) -> Any:
+    """`value` with tuples as lists: how a hyper-parameter reads back from `cloud.codec`."""
+    return [_plain(v) for v in value] if isinstance(value, (tuple, list)) else value
+
+
+def _check_rng(rng: dict[str, Any]) -> None:
+    """CheckpointError unless `rng` holds RNG states of the shapes this process's RNGs have."""
+    torch_state, own = rng.get("torch"), torch.get_rng_state()
+    if not (isinstance(torch_state, torch.Tensor) and torch_state.dtype == own.dtype and torch_state.shape == own.shape):
+        raise CheckpointError(f"{FILES[1]}: the torch RNG state is not a {tuple(own.shape)} {own.dtype} tensor")
+
+
 def load(ckpt: Checkpoint, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-         hashes: bool = True, ema: dict[str, torch.Tensor] | None = None) -> dict[str, Any]:
+         hashes: bool = True, ema: dict[str, torch.Tensor] | None = None,
+         belongs: Callable[[dict[str, Any]], str | None] | None = None) -> dict[str, Any]:
     """Restore weights, optimiser and RNG states in place — and, given the run's `ema` (its EMA
     of the weights), the checkpoint's EMA into it; returns state.json's contents. Raises
     CheckpointError — with model, optimiser, RNGs and `ema` untouched — when anything does not
     fit: for an `ema`, a checkpoint without one (written by a run without `train.ema_decay`) does
-    not. Without `ema`, a checkpoint's EMA is ignored."""
+    not; non-finite weights or optimiser state, optimiser state of other shapes or other
+    hyper-parameters than `optimizer`'s (`_check_optimizer`) do not. Without `ema`, a checkpoint's
+    EMA is ignored.
+
+    `belongs(state)` says why state.json's `state` is not this run's (None when it is: e.g.
+    `resume_identity.mismatch`); a checkpoint it refuses, or one whose tensor names, shapes or
+    dtypes differ from the model's, raises CheckpointMismatch: it is another run's."""
     loaded = read(ckpt, hashes)
-    _check_fits(FILES[0], loaded.weights, trained_state(model), "the model's")
+    why = belongs(loaded.state) if belongs is not None else None
+    if why is not None:
+        raise CheckpointMismatch(f"not this run's checkpoint: {why}")
+    try:
+        _check_fits(FILES[0], loaded.weights, trained_state(model), "the model's")
+    except CheckpointError as err:
+        raise CheckpointMismatch(str(err)) from None
+    _check_finite(FILES[0], loaded.weights)
     if ema is not None:
         if loaded.ema is None:
             raise CheckpointError(f"no {EMA}: written by a run without train.ema_decay, and this run keeps an EMA "
                                   "of the weights it cannot rebuild")
         _check_fits(EMA, loaded.ema, ema, "the run's EMA's")
+        _check_finite(EMA, loaded.ema)
+    _check_optimizer(loaded.optimizer, optimizer)
+    _check_rng(loaded.rng)
     rng_before, optimizer_before = _rng_state(), copy.deepcopy(optimizer.state_dict())
+    hyper = [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups]
     try:
         optimizer.load_state_dict(loaded.optimizer)
+        for group, own in zip(optimizer.param_groups, hyper):  # the config's, always
+            group.update(own)
         _set_rng_state(loaded.rng)
     except Exception as err:  # a malformed state: put back what was there and refuse the checkpoint
         optimizer.load_state_dict(optimizer_before)
@@ -291,7 +376,8 @@ def newest_usable(root: Path, log: Callable[[str], None], use: Callable[[Checkpo
                   hashes: bool = True) -> Checkpoint | None:
     """Walk back from the newest checkpoint under `root` to the newest one that verifies — and that
     `use` takes, when given (it raises CheckpointError to refuse one: `load` into a model does).
-    Each one refused is set aside with one log line; None when none is usable (the run starts fresh)."""
+    Each one refused is set aside with one log line; None when none is usable (the run starts fresh).
+    A CheckpointMismatch (another run's checkpoint) is raised, and nothing is set aside for it."""
     for ckpt in reversed(list_checkpoints(root)):
         try:
             if use is None:
@@ -299,7 +385,21 @@ def newest_usable(root: Path, log: Callable[[str], None], use: Callable[[Checkpo
             else:
                 use(ckpt)
             return ckpt
+        except CheckpointMismatch as err:
+            raise CheckpointMismatch(f"{ckpt.path}: {err}") from None
         except CheckpointError as err:
             moved = set_aside(ckpt)
             log(f"checkpoint {ckpt.path} skipped: {err}; moved to {moved.name}")
+    return None
+
+
+def newest_sound(root: Path) -> tuple[Checkpoint, dict[str, Any]] | None:
+    """The newest checkpoint under `root` that verifies (sizes and decoding, no hashes: a look
+    before a run starts), with its state.json; None when none does. Moves nothing: a folder
+    merely named step-N is not progress, and a damaged one is set aside only by `newest_usable`."""
+    for ckpt in reversed(list_checkpoints(root)):
+        try:
+            return ckpt, read(ckpt, hashes=False, weights=False).state
+        except CheckpointError:
+            continue
     return None

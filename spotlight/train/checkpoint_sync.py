@@ -4,7 +4,7 @@ A stored checkpoint of step N is every file the run folder needs to resume at it
 under `step-N/` at its path in the run folder:
     step-000004/checkpoints/step-000004/{model.safetensors, optimizer.pt, state.json}
     step-000004/explorer/step-000004.json      (when exploration is on)
-    step-000004/config.yaml, metrics.jsonl, cost.json, ... (every file directly in the run folder)
+    step-000004/config.yaml, metrics.jsonl, cost.json, ... (the run's records: `spotlight.train.run_files`)
     step-000004/MANIFEST.json                  {"step": 4, "files": {PATH: {"size", "checksum"}}}
 
 A file's "checksum" is the one the store returned when it stored the file ("crc64nvme:..." on
@@ -36,8 +36,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from cloud.store import ChecksumMismatch, MissingKey, Store, StoreError, check_key
-from spotlight.train import checkpoint
+from cloud.store import ChecksumMismatch, MissingKey, Store, StoreError, check_key, get_json
+from spotlight.train import checkpoint, run_files
 from spotlight.train.checkpoint import sha256_of
 
 MANIFEST = "MANIFEST.json"
@@ -49,18 +49,20 @@ def step_dir(step: int) -> str:
 
 
 def checkpoint_files(out: Path, step: int) -> list[str]:
-    """The run-folder paths (relative, '/'-separated) that resuming at iteration `step` needs."""
+    """The run-folder paths (relative, '/'-separated) that resuming at iteration `step` needs: the
+    checkpoint's own files, the explorer state of that step, and the run's records
+    (`spotlight.train.run_files`) — each a regular file of this user; nothing else in the folder,
+    and no symlink, ever leaves it."""
     folder = out / "checkpoints" / f"{checkpoint.PREFIX}{step:06d}"
-    if not folder.is_dir():
+    if not folder.is_dir() or folder.is_symlink():
         raise FileNotFoundError(f"{folder}: no checkpoint of iteration {step} to store")
-    files = sorted(p.relative_to(out).as_posix() for p in folder.rglob("*") if p.is_file())
-    if (out / f"explorer/step-{step:06d}.json").is_file():
+    own = (*checkpoint.FILES, checkpoint.EMA, checkpoint.MANIFEST)
+    files = [f"{folder.relative_to(out).as_posix()}/{name}" for name in own if run_files.regular(folder / name)]
+    if run_files.regular(out / f"explorer/step-{step:06d}.json"):
         files.append(f"explorer/step-{step:06d}.json")
-    # The run folder's own files go too: config.yaml (the resume key), metrics.jsonl (a summary
+    # The run folder's records go too: config.yaml (the resume key), metrics.jsonl (a summary
     # after a resume elsewhere covers the whole run), cost.json (a budget holds across machines).
-    files += sorted(p.name for p in out.iterdir()
-                    if p.is_file() and not p.name.startswith(".") and not p.name.endswith(".tmp"))
-    return files
+    return files + run_files.top_level(out)
 
 
 def _belongs(rel: str, step: int) -> bool:
@@ -68,7 +70,7 @@ def _belongs(rel: str, step: int) -> bool:
     folder = f"checkpoints/{checkpoint.PREFIX}{step:06d}/"
     if rel.startswith(folder):
         return rel[len(folder):] in (*checkpoint.FILES, checkpoint.EMA, checkpoint.MANIFEST)
-    return rel == f"explorer/step-{step:06d}.json" or ("/" not in rel and not rel.startswith("."))
+    return rel == f"explorer/step-{step:06d}.json" or rel in run_files.RUN_FILES
 
 
 def _step_of(key: str) -> int | None:
@@ -177,7 +179,7 @@ class CheckpointSync:
         """Download and verify stored checkpoint `step` into `staging`; None if complete, else why not."""
         base = step_dir(step)
         try:
-            manifest = json.loads(self.store.get(f"{base}/{MANIFEST}"))
+            manifest = get_json(self.store, f"{base}/{MANIFEST}", max_bytes=checkpoint.MAX_MANIFEST_BYTES)
             files = manifest["files"]
             if manifest["step"] != step or not isinstance(files, dict) or not files:
                 return f"{MANIFEST} does not describe iteration {step}"
@@ -216,7 +218,9 @@ class CheckpointSync:
     def _install(staging: Path, out: Path, step: int) -> None:
         """Move verified files into `out`: everything else first, the checkpoint folder last."""
         folder = Path("checkpoints") / f"{checkpoint.PREFIX}{step:06d}"
+        mode = run_files.own_mode()
         for path in sorted(p for p in staging.rglob("*") if p.is_file()):
+            path.chmod(mode)  # the run's own modes, whatever the object or the download gave it
             rel = path.relative_to(staging)
             if folder not in rel.parents:
                 (out / rel).parent.mkdir(parents=True, exist_ok=True)

@@ -27,6 +27,7 @@ from typing import Any, Callable
 
 import torch
 
+from cloud.bounded_json import load_file
 from planners.allocation import make_planner, planner_from_dict
 from planners.seed_pool import SeedPool
 from planners.selection import contrast_group, group_variance, max_variance_subset
@@ -37,6 +38,12 @@ from spotlight.rl.prompts import Prompt, draw_prompts
 from spotlight.rl.seeding import generator
 
 _FALLBACK = 0xFA11  # stream tag of the random seed choice while the stale ranking is unhealthy
+MAX_STATE_BYTES = 256 << 20
+"""The largest explorer state read back (256 MiB). It grows with the seed pool: at most 2**20
+exploration samples an iteration (`samples_per_step`'s maximum; ~40 bytes each as [seed, reward,
+version]: ~42 MB) plus the candidate seeds (~9 bytes each; 128 prompts, the largest shipped
+config's, x 65,536 `candidates_per_prompt`: ~75 MB); the tiny runs write ~10 KB. A larger file is
+refused unread (a ValueError) and the controller starts a fresh explorer."""
 
 
 class ExplorationSession:
@@ -260,9 +267,11 @@ class Explorer:
         return path
 
     def load(self, folder: Path, step: int) -> bool:
-        """Load the state saved for iteration `step`; False if there is none."""
+        """Load the state saved for iteration `step`; False if there is none. A state that is not
+        one raises ValueError (over `MAX_STATE_BYTES`, nested deeper than 64 levels, not JSON:
+        `cloud.bounded_json`), KeyError, TypeError, ...: the controller then starts afresh."""
         path = folder / f"step-{step:06d}.json"
         if not path.is_file():
             return False
-        self.load_state(json.loads(path.read_text()))
+        self.load_state(load_file(path, max_bytes=MAX_STATE_BYTES))
         return True

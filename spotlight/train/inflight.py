@@ -11,9 +11,11 @@ the same store — finds it: finished requests keep their results, the others ar
 their committed steps. A sample is a function of (weights, prompt, seed) and resumes bit for bit
 from a committed step, so the iteration ends exactly as it would have without the restart.
 
-Nothing is taken on trust: a snapshot is used only when its manifest is there, its size and
-SHA-256 match, it decodes to the allowed types, and each entry is a request of the same id and the
-same seeds whose result or state is consistent with them (sizes, steps). Anything else is skipped
+Nothing is taken on trust: a snapshot is used only when its manifest is there (JSON of at most
+`MAX_MANIFEST_BYTES`, read by `cloud.store.get_json`), the snapshot is no larger than the
+manifest says (a larger one is refused before it is read), its size and SHA-256 match, it
+decodes to the allowed types, and each entry is a request of the same id and the same seeds whose
+result or state is consistent with them (sizes, steps). Anything else is skipped
 with one log line — a snapshot that is not used is only work to redo, never wrong work and never
 a failed resume (tests/test_inflight.py). Snapshots of iterations before the newest stored
 checkpoint are deleted.
@@ -33,12 +35,15 @@ from typing import Any
 import torch
 
 from cloud.codec import DecodeError, decode, encode
-from cloud.store import MissingKey, Store
+from cloud.bounded_json import JsonRefused
+from cloud.store import MissingKey, ObjectTooLarge, Store, get_json
 from schedulers.sample_state import SampleState
 from spotlight.rl.policy import Rollout
 from spotlight.rl.prompts import Prompt
 
 PREFIX = "inflight/"
+MAX_MANIFEST_BYTES = 64 * 1024
+"""A snapshot's manifest is {"step", "size", "sha256"} in ~120 bytes; 64 KiB is read at most."""
 ALLOWED = (Rollout, Prompt, SampleState)
 """What a snapshot may hold besides plain data and tensors."""
 
@@ -93,18 +98,27 @@ class InflightStore:
 
     def _read(self, step: int) -> dict[str, Any]:
         """The snapshot of iteration `step`, verified and decoded; MissingKey when there is none."""
-        raw = self.store.get(_key(step, "json"))
         try:
-            manifest = json.loads(raw)
+            manifest = get_json(self.store, _key(step, "json"), max_bytes=MAX_MANIFEST_BYTES)
             size, digest = manifest["size"], manifest["sha256"]
             if manifest["step"] != step:
                 raise _Unusable("its manifest names another iteration")
+            if not (isinstance(size, int) and size >= 0):
+                raise TypeError("size is not a count of bytes")
+        except ObjectTooLarge:
+            raise _Unusable(f"its manifest is over {MAX_MANIFEST_BYTES} bytes (not read)") from None
+        except JsonRefused as err:  # nested too deeply (issue 27: a RecursionError before), not JSON
+            raise _Unusable(f"unreadable manifest ({err.reason})") from None
         except (ValueError, KeyError, TypeError) as err:
             raise _Unusable(f"unreadable manifest ({type(err).__name__})") from None
         try:
-            data = self.store.get(_key(step, "data"))
+            # The snapshot is read whole to be decoded: it may be ~20 GB (module docstring), so no
+            # fixed cap fits; the manifest's size is the bound, and a larger object is not read.
+            data = self.store.get(_key(step, "data"), max_bytes=size)
         except MissingKey:
             raise _Unusable("the manifest's snapshot is missing") from None
+        except ObjectTooLarge:
+            raise _Unusable(f"the snapshot is larger than its manifest's {size} bytes (not read)") from None
         if len(data) != size or hashlib.sha256(data).hexdigest() != digest:
             raise _Unusable(f"{len(data)} bytes that do not match the manifest's size and SHA-256")
         try:

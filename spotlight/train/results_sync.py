@@ -2,7 +2,7 @@
 wrote them: the cloud deletes the head's disk when a launched run ends.
 
 Under the store's root, beside the `step-N/` checkpoints (`spotlight.train.checkpoint_sync`):
-    results/metrics.jsonl, summary.json, config.yaml, cost.json   (every file directly in the run folder)
+    results/metrics.jsonl, summary.json, config.yaml, cost.json   (the run's records: `run_files`)
     results/tb/...                      TensorBoard events
     results/eval/...                    evaluation samples (a DiT's grids, an LLM's completions)
     results/final/...                   the trained model (or LoRA adapter), pushed at the end only
@@ -18,7 +18,8 @@ Invariants:
 - A push uploads a file only when its (size, mtime_ns) changed since this process last stored it;
   a file that changed while it was being sent is left out of that manifest and sent again by the
   next push, so a manifest never names bytes it did not see stored.
-- A resumed run (`keep_stored`) keeps the stored manifest's entries of files its run folder lacks:
+- A resumed run (`keep_stored`) keeps the stored manifest's entries of files its run folder lacks,
+  as the store holds those objects now (`ResultsSync._carried`):
   the TensorBoard events and samples an earlier head wrote stay named.
 - `finished` is true only in the manifest of the push after final/ and summary.json were written.
 The reader is `spotlight.run_results` (`spotlight pull`, `spotlight status`); tests/test_results_home.py
@@ -34,12 +35,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from cloud.store import MissingKey, Store, StoreError
+from cloud.store import MissingKey, Store, StoreError, get_json
+from spotlight.train import run_files
 
 RESULTS = "results"
 """The store prefix of a run's results."""
 MANIFEST = f"{RESULTS}/MANIFEST.json"
 STATUS = f"{RESULTS}/status.json"
+MAX_MANIFEST_BYTES = 64 << 20
+"""Most bytes of results/MANIFEST.json read back (64 MiB): an entry is ~150 bytes, so ~400,000
+files — a long run's TensorBoard events and evaluation samples are thousands. A larger object is
+refused unread (`cloud.store.get_json`)."""
+MAX_STATUS_BYTES = 1 << 20
+"""Most bytes of results/status.json read back (1 MiB); it is ~400 bytes."""
 FOLDERS = ("tb", "eval")
 """Run-folder folders mirrored during the run; `final` joins them at the end."""
 FINAL = "final"
@@ -48,17 +56,21 @@ RESERVED = frozenset({"MANIFEST.json", "status.json"})
 
 
 def result_files(out: Path, final: bool) -> list[str]:
-    """The run-folder paths (relative, '/'-separated) that are the run's results: the files
-    directly in `out` (not hidden, not .tmp), everything under tb/ and eval/, and under final/
-    when `final`."""
-    files = sorted(p.name for p in out.iterdir() if p.is_file() and not p.name.startswith(".")
-                   and not p.name.endswith(".tmp") and p.name not in RESERVED)
+    """The run-folder paths (relative, '/'-separated) that are the run's results: its records
+    (`spotlight.train.run_files.RUN_FILES`), the files under tb/ and eval/, and under final/ when
+    `final` — regular files of this user only, no symlink followed (`run_files`)."""
+    files = run_files.top_level(out)
     for folder in (*FOLDERS, FINAL) if final else FOLDERS:
-        root = out / folder
-        if root.is_dir():
-            files += sorted(p.relative_to(out).as_posix() for p in root.rglob("*")
-                            if p.is_file() and not any(part.startswith(".") for part in p.relative_to(out).parts))
+        files += run_files.tree(out, folder)
     return files
+
+
+def is_result(rel: str) -> bool:
+    """Whether run-folder path `rel` is one `result_files` can name: what a pull may write."""
+    parts = rel.split("/")
+    if len(parts) == 1:
+        return rel in run_files.RUN_FILES
+    return parts[0] in (*FOLDERS, FINAL) and not any(p.startswith(".") or not p for p in parts)
 
 
 def _stamp(path: Path) -> tuple[int, int]:
@@ -109,10 +121,11 @@ class ResultsSync:
 
     def _upload(self, final: bool) -> tuple[int, int]:
         """Send the files that changed; returns (files sent, their bytes)."""
+        files = result_files(self.out, final)
         if self.entries is None:
-            self.entries = self._stored() if self.keep_stored else {}
+            self.entries = self._carried(set(files)) if self.keep_stored else {}
         sent = size = 0
-        for rel in result_files(self.out, final):
+        for rel in files:
             path = self.out / rel
             before = _stamp(path)
             if self._sent.get(rel) == before:
@@ -127,10 +140,28 @@ class ResultsSync:
             sent, size = sent + 1, size + before[0]
         return sent, size
 
+    def _carried(self, here: set[str]) -> dict[str, dict[str, Any]]:
+        """The stored manifest's entries, those of files this run folder lacks as the store holds
+        them now: an earlier head killed between sending a file and its manifest left an object
+        newer than its entry (a whole one: a put is atomic), so each is looked up again (one stat
+        each) and one that is gone is dropped. Seen in a launched-fleet test whose head was killed
+        mid-push: the pull then refused the earlier head's TensorBoard events as replaced."""
+        carried = {}
+        for rel, entry in self._stored().items():
+            if rel in here:  # sent again by this push
+                carried[rel] = entry
+                continue
+            try:
+                now = self.store.stat(f"{RESULTS}/{rel}")
+            except MissingKey:
+                continue
+            carried[rel] = {"size": now.size, "checksum": now.checksum}
+        return carried
+
     def _stored(self) -> dict[str, dict[str, Any]]:
         """The stored manifest's entries, or none when it is missing or unreadable (logged)."""
         try:
-            files = json.loads(self.store.get(MANIFEST))["files"]
+            files = get_json(self.store, MANIFEST, max_bytes=MAX_MANIFEST_BYTES)["files"]
             if isinstance(files, dict) and all(isinstance(v, dict) for v in files.values()):
                 return files
             why = "its files are not a mapping"

@@ -31,6 +31,7 @@ iteration that could not end in time.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -41,6 +42,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from cloud.bounded_json import loads
 from cloud.cost import CostControl, Spent, load_spent, save_spent
 from spotlight.train.cost_control import cost_control
 from cloud.store import Store, StoreError
@@ -50,6 +52,8 @@ from schedulers.request import Kind, Request
 from spotlight.train import checkpoint
 from spotlight.train.checkpoint_sync import CheckpointSync
 from spotlight.train.results_sync import ResultsSync, fleet_counts, status_record
+from spotlight.train.resume_identity import differences, mismatch
+from spotlight.train.run_lock import LOCK, RunLock
 from spotlight.config import ConfigError, RunConfig, load_config, to_yaml
 from spotlight.train.eval_samples import write_evaluation
 from spotlight.train.exploration import Explorer
@@ -65,6 +69,8 @@ from spotlight.sim.report import plural
 from spotlight.rl.warm_start import apply_warm_start, cache_path
 
 
+ROW_BYTES = 1 << 20
+"""The longest metrics or evaluation row read back (a row is ~1 KB; a planted one is refused, not parsed)."""
 EVAL_SEED0 = 10**9
 """Evaluation seeds start here: no training iteration's seeds come near."""
 
@@ -98,16 +104,6 @@ class PhaseTimer:
         self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
 
 
-def _resume_key(cfg: RunConfig) -> dict[str, Any]:
-    """What must match for a run folder to be resumed: everything but the iteration count, the
-    runtime section (where the roles run changes no result: local and Ray runs end bit-identical)
-    and the cloud section (where it runs and what it may cost)."""
-    d = cfg.to_dict()
-    d["train"] = {k: v for k, v in d["train"].items() if k != "steps"}
-    del d["runtime"], d["cloud"]
-    return d
-
-
 class Trainer:
     """The single controller. Construction is cheap; `build()` starts the runtime's roles (the learner
     warm-starts and resumes if it can); `train()` runs the loop and shuts the runtime down."""
@@ -132,6 +128,8 @@ class Trainer:
         """The newest evaluation's samples (eval/step-N.png or .jsonl), for TensorBoard."""
         self.stop_reason = "steps"
         """Why the loop ended: "steps" (all ran), "budget" or "deadline" (`cloud.cost.CostControl`)."""
+        self.lock: RunLock | None = None
+        """This process's hold on the run folder, from `build` until `train` ends (`run_lock`)."""
 
     def build(self, runtime: Runtime | None = None) -> "Trainer":
         cfg = self.cfg
@@ -142,7 +140,28 @@ class Trainer:
         # Prices, the fleet and a too-small budget are checked before anything starts; from here on
         # the fleet is paid for (instances are paid from launch), on top of what earlier sessions spent.
         self.cost = cost_control(cfg, WallClock(), load_spent(self.out))
+        made = not self.out.exists()
         self.out.mkdir(parents=True, exist_ok=True)
+        self.lock = RunLock.acquire(self.out)  # before anything in the folder changes
+        try:
+            return self._build(store, runtime)
+        except BaseException:
+            self._unlock(made)
+            raise
+
+    def _unlock(self, made: bool = False) -> None:
+        """Let the run folder go; one this process `made` and left empty goes too (a run refused
+        while it built leaves nothing behind)."""
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
+            if made:
+                (self.out / LOCK).unlink(missing_ok=True)
+                with contextlib.suppress(OSError):  # not empty: what was written stays
+                    self.out.rmdir()
+
+    def _build(self, store: Store | None, runtime: Runtime | None) -> "Trainer":
+        cfg = self.cfg
         # A damaged newest checkpoint (a crash mid-write on a disk that lied, a truncated copy) is
         # set aside now, so that the store's copy of that iteration can replace it.
         checkpoint.newest_usable(self.out / "checkpoints", self.log, hashes=False)
@@ -155,7 +174,11 @@ class Trainer:
         self.runtime = runtime if runtime is not None else make_runtime(cfg, self.log)
         trained = self._warm_start()
         roles = time.perf_counter()
-        info = self.runtime.build(self.out / "checkpoints")
+        try:
+            info = self.runtime.build(self.out / "checkpoints")
+        except checkpoint.CheckpointMismatch as err:  # on Ray, raised in the learner: its cause is the line
+            self.runtime.shutdown()
+            raise ConfigError(f"{getattr(err, 'cause', None) or err}; use a new --out folder") from None
         cluster = getattr(self.runtime, "cluster", None)
         if cluster is not None:  # a joined cluster: the meter pays for its nodes as they come and go
             self.runtime.engine.on_fleet = lambda: self.cost.meter.set_fleet(cluster.paid_fleet())
@@ -238,21 +261,42 @@ class Trainer:
         return explorer
 
     def _check_out_dir(self) -> None:
-        """Refuse an --out that is not a folder, that holds checkpoints another config wrote (a
-        changed step count is fine), or that holds more iterations than train.steps asks for (the
-        run cannot shrink: nothing would be trained). Creates nothing."""
+        """Refuse an --out that is not a folder, whose newest sound checkpoint is another run's
+        (`resume_identity`: a changed step count or micro-batch is fine), or that holds more
+        iterations than train.steps asks for (the run cannot shrink: nothing would be trained).
+        Creates, moves and renames nothing; a folder merely named step-N is not a checkpoint."""
         if self.out.exists() and not self.out.is_dir():
             raise ConfigError(f"--out {self.out}: exists and is not a folder")
-        newest = checkpoint.latest(self.out / "checkpoints")
-        if newest is not None and self._another_run(self.out / "config.yaml"):
-            raise ConfigError(f"{self.out}: holds checkpoints of a run with a different config; "
-                              "use a new --out folder or delete its checkpoints/")
-        if newest is not None and newest.step > self.cfg.train.steps:
+        found = checkpoint.newest_sound(self.out / "checkpoints")
+        if found is None:
+            return
+        newest, state = found
+        why = self._not_this_run(state, self.out / "config.yaml")
+        if why is not None:
+            raise ConfigError(f"{self.out}: holds checkpoints of another run ({newest.path.name}: {why}); "
+                              "use a new --out folder, or delete its checkpoints/ to start over")
+        if newest.step > self.cfg.train.steps:
             raise ConfigError(self._more_than_asked(newest.step))
 
-    def _another_run(self, saved: Path) -> bool:
-        """Whether config file `saved` (a run folder's, or a stored checkpoint's) is another run's."""
-        return saved.is_file() and _resume_key(load_config(saved)) != _resume_key(self.cfg)
+    def _not_this_run(self, state: dict[str, Any], saved: Path) -> str | None:
+        """Why a checkpoint whose state.json is `state`, beside config file `saved` (a run folder's,
+        or a stored checkpoint's), is not this run's; None when it is. A checkpoint written before
+        resume identities is judged by `saved` alone, and refused without it."""
+        stored = state.get("identity")
+        if stored is None:
+            if not saved.is_file():
+                return "it records no resume identity and there is no config.yaml to compare"
+            changed = differences(load_config(saved).to_dict(), self.cfg)
+            return f"config.yaml differs in {', '.join(changed)}" if changed else None
+        why = mismatch(stored, self.cfg)
+        if why is not None and saved.is_file():
+            try:
+                changed = differences(load_config(saved).to_dict(), self.cfg)
+            except ConfigError:
+                changed = []
+            if changed:
+                why += f" ({', '.join(changed)})"
+        return why
 
     def _truncate_metrics(self, step: int) -> None:
         """Keep the rows of iterations before the resumed checkpoint: later ones are about to be
@@ -264,7 +308,7 @@ class Trainer:
         rows = []
         for line in path.read_text(errors="replace").splitlines():
             try:
-                row = json.loads(line)
+                row = loads(line, max_bytes=ROW_BYTES, what="metrics.jsonl row")
                 keep = isinstance(row, dict) and isinstance(row.get("step"), int) and row["step"] < step
             except ValueError:
                 keep = False
@@ -389,7 +433,14 @@ class Trainer:
         return [by_id[r.id] for r in requests]
 
     def train(self) -> dict[str, Any]:
-        """Run the remaining iterations, write final/ and summary.json; always shuts the runtime down."""
+        """Run the remaining iterations, write final/ and summary.json; always shuts the runtime down
+        and lets the run folder go."""
+        try:
+            return self._train()
+        finally:
+            self._unlock()
+
+    def _train(self) -> dict[str, Any]:
         try:
             self._loop()
             final = self.out / "final"
@@ -481,9 +532,12 @@ class Trainer:
         self._pushed = newest.step if newest is not None and newest.step in self.sync.stored() else 0
 
     def _check_stored_config(self, folder: Path) -> None:
-        if self._another_run(folder / "config.yaml"):
-            raise ConfigError(f"{self.cfg.cloud.checkpoint_uri}: holds checkpoints of a run with a different "
-                              "config; use another --checkpoint-uri or delete them")
+        """Refuse a stored checkpoint (verified, in run-folder layout under `folder`) of another run."""
+        found = checkpoint.newest_sound(folder / "checkpoints")
+        why = "no checkpoint" if found is None else self._not_this_run(found[1], folder / "config.yaml")
+        if why is not None:
+            raise ConfigError(f"{self.cfg.cloud.checkpoint_uri}: holds checkpoints of another run ({why}); "
+                              "use another --checkpoint-uri or delete them")
 
     def _push(self, must: bool = False) -> bool:
         """Mirror the newest checkpoint to --checkpoint-uri unless it is there already; True when it
@@ -540,7 +594,7 @@ def _add_evaluation(writer, written: Path, step: int) -> None:
 
         writer.add_image("eval/samples", np.asarray(Image.open(written).convert("RGB")), step, dataformats="HWC")
         return
-    rows = [json.loads(line) for line in written.read_text().splitlines()]
+    rows = [loads(line, max_bytes=ROW_BYTES, what="evaluation row") for line in written.read_text().splitlines()]
     table = "| prompt | seed | completion | reward |\n|---|---|---|---|\n" + "\n".join(
         f"| {r['prompt']!r} | {r['seed']} | {r['completion']!r} | {r['reward']:.3f} |" for r in rows)
     writer.add_text("eval/completions", table, step)
@@ -551,7 +605,8 @@ def summarize(metrics_path: Path, steps: int, window: int = 5) -> dict[str, Any]
 
     `improvement_se` is (mean of the last `window` iterations - mean of the first) divided by the
     standard error of that difference; > 3 is the bar for "clearly learned"."""
-    rows = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
+    rows = [loads(line, max_bytes=ROW_BYTES, what="metrics.jsonl row")
+            for line in metrics_path.read_text().splitlines() if line.strip()]
     rewards = [r["reward_mean"] for r in rows]
     out: dict[str, Any] = {"steps": len(rows), "steps_requested": steps,
                            "wall_s": sum(r["wall_s"] for r in rows)}
