@@ -53,11 +53,13 @@ on a GPU: a run it refuses wrongly must still be possible)."""
 
 # ---- measured constants ------------------------------------------------------------------------
 
-PROCESS_BASELINE = 500 * MIB
+PROCESS_BASELINE = 600 * MIB
 """One `spotlight train` process before its model counts (measured: VmHWM of `spotlight train
 experiments/tiny_llm.yaml --steps 1 --runtime local`, 463 MB, and of the tiny DiT at micro_batch 16,
 474 MB, where the model's own terms are under 10 MB: the interpreter, torch, transformers,
-diffusers, tensorboard and the allocator's arenas)."""
+diffusers, tensorboard and the allocator's arenas). The first run after a fresh install peaks
+~90 MB higher (the tiny DiT: 595 MiB in a clean clone's CI run against 504-513 warm: Python
+compiles every module it imports to bytecode then), so the constant covers that run."""
 RAY_PROCESS = 350 * MIB
 """One process of a local Ray cluster that imports torch and the model libraries: the controller,
 the learner, each rollout worker (measured: PSS 339 MB each during `spotlight train
