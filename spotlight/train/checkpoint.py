@@ -204,9 +204,10 @@ def _tensors(path: Path, weights: bool) -> dict[str, torch.Tensor] | None:
         raise CheckpointError(f"{path.name} does not load ({type(err).__name__}: {str(err)[:100]})") from None
 
 
-def read(ckpt: Checkpoint, hashes: bool = True, weights: bool = True) -> Loaded:
+def read(ckpt: Checkpoint, hashes: bool = True, weights: bool = True, states: bool = True) -> Loaded:
     """Verify and decode `ckpt` (see `verify`); raises CheckpointError. Without `weights`, the
-    weights file's header is parsed (names, shapes, offsets within the file) but no tensor is read."""
+    weights file's header is parsed (names, shapes, offsets within the file) but no tensor is read;
+    without `states`, the optimiser file is not decoded (the optimiser and RNG states are empty)."""
     folder = ckpt.path
     try:
         manifest = load_file(folder / MANIFEST, max_bytes=MAX_MANIFEST_BYTES)
@@ -237,7 +238,7 @@ def read(ckpt: Checkpoint, hashes: bool = True, weights: bool = True) -> Loaded:
     tensors = _tensors(folder / FILES[0], weights) or {}
     ema = _tensors(folder / EMA, weights) if EMA in files else None
     try:
-        blob = read_file(folder / FILES[1])
+        blob = read_file(folder / FILES[1]) if states else {"optimizer": {}, "rng": {}}
         optimizer, rng = blob["optimizer"], blob["rng"]
         state = load_file(folder / FILES[2], max_bytes=MAX_MANIFEST_BYTES)
         if not (isinstance(optimizer, dict) and isinstance(rng, dict) and isinstance(state, dict)
@@ -394,12 +395,13 @@ def newest_usable(root: Path, log: Callable[[str], None], use: Callable[[Checkpo
 
 
 def newest_sound(root: Path) -> tuple[Checkpoint, dict[str, Any]] | None:
-    """The newest checkpoint under `root` that verifies (sizes and decoding, no hashes: a look
-    before a run starts), with its state.json; None when none does. Moves nothing: a folder
-    merely named step-N is not progress, and a damaged one is set aside only by `newest_usable`."""
+    """The newest checkpoint under `root` whose manifest, file sizes, weights header and state.json
+    verify, with its state.json; None when none does. A look before a run starts: no hash, and the
+    optimiser file — the largest, decoded when the run loads it — is not read. Moves nothing: a
+    folder merely named step-N is not progress, and a damaged one is set aside only by `newest_usable`."""
     for ckpt in reversed(list_checkpoints(root)):
         try:
-            return ckpt, read(ckpt, hashes=False, weights=False).state
+            return ckpt, read(ckpt, hashes=False, weights=False, states=False).state
         except CheckpointError:
             continue
     return None

@@ -33,16 +33,21 @@ NEUTRAL = ("train.steps", "train.micro_batch", "warm_start.cache_dir", "runtime"
 - cloud: which cloud, what it may cost, where checkpoints are mirrored."""
 
 
-def resume_key(cfg: Any) -> dict[str, Any]:
-    """`cfg.to_dict()` without the `NEUTRAL` settings."""
-    d = cfg.to_dict()
+def _result_determining(config: dict[str, Any]) -> dict[str, Any]:
+    """Config dict `config` (a `to_dict()`, or a config.yaml read back) without the `NEUTRAL` settings."""
+    kept = dict(config)
     for dotted in NEUTRAL:
         section, _, name = dotted.partition(".")
-        if name:
-            d.get(section, {}).pop(name, None)
-        else:
-            d.pop(section, None)
-    return d
+        if not name:
+            kept.pop(section, None)
+        elif isinstance(kept.get(section), dict):
+            kept[section] = {k: v for k, v in kept[section].items() if k != name}
+    return kept
+
+
+def resume_key(cfg: Any) -> dict[str, Any]:
+    """`cfg.to_dict()` without the `NEUTRAL` settings."""
+    return _result_determining(cfg.to_dict())
 
 
 def _digest(value: Any) -> str:
@@ -62,13 +67,7 @@ def identity(cfg: Any, trained: dict[str, Any]) -> dict[str, Any]:
 def differences(stored: dict[str, Any], cfg: Any, limit: int = 3) -> list[str]:
     """Dotted names of the result-determining settings in which config dict `stored` (a
     `to_dict()`, e.g. a run folder's config.yaml) differs from `cfg` (at most `limit`)."""
-    mine, theirs = resume_key(cfg), dict(stored)
-    for dotted in NEUTRAL:
-        section, _, name = dotted.partition(".")
-        if name and isinstance(theirs.get(section), dict):
-            theirs[section] = {k: v for k, v in theirs[section].items() if k != name}
-        elif not name:
-            theirs.pop(section, None)
+    mine, theirs = resume_key(cfg), _result_determining(stored)
     found: list[str] = []
 
     def walk(a: Any, b: Any, at: str) -> None:

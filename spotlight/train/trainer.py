@@ -283,20 +283,21 @@ class Trainer:
         or a stored checkpoint's), is not this run's; None when it is. A checkpoint written before
         resume identities is judged by `saved` alone, and refused without it."""
         stored = state.get("identity")
+        if stored is None and not saved.is_file():
+            return "it records no resume identity and there is no config.yaml to compare"
+        why = None if stored is None else mismatch(stored, self.cfg)
+        if stored is not None and why is None:
+            return None
+        try:
+            changed = differences(load_config(saved).to_dict(), self.cfg) if saved.is_file() else []
+        except ConfigError:
+            if stored is None:  # the only evidence there is: an unreadable one refuses the folder
+                raise
+            changed = []  # the identity has decided; config.yaml only names the fields
+        named = ", ".join(changed)
         if stored is None:
-            if not saved.is_file():
-                return "it records no resume identity and there is no config.yaml to compare"
-            changed = differences(load_config(saved).to_dict(), self.cfg)
-            return f"config.yaml differs in {', '.join(changed)}" if changed else None
-        why = mismatch(stored, self.cfg)
-        if why is not None and saved.is_file():
-            try:
-                changed = differences(load_config(saved).to_dict(), self.cfg)
-            except ConfigError:
-                changed = []
-            if changed:
-                why += f" ({', '.join(changed)})"
-        return why
+            return f"config.yaml differs in {named}" if changed else None
+        return f"{why} ({named})" if changed else why
 
     def _truncate_metrics(self, step: int) -> None:
         """Keep the rows of iterations before the resumed checkpoint: later ones are about to be
