@@ -17,6 +17,9 @@ What the engine does, and only here:
   (`PullQueue.worker_lost`); a death without a notice first counts in `workers_lost`;
 - a worker that dies by itself (the executor reports it): the same, as a death without notice;
 - a node that joins: the executor starts workers on it, which pull as soon as they are ready;
+- a planned release (`release`: the run gives a spot node back because it no longer pays): its
+  workers retire as on a notice, and it is neither a notice nor a preemption (`releases` counts it);
+  the node stays on offer and `rent` takes it again, paying a join as any joining node;
 - no capacity left and none coming back: one clear error instead of a hang.
 
 What an executor does (`Executor`): start workers on a node's devices, make an idle worker serve,
@@ -100,6 +103,9 @@ class Node:
     cluster_id: str | None = None
     """The cluster's own id for the node (a Ray node id), where the fleet follows a real cluster;
     None for a fleet replayed on one machine or modelled."""
+    released: bool = False
+    """On offer but not rented: the run released it (`FleetEngine.release`) or declined it when it
+    joined (`FleetEngine.admit`). Not alive; `rent` takes it; a notice or a death withdraws the offer."""
 
 
 def fleet_nodes(ondemand: int, spot: int, devices: int = 1) -> list[Node]:
@@ -345,6 +351,11 @@ class FleetEngine:
         self.on_kill: Callable[[str], None] | None = None
         """Called when a node died, after its workers were lost, before the executor re-plans
         (a restart-from-checkpoint baseline restarts the whole job here)."""
+        self.admit: Callable[[Node], bool] | None = None
+        """Asked when a spot node joins by `add`: False leaves it on offer, not rented (`Node.released`);
+        None rents every node (a renting rule: `spotlight.sim.rental`)."""
+        self.releases = 0
+        """Nodes the run released (`release`): planned, so not in `counters` with the preemptions."""
 
     # ---- the fleet ------------------------------------------------------------------------------
 
@@ -401,7 +412,9 @@ class FleetEngine:
             a = self.actions[self._next_action]
             self._next_action += 1
             node = self.nodes.get(a.node)
-            if a.action == "notice" and node is not None and node.alive and not node.noticed:
+            if node is not None and node.released and a.action in ("notice", "kill"):
+                node.released = False  # the provider takes back a node the run does not hold: no preemption
+            elif a.action == "notice" and node is not None and node.alive and not node.noticed:
                 self.notice(node.name, PreemptionNotice(Cause.TRACE, None, node.name))
             elif a.action == "kill" and node is not None and node.alive:
                 self.kill(node.name)
@@ -416,7 +429,43 @@ class FleetEngine:
             n = self.nodes[node] = Node(node, spot=spot, alive=False, cluster_id=cluster_id,
                                         devices=self.spot_devices_per_node if devices is None else devices)
         if not n.alive:
+            if n.spot and self.admit is not None and not self.admit(n):
+                n.released = True
+                return
+            n.released = False
             self._join(n)
+
+    def release(self, node: str) -> None:
+        """Give live spot node `node` back (its work no longer pays for it): planned, so it counts in
+        `releases`, not as a notice or a kill; its workers retire at once and it is paid no more
+        (`spot_devices` leaves it out). Meant for between phases, when no worker holds a request (the
+        simulator releases before an iteration); a worker that still holds one is ended as
+        `use_ondemand` ends one: its request goes back to the queue at its last commit. The node
+        stays on offer (`Node.released`) until a notice or a death withdraws it.
+        (tests/test_fleet_release.py)"""
+        n = self.nodes[node]
+        if not (n.spot and n.alive):
+            raise ValueError(f"release: {node} is not a live spot node")
+        self.releases += 1
+        n.alive, n.noticed, n.released = False, False, True
+        if self.on_fleet is not None:
+            self.on_fleet()
+        hit = self._on(node)
+        for w in hit:
+            self._remove(w)
+            self.executor.stop(w, lost=w.phase is WorkerPhase.SERVING)
+            if w.phase is WorkerPhase.SERVING:
+                self.queue.worker_lost(w.name)
+        self._changed(self._affected(node, hit))
+
+    def rent(self, node: str) -> None:
+        """Take node `node`, on offer (`Node.released`), again: it joins as a new node does (an
+        executor's join time before it serves), paid from now."""
+        n = self.nodes[node]
+        if not n.released:
+            raise ValueError(f"rent: {node} is not on offer")
+        n.released = False
+        self._join(n)
 
     def restart(self, node: str) -> None:
         """`node` lives on though a worker of it died (the engine counted the node gone then): end

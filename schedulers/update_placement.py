@@ -6,19 +6,38 @@ learner sums them), so it is free to change every iteration and needs no checkpo
 measures again. What it measures moves with the fleet (spot workers join and leave, the machines
 are shared), so the place not chosen is tried again every `retry_every` updates.
 
-Only seconds are priced here. The other use of the spot workers' time during a learner-only update
-— exploring the next iteration's seeds — is priced against them by the simulator, which has a
-progress model to turn explored seeds into iterations saved (docs/simulator.md, "What the spot
-GPUs do during an update"); on the fleets it simulated the update's seconds won every time.
+Only seconds are measured here. The other use of the spot workers' time during a learner-only
+update — exploring the next iteration's seeds — can be priced against them only with a model of
+progress: the simulator has one and passes its priced choice as `prefer` (docs/simulator.md, "What
+the spot GPUs do during an update"); a live run has none and goes by its measured seconds. The one
+rule is used by both through `spotlight.train.iteration_controller`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 PLACES = ("learner", "fleet", "auto")
+
+SP_ROLLOUT_ONLY = "SP groups compute rollouts only"
+"""Why a run with SP groups cannot compute its update on the fleet: an SP group holds a sequence
+shard per member, and the fleet update's micro-batches are whole samples."""
+
+
+def fleet_update_refusal(sp_degree: int, memory: str | None = None) -> str | None:
+    """Why the fleet cannot compute a run's update — the same reason `spotlight train` refuses
+    `train.update_on: fleet` for, and for which `auto` and the simulator keep the update on the
+    learner: workers that are SP groups (`sp_degree` > 1), or `memory`, the reason a spot GPU cannot
+    hold what the update needs (None: it can). None: the fleet can."""
+    if sp_degree > 1:
+        return f"SP degree {sp_degree}: {SP_ROLLOUT_ONLY}"
+    return memory
 
 
 class UpdatePlacement:
-    def __init__(self, update_on: str, retry_every: int = 10) -> None:
+    def __init__(self, update_on: str, retry_every: int = 10, prefer: Callable[[], bool] | None = None) -> None:
+        """`prefer()`: for `auto`, a priced choice (True: the fleet) that replaces the measured
+        rule — the simulator's, which prices exploration too; None: the measured rule."""
         if update_on not in PLACES:
             raise ValueError(f"update_on must be one of {PLACES}, got {update_on!r}")
         if retry_every < 2:
@@ -28,12 +47,15 @@ class UpdatePlacement:
         self.seconds: dict[bool, float] = {}
         """On the fleet (True) or not -> the seconds its last update there took."""
         self.updates = 0
+        self.prefer = prefer
 
     def on_fleet(self) -> bool:
         """Where the next update runs: as configured, or for `auto` the learner first, then the
         fleet, then the faster of the two, the other again every `retry_every` updates."""
         if self.update_on != "auto":
             return self.update_on == "fleet"
+        if self.prefer is not None:
+            return self.prefer()
         for place in (False, True):
             if place not in self.seconds:
                 return place

@@ -10,7 +10,9 @@
     spotlight status URI [--json]
     spotlight pull URI --out DIR [--no-progress]
     spotlight simulate --trace TRACE [--policy all|NAME] [--gpus N] [--iterations N] [--resolution 512|1280] [--budget-usd X]
-                       [--seed S] [--json] [--plot PNG] [--step-times YAML] [--prices CSV]
+                       [--seed S] [--json] [--plot PNG] [--step-times YAML] [--prices CSV] [--constants all|typical]
+                       [--profile qwen-image-lora|qwen-image-full|tiny-cpu] [--objective time|cost|deadline] [--deadline-h H]
+    spotlight simulate --config RUN.yaml --trace TRACE [--json]
     spotlight traces show|synth TRACE [--plot PNG] [--json] [--out FILE]
 
 Bad input (a config, a trace, a flag value) ends with one `spotlight: error: ...` line and exit
@@ -598,10 +600,12 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
     plot = _plot_file(args.plot) if args.plot else None
+    if args.config:
+        return _simulate_run(args)
     from spotlight.train.iteration_time import PEAK_BF16_FLOPS
     from spotlight.sim.simulator import POLICIES, SimConfig, gpu_prices, simulate
     from spotlight.sim.report import plot_simulation, table
-    from spotlight.sim.step_time import StepTimes
+    from spotlight.sim.step_time import StepTimes, notice_s_for, trace_provider
     from schedulers.trace_synth import open_trace
 
     names = list(POLICIES) if args.policy == "all" else args.policy.split(",")
@@ -611,8 +615,12 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     fields = {k: v for k, v in (("gpus", args.gpus), ("spot_gpus", args.spot_gpus), ("iterations", args.iterations),
                                 ("resolution", args.resolution), ("seed", args.seed), ("prompts", args.prompts),
                                 ("iterations_scale", args.iterations_scale), ("notice_s", args.notice_s),
-                                ("budget_usd", args.budget_usd), ("prices", args.prices))
+                                ("budget_usd", args.budget_usd), ("prices", args.prices),
+                                ("objective", args.objective), ("deadline_h", args.deadline_h))
               if v is not None}
+    if (args.objective == "deadline") != (args.deadline_h is not None):
+        raise ConfigError("--deadline-h: required with --objective deadline (the hours to reach the target in)"
+                          if args.deadline_h is None else "--deadline-h: only with --objective deadline")
     steps = StepTimes.profile(args.profile)
     if args.step_times:
         steps = StepTimes.load(args.step_times, base=steps)
@@ -639,9 +647,12 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     except ConfigError as err:
         raise ConfigError(f"{gpu_from}: {err}") from None
     trace = open_trace(args.trace)
+    provider = trace_provider(trace)
+    if args.notice_s is None and provider is not None:  # the notice the trace's cloud gives (AWS 120 s, GCP 30 s)
+        cfg = replace(cfg, notice_s=notice_s_for(provider))
     bars = _PolicyBars(cfg.iterations)
     try:
-        result = simulate(cfg, trace, names, on_iteration=bars if _progress(args) else None)
+        result = simulate(cfg, trace, names, on_iteration=bars if _progress(args) else None, constants=args.constants)
     finally:
         bars.close()
     if plot is not None:
@@ -652,6 +663,26 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         print(table(result))
         if plot is not None:
             print(f"plot: {plot}")
+    return 0
+
+
+def _simulate_run(args: argparse.Namespace) -> int:
+    """`simulate --config RUN.yaml`: the run as `spotlight train` would run it (`spotlight.sim.run_config`),
+    read by train's loader, so refused with train's line; its iterations' phases and update placement."""
+    from schedulers.trace_synth import open_trace
+    from spotlight.sim.run_config import POLICY, simulate_run
+
+    cfg = load_config(args.config, {})
+    trace = open_trace(args.trace)
+    result = simulate_run(cfg, trace)
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    r = result["policies"][POLICY]
+    fleet = sum(bool(i["update_on_fleet"]) for i in r["iterations_log"])
+    print(f"{args.config}: {r['iterations']} iterations in {r['wall_h']:.3f} simulated hours, "
+          f"${r['total_cost_usd']:,.2f}; {fleet} updates on the fleet, {r['iterations'] - fleet} on the learner; "
+          f"{r['preemptions']} preemptions (trace {result['trace']})")
     return 0
 
 
@@ -843,8 +874,13 @@ def build_parser() -> argparse.ArgumentParser:
                      help="Bamboo CSV, GCP counts, SkyPilot spot-trace JSON, `t_s,nodes` counts CSV, or a synthetic "
                           "spec such as synth:poisson?nodes=32&rate_h=15&burst_rate_h=0.5&burst_size=8&return_s=900")
     sim.add_argument("--policy", default="all",
-                     help="all, or comma-separated names: ondemand, spot_restart, spotlight_noexplore, sync_explore, "
-                          "spotlight, oracle")
+                     help="all, or comma-separated names: ondemand, ondemand_total, spot_restart, managed_restart, "
+                          "spotlight_noexplore, sync_explore, spotlight_learner_update, near_all_spot, spotlight, "
+                          "oracle (the baselines every policy is compared with: ondemand, ondemand_total, "
+                          "near_all_spot, managed_restart)")
+    sim.add_argument("--config", metavar="RUN.yaml",
+                     help="simulate this run config as `spotlight train` would run it (its phases, update "
+                          "placement, workers and steps; the other flags but --trace and --json are ignored)")
     sim.add_argument("--gpus", type=_int(), help="on-demand GPUs, the same for every policy (default 16)")
     sim.add_argument("--spot-gpus", type=_int(), help="spot GPUs at the trace's peak (default 4x --gpus)")
     sim.add_argument("--iterations", type=_int(), help="most iterations to simulate (default 300)")
@@ -853,21 +889,34 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--seed", type=_int(), help="simulation seed (default 0): same seed, same result")
     sim.add_argument("--iterations-scale", type=_float(positive=True),
                      help="progress model: x the tiny DiT's iterations to target (default 10)")
-    sim.add_argument("--notice-s", type=_float(), help="preemption warning in seconds (default 120; GCP: 30)")
+    sim.add_argument("--notice-s", type=_float(), help="preemption warning in seconds (default: the trace's cloud, AWS 120, "
+                                                        "GCP 30; 120 when the trace does not say)")
     sim.add_argument("--budget-usd", type=_float(positive=True), metavar="X",
                      help="stop each policy (but the oracle) before X dollars would be exceeded, by the live "
                           "trainer's budget policy; its stop_reason says whether the target came first")
-    sim.add_argument("--profile", default="qwen-image", choices=["qwen-image", "tiny-cpu"],
-                     help="step-time profile (default qwen-image)")
+    sim.add_argument("--objective", choices=["time", "cost", "deadline"],
+                     help="how many of the spot nodes on offer the spot policies and the oracle hold: time "
+                          "(default: all of them), cost (the count whose iteration is cheapest), deadline (the "
+                          "cheapest count that reaches the target within --deadline-h); docs/simulator.md")
+    sim.add_argument("--deadline-h", type=_float(positive=True), metavar="H",
+                     help="with --objective deadline: hours from the start to reach the target in")
+    sim.add_argument("--profile", default="qwen-image-lora",
+                     choices=["qwen-image-lora", "qwen-image-full", "qwen-image", "tiny-cpu"],
+                     help="step-time profile (default qwen-image-lora: Flow-GRPO's Qwen-Image LoRA recipe; "
+                          "qwen-image-full: full fine-tune, also named qwen-image; tiny-cpu: measured on a CPU)")
     sim.add_argument("--gpu", help="GPU type for step times and prices (default H100)")
     sim.add_argument("--step-times", metavar="YAML", help="override step-time fields (spotlight/sim/step_time.py)")
     sim.add_argument("--prices", metavar="CSV",
                      help="price table to run with (default cloud/prices.csv): a sensitivity run, e.g. with "
                           "another region's or basis' spot price (docs/cost.md)")
     sim.add_argument("--no-stop", action="store_true", help="run every --iterations even after the target")
+    sim.add_argument("--constants", default="all", choices=["all", "typical"],
+                     help="all (default): every policy at the pessimistic, typical and optimistic constants "
+                          "(spotlight/sim/assumptions.py), each answer a range; typical: that set alone, 3x sooner")
     sim.add_argument("--json", action="store_true", help="print one JSON object (and no progress on stderr)")
     sim.add_argument("--no-progress", action="store_true", help="no progress bars on stderr (one per policy)")
-    sim.add_argument("--plot", metavar="PNG", help="write live GPUs and progress over time per policy")
+    sim.add_argument("--plot", metavar="PNG", help="write progress, dollars spent and live GPUs over time per "
+                                                   "policy, the preemptions marked and the verdict under it")
     sim.set_defaults(func=cmd_simulate)
 
     traces = sub.add_parser("traces", help="summarise, plot or generate preemption traces",

@@ -30,7 +30,7 @@ import yaml
 
 from cloud.config import CloudConfig
 from cloud.model_cache import cached_folder, is_remote, local_folder, source_problem
-from schedulers.update_placement import PLACES
+from schedulers.update_placement import PLACES, SP_ROLLOUT_ONLY
 from schedulers.input_file import (SEED_MAX, ConfigError, InputError, InputFileError, at_most, check, load_yaml,
                                    parse_yaml, short)
 
@@ -833,8 +833,8 @@ class RunConfig:
             check(self.grpo.kl_beta == 0 or self.policy.lora.enabled, "grpo.kl_beta",
                   f"0 with train.update_on: {on} unless policy.lora is on (the workers hold no KL reference "
                   "without LoRA; with it the reference is their own base)", self.grpo.kl_beta)
-            check(self.runtime.sp_degree == 1, "runtime.sp_degree", f"1 with train.update_on: {on} (SP groups "
-                  "compute rollouts only)", self.runtime.sp_degree)
+            check(self.runtime.sp_degree == 1, "runtime.sp_degree", f"1 with train.update_on: {on} "
+                  f"({SP_ROLLOUT_ONLY})", self.runtime.sp_degree)
         if self.policy.kind == "llm":
             check(self.grpo.kl_estimator == "exact", "grpo.kl_estimator", "exact for an llm policy (its KL is "
                   "k3 per token; flow_grpo's scale is the DiT's SDE steps')", self.grpo.kl_estimator)

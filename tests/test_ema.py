@@ -208,6 +208,7 @@ def evaluated(tmp_path_factory):
     rt.build(tmp_path_factory.mktemp("eval") / "checkpoints")
     before = {"evaluate": rt.evaluate(_requests(cfg, "e0", 0)), "rollout": rt.rollout(_requests(cfg, "r0", 0))}
     rt.update(rt.rollout(_requests(cfg, "it0", 0)), _advantages(cfg))
+    rt.publish()
     weights = {k: v.clone() for k, v in trained_state(rt.learner.policy.model).items()}
     optimizer = copy.deepcopy(rt.learner.optimizer.state_dict())
     after = {"evaluate": rt.evaluate(_requests(cfg, "e1", 1)), "rollout": rt.rollout(_requests(cfg, "r1", 1))}
@@ -247,6 +248,7 @@ def test_ray_runtime_evaluates_with_the_learners_ema_as_the_local_runtime_does(t
     try:
         rt.build(tmp_path / "checkpoints")
         rt.update(rt.rollout(_requests(cfg, "it0", 0)), _advantages(cfg))
+        rt.publish()
         got = rt.evaluate(_requests(cfg, "e1", 1))
         assert isinstance(got, ray.ObjectRef)  # as a rollout's: it goes to the reward actor as it is
         rt.rewards(got)  # the reward actor takes the ref as it is

@@ -51,12 +51,15 @@ def test_no_preemptions_takes_the_time_the_step_model_gives_by_hand():
 @pytest.mark.parametrize("notice_s", [120.0, 0.0])
 def test_every_spot_node_dying_at_once_still_finishes_on_ondemand(notice_s):
     cfg = small(iterations=12, spot_gpus=8, notice_s=notice_s)
-    out = simulate(cfg, fleet(4, remove_at=300.0))["policies"]  # mid-run (an iteration takes ~35 s)
+    out = simulate(cfg, fleet(4, remove_at=150.0))["policies"]  # mid-run (an iteration takes ~20-30 s)
     for name, r in out.items():
-        assert r["iterations"] == 12, name
         assert r["requests_duplicated"] == 0, name
         if POLICIES[name].spot:
             assert r["preemptions"] == 4, name
+        if POLICIES[name].ondemand_gpus == 0:  # all spot (managed_restart): nothing left to finish on
+            assert r["stop_reason"] == "no_capacity" and 0 < r["iterations"] < 12, name
+            continue
+        assert r["iterations"] == 12, name
     assert out["spotlight"]["wall_h"] < out["ondemand"]["wall_h"] * 1.01
     if notice_s > 0:  # work in flight at the notice is given back at a step boundary: nothing redone
         assert out["spotlight_noexplore"]["steps_recomputed"] == 0
@@ -83,8 +86,10 @@ def test_simulate_cli_json(tmp_path, capsys):
                    "--iterations", "40", "--iterations-scale", "0.1", "--json", "--plot", str(png)])
     assert rc == 0
     out = json.loads(capsys.readouterr().out)
-    assert set(out["policies"]) == {"ondemand", "ondemand_total", "spot_restart", "spotlight_noexplore",
-                                    "sync_explore", "spotlight_learner_update", "spotlight", "oracle"}
+    assert set(out["policies"]) == {"ondemand", "ondemand_total", "spot_restart", "managed_restart",
+                                    "spotlight_noexplore", "sync_explore", "spotlight_learner_update",
+                                    "near_all_spot", "spotlight", "oracle"}
+    assert BASELINES == ("ondemand", "ondemand_total", "near_all_spot", "managed_restart")
     assert out["config"]["price_source"] and out["config"]["ondemand_total_gpus"] == 4 + 8
     for name, r in out["policies"].items():
         assert set(FIELDS) <= set(r), name
@@ -132,10 +137,21 @@ def test_progress_model_is_calibrated_on_the_ablation():
 
 
 def test_scale_smoke():
-    from experiments.simulate_scale import run_scale
+    from experiments.simulate_scale import TRACE, looped, run_scale
+    from schedulers.traces import load_trace
 
-    r = run_scale(gpus=64, iterations=5)
-    assert r["iterations"] == 5 and r["seconds"] > 0 and r["requests_per_iteration"] == 16
+    r = run_scale(gpus=64, iterations=40)  # ~0.7 simulated hours: past the trace's first removals (2,040 s)
+    assert r["iterations"] == 40 and r["seconds"] > 0 and r["requests_per_iteration"] == 16
+    assert r["preemptions"] > 0 and 0 < r["last_preemption_h"] <= r["simulated_hours"] <= r["churn_until_h"]
+    assert r["regroups"] > 0 and r["explored_samples"] > 0 and r["requests_requeued"] >= 0
+    assert 0 <= r["fleet_update_iterations"] <= 40
+    # The loop keeps the trace's churn and its peak (which sizes the spot blocks): bamboo-p3 ends
+    # with 10 of its 18 starting nodes live, so each wrap is 8 joins and no removal.
+    trace = load_trace(TRACE)
+    loop = looped(trace, 3 * trace.duration_s)
+    assert loop.max_live == trace.max_live and loop.preemptions == 3 * trace.preemptions
+    live = dict(loop.live_over_time())
+    assert live[trace.duration_s] == live[2 * trace.duration_s] == live[0.0] == 18
 
 
 def test_a_budget_stops_every_policy_but_the_oracle_before_it_is_exceeded():
@@ -262,3 +278,95 @@ def test_a_run_reports_how_many_updates_the_fleet_computed():
     fast = simulate(small(step_times=replace(StepTimes(), update_round_s=0.5)), fleet(4), names)["policies"]
     assert [slow[n]["fleet_update_iterations"] for n in names] == [0, 0, 0]
     assert [fast[n]["fleet_update_iterations"] for n in names] == [3, 0, 3]
+
+
+def test_the_constant_sets_vary_shipped_figures_and_keep_given_ones(monkeypatch):
+    from dataclasses import replace
+
+    from spotlight.sim import assumptions
+    from spotlight.sim.assumptions import SETS, apply, describe
+
+    cfg = SimConfig()
+    pes, typ, opt = (apply(s, cfg) for s in SETS)
+    assert typ == cfg  # typical is the shipped figures
+    assert (pes.step_times.fleet_update_efficiency, opt.step_times.fleet_update_efficiency) == (0.5, 0.95)
+    assert pes.join_s > typ.join_s > opt.join_s and pes.step_times.cold_start_s > opt.step_times.cold_start_s
+    # the transfers are derived again from the links each set assumes
+    for field in ("weight_sync_s", "update_round_s"):
+        assert pes.step_times.is_derived(field) and opt.step_times.is_derived(field)
+        assert getattr(pes.step_times, field) > getattr(typ.step_times, field) > getattr(opt.step_times, field)
+    full = SimConfig(step_times=StepTimes.profile("qwen-image-full"))  # its own restore (120 s), scaled
+    assert [apply(s, full).step_times.restore_s for s in SETS] == pytest.approx([480.0, 120.0, 48.0])
+    # a figure given by a file or a caller is the run's own in every set, and said to be
+    given = small(step_times=replace(StepTimes(), fleet_update_efficiency=0.6, update_round_s=0.5))
+    assert {apply(s, given).step_times.fleet_update_efficiency for s in SETS} == {0.6}
+    assert {apply(s, given).step_times.update_round_s for s in SETS} == {0.5}
+    told = describe(given)
+    assert told["pessimistic"]["fleet_update_efficiency"]["given"] and told["pessimistic"]["update_round_s"]["given"]
+    assert told["pessimistic"]["join_s"]["value"] == 540.0 and told["pessimistic"]["join_s"]["source"]
+    assert told["optimistic"]["weight_sync_s"]["derived"]
+    # the measured profile assumes nothing: three identical sets
+    tiny = SimConfig(step_times=StepTimes.profile("tiny-cpu"))
+    assert all(apply(s, tiny) == tiny for s in SETS)
+    # a constant naming a field that is gone fails loudly
+    gone = replace(assumptions.CONSTANTS[0], field="fleet_efficiency")
+    monkeypatch.setattr(assumptions, "CONSTANTS", (gone,))
+    with pytest.raises(ImportError, match="fleet_efficiency is not a field of StepTimes"):
+        assumptions._shipped()
+
+
+def test_every_answer_is_a_range_over_the_constant_sets_and_the_plot_shows_the_runs(tmp_path, capsys):
+    from spotlight.sim.assumptions import SETS
+    from spotlight.sim.report import cumulative_cost, plot_simulation, table, verdict
+
+    # n0 is preempted at 200 s and n4 joins at 400 s; the trace goes on to 10 h, far past the runs
+    trace = Trace([TraceEvent(0.0, "add", f"n{k}") for k in range(4)]
+                  + [TraceEvent(200.0, "remove", "n0"), TraceEvent(400.0, "add", "n4"),
+                     TraceEvent(36_000.0, "remove", "n1")], "handmade")
+    cfg = small(iterations=40, spot_gpus=8, iterations_scale=1.0, stop_at_target=True)
+    names = ["ondemand", "spotlight", "oracle"]
+    full = simulate(cfg, trace, names)
+    one = simulate(cfg, trace, names, constants="typical")
+    assert json.dumps(one["policies"]) == json.dumps(full["policies"])  # typical stays in "policies"
+    spot = full["ranges"]["spotlight"]
+    assert set(spot) == {"time_to_target_h", "cost_usd", "speedup_vs_ondemand", "cost_ratio_vs_ondemand"}
+    for field, by_set in spot.items():
+        assert list(by_set) == list(SETS) and by_set["typical"] == full["policies"]["spotlight"][field], field
+    hours = spot["time_to_target_h"]
+    assert hours["pessimistic"] > hours["typical"] > hours["optimistic"]
+    assert list(full["assumptions"]) == list(SETS) and list(one["assumptions"]) == ["typical"]
+    assert {len(v) for r in one["ranges"].values() for v in r.values()} == {1}
+    # the line under the table, with the range
+    line = next(l for l in table(full).splitlines() if l.startswith("spotlight: "))
+    s = spot["speedup_vs_ondemand"]
+    assert line.startswith(f"spotlight: {s['typical']:.2f}x sooner than ondemand ({min(s.values()):.2f}-"
+                           f"{max(s.values()):.2f}x over the pessimistic-to-optimistic constants), ")
+    # the plot: score, dollars, live GPUs; the verdict under it; hours to the longest run's end
+    fig = plot_simulation(full, tmp_path / "sim.png")
+    assert (tmp_path / "sim.png").stat().st_size > 10_000
+    assert [ax.get_ylabel() for ax in fig.axes] == ["validation score (model)", "dollars spent", "live GPUs (paid)"]
+    said = verdict(full)
+    assert said.startswith("spotlight reaches the target") and "over the constant sets" in said
+    assert [t.get_text() for t in fig.texts] == [said]
+    longest = max(r["wall_h"] for r in full["policies"].values())
+    assert fig.axes[2].get_xlim() == pytest.approx((0.0, 1.02 * longest)) and longest < 1.0
+    assert fig.axes[2].get_legend().get_texts()[0].get_text() == "1 preemption in the longest spot run"
+    for name, r in full["policies"].items():  # each dollar curve ends where its run does, at what it spent
+        assert cumulative_cost(r, full["config"])[-1] == pytest.approx((r["wall_h"], r["total_cost_usd"]), rel=1e-9)
+    assert full["policies"]["spotlight"]["preemption_times_h"] == [200.0 / 3600]
+    assert full["policies"]["ondemand"]["preemption_times_h"] == []
+    # the docs' table row (experiments/simulator_table.py): typical (range), a column per baseline compared with
+    from experiments.simulator_table import header, row
+
+    assert header(full, "spotlight")[0] == ("| trace | spot GPUs at peak | `spotlight` to target | its cost | "
+                                            "vs `ondemand` | oracle gap |")
+    cells = row("handmade", full, "spotlight").strip("| ").split(" | ")
+    c = spot["cost_ratio_vs_ondemand"]
+    assert cells[4] == (f"{s['typical']:.2f}x ({min(s.values()):.2f}-{max(s.values()):.2f}) / "
+                        f"{c['typical']:.2f} ({min(c.values()):.2f}-{max(c.values()):.2f})")
+    # --constants typical from the command line
+    path = tmp_path / "t.csv"
+    path.write_text("0,add,a\n0,add,b\n")
+    assert cli.main(["simulate", "--trace", str(path), "--gpus", "4", "--prompts", "8", "--iterations", "2",
+                     "--policy", "ondemand", "--constants", "typical", "--json"]) == 0
+    assert list(json.loads(capsys.readouterr().out)["assumptions"]) == ["typical"]

@@ -7,12 +7,19 @@ the version = iterations applied), which rollout workers load before computing a
 With `train.ema_decay` it also keeps an EMA of the trained parameters (`spotlight.rl.ema`), which
 only it holds: it samples evaluation requests with it itself (`evaluate`), checkpoints it and
 writes it to `final/`; the workers never see it.
+
+It counts the bytes an update moves (`tensor_bytes`), for metrics.jsonl: `publish_bytes`, what the
+publication after the update carries (the tensors `weights()` hands out), and with the update on
+the fleet `update_gradient_bytes`, the gradient parts that arrived for it, every round's. The
+simulator's byte model (`spotlight.sim.transfers`) is checked against them
+(tests/test_transfer_bytes.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Iterable
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
@@ -48,6 +55,11 @@ def build_policy(cfg: RunConfig) -> Policy:
     return LLMPolicy.from_config(cfg)
 
 
+def tensor_bytes(tensors: Iterable[torch.Tensor]) -> int:
+    """Bytes of `tensors` as they travel (numel x element size each; no header)."""
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
 def _on_cpu(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """A copy of `state` on the CPU that later steps do not change (what leaves the learner)."""
     return {k: v.detach().cpu().clone() for k, v in state.items()}
@@ -59,6 +71,8 @@ class Learner:
         self.version = 0
         self.ema: dict[str, torch.Tensor] | None = None
         """With `train.ema_decay`: the EMA of `trained_state`, float32, on the model's device."""
+        self.gradient_bytes = 0
+        """Bytes of the gradient parts received for the update in progress (`step_with`), every round's."""
 
     def build(self, checkpoints: Path | None = None) -> dict[str, Any]:
         """Make the policy, warm-start it (cached), freeze the KL reference, and resume from the
@@ -153,14 +167,20 @@ class Learner:
             ema_update_(self.ema, trained_state(self.policy.model), self.cfg.train.ema_decay)
         if round == n - 1:
             self.version += 1
+            # What the publication after this update carries: `weights()` copies these tensors.
+            stats["publish_bytes"] = tensor_bytes(trained_state(self.policy.model).values())
         return stats
 
     def step_with(self, round: int, results: list[tuple[Gradients, dict[str, float]]]) -> dict[str, float]:
-        """`step` with the fleet's micro-batch results, in index order."""
+        """`step` with the fleet's micro-batch results, in index order. Its stats carry
+        `update_gradient_bytes`: the bytes of the parts received for this update so far (this round
+        and the ones before it), as they arrived."""
+        received = sum(tensor_bytes(grads.values()) for grads, _ in results)
+        self.gradient_bytes = received + (self.gradient_bytes if round > 0 else 0)
         total = GradientSum(len(results))
         for i, (grads, stats) in enumerate(results):
             total.add(i, grads, stats)
-        return self.step(round, total)
+        return {**self.step(round, total), "update_gradient_bytes": self.gradient_bytes}
 
     def evaluate(self, requests: list[Request]) -> list[Rollout]:
         """`requests` sampled here with the EMA weights swapped in (`policy.rollout`, one `Rollout`

@@ -27,7 +27,6 @@ from schedulers.preemption import PreemptionNotice
 from schedulers.queue import PullQueue
 from schedulers.request import Kind, Request
 from schedulers.update import Done, FleetUpdate
-from schedulers.update_placement import UpdatePlacement
 from spotlight.config import RunConfig
 from spotlight.runtime.learner import Learner
 from spotlight.rl.policy import Rollout
@@ -86,9 +85,16 @@ class Runtime(Protocol):
         ...
 
     def update(self, parts: list[Rollout], advantages: torch.Tensor,
-               exploration: "ExplorationSession | None" = None) -> dict[str, float]:
-        """One learner update; the new weights are published to the rollout workers. With
-        `exploration`, the workers idle meanwhile run its requests with the weights they hold."""
+               exploration: "ExplorationSession | None" = None, on_fleet: bool = False) -> dict[str, float]:
+        """One learner update, its gradient computed by the learner alone or, `on_fleet`, by the
+        workers through the queue (`schedulers.update`; the controller decides:
+        `spotlight.train.iteration_controller`). With `exploration`, the workers idle meanwhile run
+        its requests with the weights they hold. The new weights go out with `publish`."""
+        ...
+
+    def publish(self) -> None:
+        """Send the weights of the last update to every rollout worker (exploration still running
+        with the old ones is cancelled)."""
         ...
 
     def explore(self, session: "ExplorationSession") -> dict[str, float]:
@@ -200,7 +206,6 @@ class LocalRuntime:
         self.clock = WallClock()
         self.queue = PullQueue(self.clock, cfg.runtime.lease_s)
         self.learner = Learner(cfg)
-        self.placement = UpdatePlacement(cfg.train.update_on)
 
     def build(self, checkpoints: Path) -> dict[str, Any]:
         self.reward = RewardWorker(self.cfg.reward, self.metadata)
@@ -235,7 +240,7 @@ class LocalRuntime:
         self.queue.release([r.id for r in requests])
 
     def update(self, parts: list[Rollout], advantages: torch.Tensor,
-               exploration: "ExplorationSession | None" = None) -> dict[str, float]:
+               exploration: "ExplorationSession | None" = None, on_fleet: bool = False) -> dict[str, float]:
         explored = {}
         if exploration is not None:
             # No idle worker here: a train_time budget lasts as long as the last update took.
@@ -243,7 +248,6 @@ class LocalRuntime:
             until = self.clock.now() + rate.update_s if exploration.time_bounded and rate.update_s else None
             explored = self.engine.explore(exploration, self._score, self.version, until=until)
         start = self.clock.now()
-        on_fleet = self.placement.on_fleet()
         if on_fleet:  # through the queue, as on a fleet (here: one worker)
             learner, queue = self.learner, self.queue
             before = queue.completions_by_worker(Kind.TRAIN)
@@ -256,10 +260,10 @@ class LocalRuntime:
         else:
             stats = self.learner.update(parts, advantages)
         self.engine.rate.update_s = self.clock.now() - start
-        self.placement.measured(on_fleet, self.engine.rate.update_s)
-        stats = {**stats, "update_on_fleet": on_fleet}
+        return {**stats, "update_on_fleet": on_fleet, **explored}
+
+    def publish(self) -> None:
         self.executor.publish(self.learner.version, list(self.engine.workers.values()))
-        return {**stats, **explored}
 
     def explore(self, session: "ExplorationSession") -> dict[str, float]:
         """Run `session`'s rounds with the weights held (before an update replaces them)."""

@@ -39,7 +39,6 @@ from schedulers.preemption import PreemptionNotice
 from schedulers.queue_actor import QueueActor, QueueClient
 from schedulers.request import Kind, Request
 from schedulers.update import FleetUpdate
-from schedulers.update_placement import UpdatePlacement
 from spotlight.config import ConfigError, RunConfig
 from spotlight.train.exploration import ExplorationSession
 from spotlight.runtime.learner import Learner
@@ -268,7 +267,6 @@ class RayRuntime:
     def __post_init__(self) -> None:
         self._started_ray = False
         self.queue_stats: dict[str, int] = {}
-        self.placement = UpdatePlacement(self.cfg.train.update_on)
 
     # ---- start-up -------------------------------------------------------------------------------
 
@@ -344,10 +342,9 @@ class RayRuntime:
         self.queue.release([r.id for r in requests])
 
     def update(self, parts: list[Rollout], advantages: torch.Tensor,
-               exploration: ExplorationSession | None = None) -> dict[str, float]:
+               exploration: ExplorationSession | None = None, on_fleet: bool = False) -> dict[str, float]:
         start = self.clock.now()
         update: Any
-        on_fleet = self.placement.on_fleet()
         if on_fleet:  # the fleet computes the gradient (schedulers/update.py)
             learner, queue = self.learner, self.queue_actor
             before = self.queue.completions_by_worker(Kind.TRAIN)
@@ -366,15 +363,16 @@ class RayRuntime:
             explored = {}
             self.engine.wait(update, self.version)
             self.engine.rate.update_s = self.clock.now() - start
-        self.placement.measured(on_fleet, self.engine.rate.update_s)
         if isinstance(update, FleetUpdate):
             stats = {**ray.get(update.last_step.ref), **gradient_split(self.engine, self.queue, before)}
         else:
             stats = ray.get(update.ref)
         stats["update_on_fleet"] = on_fleet
         self.version += 1
-        self.executor.publish(self.version, self.learner.weights.remote(), list(self.engine.workers.values()))
         return {**stats, **explored}
+
+    def publish(self) -> None:
+        self.executor.publish(self.version, self.learner.weights.remote(), list(self.engine.workers.values()))
 
     def explore(self, session: ExplorationSession) -> dict[str, float]:
         """Run `session` to its end on every worker, with nothing training meanwhile (the critical-path

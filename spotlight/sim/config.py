@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from schedulers.input_file import ConfigError, short
+from spotlight.sim.rental import OBJECTIVES
 from spotlight.sim.step_time import StepTimes
 
 
@@ -27,15 +28,29 @@ class Policy:
     fleet_update: bool = False
     """The update's micro-batches are TRAIN requests every live worker pulls, spot ones included
     (`train.update_on: fleet`); else the update runs on the on-demand GPUs alone."""
+    ondemand_gpus: int | None = None
+    """On-demand GPUs, instead of `SimConfig.gpus` (None: that many). `near_all_spot` has 1, the
+    learner's; 0 (no on-demand GPU at all: the job trains on its spot nodes) only for a
+    restart-from-checkpoint job (`elastic` off), which `spotlight.sim.managed_restart` simulates."""
+
+    def __post_init__(self) -> None:
+        n = self.ondemand_gpus
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 0):
+            raise ConfigError(f"ondemand_gpus: expected None or an integer >= 0, got {short(n)}")
+        if n == 0 and (self.elastic or not self.spot or self.all_ondemand or self.oracle):
+            raise ConfigError("ondemand_gpus: 0 (all spot) needs spot on and elastic, all_ondemand and oracle off: "
+                              "only a restart-from-checkpoint job trains on its spot nodes")
 
 
 POLICIES = {
     "ondemand": Policy("ondemand", spot=False),
     "ondemand_total": Policy("ondemand_total", spot=False, all_ondemand=True),
     "spot_restart": Policy("spot_restart", spot=True, elastic=False),
+    "managed_restart": Policy("managed_restart", spot=True, elastic=False, ondemand_gpus=0),
     "spotlight_noexplore": Policy("spotlight_noexplore", spot=True, fleet_update=True),
     "sync_explore": Policy("sync_explore", spot=False, explore="critical_path"),
     "spotlight_learner_update": Policy("spotlight_learner_update", spot=True, explore="idle_spot"),
+    "near_all_spot": Policy("near_all_spot", spot=True, explore="idle_spot", fleet_update=True, ondemand_gpus=1),
     "spotlight": Policy("spotlight", spot=True, explore="idle_spot", fleet_update=True),
     "oracle": Policy("oracle", spot=True, explore="idle_spot", oracle=True, fleet_update=True),
 }
@@ -44,11 +59,11 @@ POLICIES = {
 _INT_LIMITS = {"gpus": (1, 16_384), "spot_gpus": (0, 65_536), "iterations": (1, 100_000), "resolution": (16, 8192),
                "prompts": (1, 16_384), "group_size": (2, 4096), "candidates_per_prompt": (1, 65_536),
                "sync_explore_per_prompt": (0, 65_536), "plan_prompts": (1, 4096), "commit_every": (1, 1000),
-               "seed": (0, 2**32 - 1)}
+               "checkpoint_every": (1, 100_000), "seed": (0, 2**32 - 1)}
 """[low, high] of SimConfig's integer fields (None allowed where the field says so). The maxima bound
 what one run allocates — a worker and its members per GPU, a request per group — well above the
 4,096-GPU x 1,000-iteration run `experiments/simulate_scale.py` times (docs/fleet-engine.md)."""
-_FLOAT_LIMITS = {"notice_s": (0.0, 3600.0, False), "join_s": (0.0, 86400.0, False),
+_FLOAT_LIMITS = {"notice_s": (0.0, 3600.0, False), "join_s": (0.0, 86400.0, False), "checkpoint_s": (0.0, 86400.0, False),
                  "iterations_scale": (0.0, 1000.0, True), "budget_usd": (0.0, 1e9, True)}
 """(low, high, whether low itself is excluded) of SimConfig's float fields; every one is finite."""
 
@@ -87,9 +102,26 @@ class SimConfig:
     """Preemption warning in seconds, 0..3,600 (AWS: 120 s, GCP: 30 s, 0: none)."""
     commit_every: int = 1
     """Denoising steps between commits, 1..1,000."""
-    join_s: float = 60.0
-    """A new spot node serving: start its agent and members, weights from a peer node (41 GB at
-    ~50 GB/s) — not from object storage. 0..86,400 s."""
+    join_s: float = 240.0
+    """A trace node's arrival to its GPUs serving, 0..86,400 s: a new spot VM goes through
+    provisioning and container start (~2-3 min on managed spot, as `StepTimes.cold_start_s`: 180 s
+    taken), its agent and members (~10 s), the pipeline's weights from a peer node rather than
+    object storage (~58 GB: the 41 GB transformer, a 16.6 GB text encoder, the VAE, at 100 Gbit/s
+    across zones x 0.5: ~9 s, `spotlight.sim.transfers`) and their load into GPU memory and warm-up
+    (~20 s): ~220 s, 240 s with a margin. An assumption; the earlier 60 s left out the VM's start."""
+    checkpoint_every: int = 1
+    """`managed_restart`: iterations between its checkpoints, 1..100,000. A restart loses the
+    iterations done since the last one. Every iteration by default: a write costs `checkpoint_s`,
+    far less than the iteration a loss would otherwise throw away (100-400 s at the defaults)."""
+    checkpoint_s: float = 5.0
+    """Seconds a checkpoint write holds the run up, 0..86,400 (`managed_restart` writes one every
+    `checkpoint_every` iterations; a simulated run config sets its own). The default is the blocking
+    part of an asynchronous sharded save (as PyTorch DCP's `async_save`): the trainer state copied
+    to host memory over the cluster's GPUs — LoRA's adapters and Adam state, ~5 GB, well under a
+    second; full-parameter training's 204 GB, ~1 s on 8 H100s at ~25 GB/s each — plus the commit.
+    The upload to object storage (2.5-100 s at 2 GB/s) overlaps the next iteration and is taken as
+    durable when the write ends — in the baseline's favour (live, a loss during the upload falls
+    back to the checkpoint before, and an upload longer than an iteration backs up)."""
     seed: int = 0
     """0..2**32 - 1."""
     stop_at_target: bool = True
@@ -107,6 +139,14 @@ class SimConfig:
     """Stop before this would be exceeded, decided before every iteration by the live trainer's
     budget policy (`cloud.cost.BudgetPolicy` over a `Forecast` of measured iteration times) on the
     simulated clock; the oracle, a bound, ignores it. In (0, 1e9] dollars."""
+    objective: str = "time"
+    """How many of the spot nodes on offer the elastic spot policies and the oracle hold
+    (`spotlight.sim.rental`): time (every one, the soonest run), cost (the count that makes an
+    iteration cheapest) or deadline (the cheapest count whose forecast reaches the target within
+    `deadline_h`). The restart baseline's job holds its cluster whatever it is."""
+    deadline_h: float | None = None
+    """With objective deadline (and only then): hours from the start by which the target should be
+    reached, in (0, 1e6]."""
 
     def __post_init__(self) -> None:
         for name, (low, high) in _INT_LIMITS.items():
@@ -130,6 +170,16 @@ class SimConfig:
             raise ConfigError(f"candidates_per_prompt: expected >= group_size ({self.group_size})")
         if self.planner not in ("bandit", "uniform"):
             raise ConfigError(f"planner: expected bandit or uniform, got {short(self.planner)}")
+        if self.objective not in OBJECTIVES:
+            raise ConfigError(f"objective: expected {', '.join(OBJECTIVES[:-1])} or {OBJECTIVES[-1]}, "
+                              f"got {short(self.objective)}")
+        if (self.objective == "deadline") != (self.deadline_h is not None):
+            raise ConfigError("deadline_h: required with objective deadline (the hours to reach the target in)"
+                              if self.deadline_h is None else
+                              f"deadline_h: only with objective deadline (objective is {self.objective})")
+        d = self.deadline_h
+        if d is not None and not (not isinstance(d, bool) and isinstance(d, (int, float)) and 0 < d <= 1e6):
+            raise ConfigError(f"deadline_h: expected a number > 0 and at most 1,000,000, got {short(d)}")
 
     @property
     def peak_spot_gpus(self) -> int:

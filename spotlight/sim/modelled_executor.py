@@ -82,6 +82,8 @@ class ModelledExecutor:
         self.noticed: set[str] = set()
         self.node_members: dict[str, list[str]] = {}
         self.live_spot: set[str] = set()
+        self.generation: dict[str, int] = {}
+        """Spot node -> the generation (`Node.generation`) of its last join."""
         self.out: list[Any] = []
         """Events for the engine, collected until `wait` returns them."""
         self.regroups = 0
@@ -99,10 +101,13 @@ class ModelledExecutor:
                 members = members[d:]
             return started
         self.live_spot.add(node.name)
+        # The join carries the node's generation: a node gone and back within join_s (a trace's
+        # remove and add, a release and a rent) serves join_s after its last join, not its first.
         if self.clock.now() == 0.0:
-            self._push(0.0, _NODE, node.name)
+            self._push(0.0, _NODE, (node.name, node.generation))
         elif self.elastic:
-            self._push(self.clock.now() + self.join_s, _NODE, node.name)
+            self._push(self.clock.now() + self.join_s, _NODE, (node.name, node.generation))
+        self.generation[node.name] = node.generation
         return []
 
     def serve(self, worker: Worker, kinds: Collection[Kind], version: int) -> bool:
@@ -212,7 +217,8 @@ class ModelledExecutor:
             if w is not None:
                 self.out.append(Ready(w))
         elif code == _NODE:
-            self._node_ready(data)
+            if self.generation.get(data[0]) == data[1]:
+                self._node_ready(data[0])
 
     def _done(self, name: str, gen: int) -> None:
         w = self.workers.get(name)

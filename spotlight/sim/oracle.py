@@ -1,82 +1,83 @@
 """The clairvoyant bound of the simulator (`--policy oracle`): it knows the trace.
 
-Rollout and exploration are a fluid spread over every live GPU at the most efficient SP degree,
+Rollout and exploration are a fluid spread over every held GPU at the most efficient SP degree,
 and so is the update with `fleet_update` (spot GPUs at `fleet_update_efficiency`; they explore
 while the learner steps): nothing is lost to a preemption, no node waits to join, no request has
 a tail. It does not run the
 fleet engine — there is no scheduling to do when the future is known — which is why it lives in a
 file of its own; it shares the rest (prices, timeline, the planner and the progress model) with
 `spotlight.sim.simulator.Simulation`.
+
+It rents as freely as the spot policies (`SimConfig.objective`, `spotlight.sim.rental.choose`):
+before each iteration it sets a cap on the spot GPUs it holds — the iteration holds
+min(live, cap) — by the objective, pricing each cap with the fluid's own iteration on the trace
+ahead (exact, not the rule's model), per unit of progress (the exploration a cap leaves room for
+raises the next iteration's signal, as `fleet_update_pays` counts it): `time` holds every live
+node, `cost` the cap whose iteration costs least, `deadline` the cheapest cap whose iteration,
+repeated for the iterations left, meets the deadline. It pays no join, so a cap may change every
+iteration at no cost: it bounds the cost of `--objective cost` as it bounds the time of
+`--objective time`. Its preemptions are the trace's removals of nodes it holds (while the live
+nodes are at or below its cap). (tests/test_rental.py)
 """
 
 from __future__ import annotations
 
+import bisect
 import math
+from dataclasses import dataclass
 from typing import Any
 
 from cloud.cost import CostMeter, Fleet
 from schedulers.clock import ManualClock
+from spotlight.sim.rental import choose
 from spotlight.sim.simulation import Simulation
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """One iteration of the fluid from `start` with at most `cap` spot GPUs held."""
+
+    start: float
+    cap: float
+    rollout_end: float
+    fleet: bool
+    """The update ran on the fleet (else on the on-demand GPUs alone)."""
+    idle: tuple[float, float]
+    """When the spot GPUs explore: the learner's step, or the whole update on the on-demand GPUs."""
+    end: float
+    """After the weight sync."""
 
 
 class OracleSimulation(Simulation):
     def run(self) -> dict[str, Any]:
         cfg, st = self.cfg, self.st
-        steps = [(t, n * self.block) for t, n in self.trace.live_over_time()]
-        per_gpu_s = min(d * st.sample_s(cfg.resolution, d) for d in range(1, st.heads + 1) if st.heads % d == 0)
-        train_s = st.train_s(cfg.resolution, cfg.prompts * cfg.group_size, cfg.gpus)
-        spot_at = lambda t: next((n for tt, n in reversed(steps) if tt <= t), 0)
-        # the timeline for cost and plots
-        self.timeline = [(t, cfg.gpus + n) for t, n in steps] or [(0.0, cfg.gpus)]
-        if self.timeline[0][0] > 0:
-            self.timeline.insert(0, (0.0, cfg.gpus))
-
-        def fluid(t: float, work: float, base: int, spot_weight: float = 1.0) -> float:
-            """When `work` GPU-seconds are done from `t` on `base` + the live spot GPUs (each worth
-            `spot_weight` of a base GPU)."""
-            i = max((k for k, (tt, _) in enumerate(steps) if tt <= t), default=-1)
-            while True:
-                rate = base + (steps[i][1] if i >= 0 else 0) * spot_weight
-                nxt = steps[i + 1][0] if i + 1 < len(steps) else math.inf
-                if rate > 0 and t + work / rate <= nxt:
-                    return t + work / rate
-                work -= rate * (nxt - t)
-                t, i = nxt, i + 1
-
-        def spot_gpu_s(t0: float, t1: float) -> float:
-            total, t = 0.0, t0
-            while t < t1:
-                nxt = min([tt for tt, _ in steps if tt > t] + [t1])
-                total += spot_at(t) * (nxt - t)
-                t = nxt
-            return total
-
-        t, gain, it, explored = 0.0, 0.0, 0, {}
+        self.steps = [(t, n * self.block) for t, n in self.trace.live_over_time()]
+        self.times = [t for t, _ in self.steps]
+        self.per_gpu_s = min(d * st.sample_s(cfg.resolution, d) for d in range(1, st.heads + 1) if st.heads % d == 0)
+        self.train_s = st.train_s(cfg.resolution, cfg.prompts * cfg.group_size, cfg.gpus)
+        self.update_work = st.train_gpu_s(cfg.resolution, cfg.prompts * cfg.group_size) / st.train_efficiency
+        rents = self._objective_governs() and cfg.objective != "time"
+        top = max((n for _, n in self.steps), default=0)
+        self.timeline, self.caps, self.released = [], [], 0
+        t, gain, it, explored, cap = 0.0, 0.0, 0, {}, math.inf
         progress, reached_at = [(0.0, self.progress.score(0.0))], None
         while it < cfg.iterations:
-            started = t
-            t = fluid(t, cfg.prompts * cfg.group_size * per_gpu_s, cfg.gpus)
-            self.busy_gpu_s += cfg.prompts * cfg.group_size * per_gpu_s
-            work = st.train_gpu_s(cfg.resolution, cfg.prompts * cfg.group_size) / st.train_efficiency
-            updated = fluid(t, work, cfg.gpus, st.fleet_update_efficiency) if self.policy.fleet_update else None
-            if updated is not None and self.fleet_update_pays(updated + st.update_round_s - t, train_s, t - started,
-                                                              spot_at(t)):
-                # The update a fluid over every live GPU (spot ones at fleet_update_efficiency);
-                # the spot GPUs explore while the learner gathers and steps (update_round_s). Only
-                # where that pays more than exploring while the on-demand GPUs train alone, as
-                # `spotlight` decides.
+            plan = self._choose(t, it, top) if rents else self._plan(t, math.inf)
+            live = self._spot_at(t)
+            self.released += max(0, int(min(live, cap) - min(live, plan.cap))) // max(self.block, 1)
+            cap = plan.cap
+            self.caps.append((t, cap))
+            self._held_timeline(t, plan.end, cap)
+            self.busy_gpu_s += cfg.prompts * cfg.group_size * self.per_gpu_s
+            if plan.fleet:
                 self.fleet_updates += 1
-                self.busy_gpu_s += work
-                idle = (updated, updated + st.update_round_s)
-                t_next = updated + st.update_round_s
+                self.busy_gpu_s += self.update_work
             else:
-                self.busy_gpu_s += cfg.gpus * train_s
-                idle = (t, t + train_s)
-                t_next = t + train_s
-            budget = int(spot_gpu_s(*idle) / per_gpu_s / self.copies)
+                self.busy_gpu_s += cfg.gpus * self.train_s
+            budget = int(self._spot_gpu_s(*plan.idle, cap) / self.per_gpu_s / self.copies)
             nxt = self._explore_free(it + 1, budget) if it + 1 < cfg.iterations else {}
-            self.busy_gpu_s += sum(nxt.values()) * self.copies * per_gpu_s
-            t = t_next + st.weight_sync_s
+            self.busy_gpu_s += sum(nxt.values()) * self.copies * self.per_gpu_s
+            t = plan.end
             gain += self.progress.gain(self._signal(it, explored))
             explored, it = nxt, it + 1
             if self.on_iteration is not None:
@@ -86,14 +87,106 @@ class OracleSimulation(Simulation):
                 reached_at = t
                 if cfg.stop_at_target:
                     break
-        self.removals = sum(1 for e in self.trace.events if e.action == "remove" and e.t_s <= t)
+        self.removals = self._held_removals(t)
         self.clock.advance(t)
         cost_at = None if reached_at is None else self._fluid_cost(reached_at)
         stop_reason = "target" if reached_at is not None and cfg.stop_at_target else "iterations"
         return {**self._result(it, reached_at, cost_at, progress, self._fluid_cost(t)), "stop_reason": stop_reason}
 
+    # -- the fluid ----------------------------------------------------------------------------------
+
+    def _spot_at(self, t: float, cap: float = math.inf) -> float:
+        """Spot GPUs held at `t`: the live ones, at most `cap`."""
+        i = bisect.bisect_right(self.times, t) - 1
+        return min(self.steps[i][1], cap) if i >= 0 else 0
+
+    def _fluid(self, t: float, work: float, base: int, spot_weight: float = 1.0, cap: float = math.inf) -> float:
+        """When `work` GPU-seconds are done from `t` on `base` + the held spot GPUs (each worth
+        `spot_weight` of a base GPU)."""
+        steps = self.steps
+        i = bisect.bisect_right(self.times, t) - 1
+        while True:
+            rate = base + (min(steps[i][1], cap) if i >= 0 else 0) * spot_weight
+            nxt = steps[i + 1][0] if i + 1 < len(steps) else math.inf
+            if rate > 0 and t + work / rate <= nxt:
+                return t + work / rate
+            work -= rate * (nxt - t)
+            t, i = nxt, i + 1
+
+    def _spot_gpu_s(self, t0: float, t1: float, cap: float = math.inf) -> float:
+        """Held spot GPU-seconds over [t0, t1]."""
+        total, t = 0.0, t0
+        i = bisect.bisect_right(self.times, t0)  # the first step after t0
+        while t < t1:
+            nxt = min(self.times[i], t1) if i < len(self.times) else t1
+            total += self._spot_at(t, cap) * (nxt - t)
+            t, i = nxt, i + 1
+        return total
+
+    def _plan(self, t: float, cap: float) -> _Plan:
+        """The iteration from `t` holding at most `cap` spot GPUs (no side effects)."""
+        cfg, st = self.cfg, self.st
+        rolled = self._fluid(t, cfg.prompts * cfg.group_size * self.per_gpu_s, cfg.gpus, cap=cap)
+        updated = (self._fluid(rolled, self.update_work, cfg.gpus, st.fleet_update_efficiency, cap)
+                   if self.policy.fleet_update else None)
+        if updated is not None and self.fleet_update_pays(updated + st.update_round_s - rolled, self.train_s,
+                                                          rolled - t, self._spot_at(rolled, cap)):
+            # The update a fluid over every held GPU (spot ones at fleet_update_efficiency); the spot
+            # GPUs explore while the learner gathers and steps (update_round_s). Only where that pays
+            # more than exploring while the on-demand GPUs train alone, as `spotlight` decides.
+            done = updated + st.update_round_s
+            return _Plan(t, cap, rolled, True, (updated, done), done + st.weight_sync_s)
+        done = rolled + self.train_s
+        return _Plan(t, cap, rolled, False, (rolled, done), done + st.weight_sync_s)
+
+    def _choose(self, t: float, it: int, top: int) -> _Plan:
+        """The iteration from `t` at the cap `cfg.objective` chooses among 0, 1, ... nodes (the
+        most live in the trace, `top` GPUs, is every node): each priced exactly on the fluid."""
+        cfg, block = self.cfg, max(self.block, 1)
+        plans = [self._plan(t, n * block) for n in range(top // block)] + [self._plan(t, math.inf)]
+        rate_od, rate_spot = cfg.gpus * self.meter.ondemand_usd_h / 3600.0, self.meter.spot_usd_h / 3600.0
+        reference = self.progress.gain(self.progress.s_ref)
+        options = []
+        for p in plans:
+            # Per a random-seed iteration's progress: what the spot GPUs explore in `idle` raises the
+            # next iteration's signal (as `fleet_update_pays` prices it), so fewer of them may cost
+            # iterations (measured on bamboo-p3 before this: 175 iterations against `time`'s 174).
+            explored = self._spot_gpu_s(*p.idle, p.cap) / self.per_gpu_s / cfg.prompts
+            per = reference / self.progress.gain(self.rewards.expected_std(explored, cfg.candidates_per_prompt))
+            usd = rate_od * (p.end - t) + rate_spot * self._spot_gpu_s(t, p.end, p.cap)
+            options.append(((p.end - t) * per, usd * per))
+        seconds_left = None if cfg.deadline_h is None else cfg.deadline_h * 3600.0 - t
+        return plans[choose(cfg.objective, 0, options, horizon=self.iterations_left(it), seconds_left=seconds_left)]
+
+    def _held_timeline(self, t0: float, t1: float, cap: float) -> None:
+        """The paid GPUs over [t0, t1) into the timeline (one point per change)."""
+        points = [t0] + self.times[bisect.bisect_right(self.times, t0):bisect.bisect_left(self.times, t1)]
+        for t in points:
+            n = self.cfg.gpus + self._spot_at(t, cap)
+            if not self.timeline or self.timeline[-1][1] != n:
+                self.timeline.append((t, n))
+
+    def _held_removals(self, until: float) -> int:
+        """The trace's removals by `until` of nodes held: a removal with L nodes live before it takes a
+        held node when (L - 1) nodes are fewer than the cap then (with no cap: every removal)."""
+        count, live = 0, 0
+        starts = [t for t, _ in self.caps]
+        for e in self.trace.events:
+            if e.action == "add":
+                live += 1
+                continue
+            if e.t_s <= until:
+                i = bisect.bisect_right(starts, e.t_s) - 1
+                cap = self.caps[i][1] if i >= 0 else math.inf
+                count += (live - 1) * self.block < cap
+            live -= 1
+        return count
+
     def _preemptions(self) -> int:
         return self.removals
+
+    def _releases(self) -> int:
+        return self.released
 
     def _fluid_cost(self, until: float) -> float:
         clock = ManualClock()

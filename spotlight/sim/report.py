@@ -30,6 +30,66 @@ TABLE_BASELINES = ("ondemand", "ondemand_total")
 the same on-demand GPUs, and on as many GPUs in all, every one on-demand."""
 
 
+VERDICT_POLICY = "spotlight"
+"""The policy the summary line under the table and the plot's verdict speak of, when simulated."""
+
+
+def _headline(result: dict[str, Any]) -> tuple[str, str, dict[str, Any]] | None:
+    """(policy, baseline, its result): `VERDICT_POLICY` against the first of `TABLE_BASELINES` it
+    was compared with, else the first baseline its result has a `speedup_vs_*` for; None if neither."""
+    r = result["policies"].get(VERDICT_POLICY)
+    if r is None:
+        return None
+    compared = [k[len("speedup_vs_"):] for k in r if k.startswith("speedup_vs_") and k != f"speedup_vs_{VERDICT_POLICY}"]
+    base = next((b for b in TABLE_BASELINES if b in compared), compared[0] if compared else None)
+    return None if base is None else (VERDICT_POLICY, base, r)
+
+
+def _span(result: dict[str, Any], policy: str, field: str) -> str:
+    """The lowest and highest value of `field` over the constant sets (`result["ranges"]`), as
+    "2.40-3.90x"; "" with one set, or where both ends print the same."""
+    from spotlight.sim.assumptions import span
+
+    ends = span(result.get("ranges", {}).get(policy, {}).get(field, {}))
+    if ends is None or f"{ends[0]:.2f}" == f"{ends[1]:.2f}":
+        return ""
+    return f"{ends[0]:.2f}-{ends[1]:.2f}x"
+
+
+def summary(result: dict[str, Any]) -> str | None:
+    """The line under the table: "spotlight: 3.36x sooner than ondemand (2.40-3.90x over the
+    pessimistic-to-optimistic constants), 0.81x its cost (0.65-1.13x)"; None without a headline."""
+    head = _headline(result)
+    if head is None:
+        return None
+    policy, base, r = head
+    speedup, ratio = r.get(f"speedup_vs_{base}"), r.get(f"cost_ratio_vs_{base}")
+    if speedup is None:
+        missed = [n for n in (policy, base) if result["policies"][n]["time_to_target_h"] is None]
+        return f"{policy}: no comparison with {base}: {' and '.join(missed)} did not reach the target"
+    s_span, c_span = _span(result, policy, f"speedup_vs_{base}"), _span(result, policy, f"cost_ratio_vs_{base}")
+    line = f"{policy}: {speedup:.2f}x {'sooner than' if speedup >= 1 else 'the speed of'} {base}"
+    line += f" ({s_span} over the pessimistic-to-optimistic constants)" if s_span else ""
+    line += "" if ratio is None else f", {ratio:.2f}x its cost" + (f" ({c_span})" if c_span else "")
+    return line
+
+
+def verdict(result: dict[str, Any]) -> str | None:
+    """The plot's one line: "spotlight reaches the target 3.36x sooner than ondemand at 0.81x its
+    cost (2.40-3.90x and 0.65-1.13x over the constant sets)"; None without a headline."""
+    head = _headline(result)
+    if head is None:
+        return None
+    policy, base, r = head
+    speedup, ratio = r.get(f"speedup_vs_{base}"), r.get(f"cost_ratio_vs_{base}")
+    if speedup is None:
+        return summary(result)
+    line = f"{policy} reaches the target {speedup:.2f}x {'sooner than' if speedup >= 1 else 'the speed of'} {base}"
+    line += "" if ratio is None else f" at {ratio:.2f}x its cost"
+    spans = [x for x in (_span(result, policy, f"speedup_vs_{base}"), _span(result, policy, f"cost_ratio_vs_{base}")) if x]
+    return line + (f" ({' and '.join(spans)} over the constant sets)" if spans else "")
+
+
 def table(result: dict[str, Any]) -> str:
     """One row per policy, with its speed-up and its cost against each of `TABLE_BASELINES` that was
     simulated (the `speedup_vs_*` / `cost_ratio_vs_*` fields): above 1x is sooner, below 1x
@@ -46,6 +106,9 @@ def table(result: dict[str, Any]) -> str:
         rows.append(cells)
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
     lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))) for row in rows]
+    headline = summary(result)
+    if headline:
+        lines.append(headline)
     c = result["config"]
     lines.append(f"({c['gpus']} on-demand + up to {c['spot_gpus_peak']} spot {c['gpu']} GPUs at "
                  f"${c['price_per_gpu_h']['ondemand']:.2f} / ${c['price_per_gpu_h']['spot']:.2f} per GPU-hour "
@@ -61,43 +124,96 @@ def table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def plot_simulation(result: dict[str, Any], path: str | Path) -> None:
-    """Live GPUs over time, one panel per policy (on one panel the policies' lines hide each other:
-    they share the trace, so most of them coincide), and every policy's validation score below,
-    each with its own colour, line style and markers."""
+def plot_simulation(result: dict[str, Any], path: str | Path) -> Any:
+    """What a buyer needs, one panel above the other on the hours of the runs (to the longest run's
+    end, not the trace's): the modelled validation score with the target, the dollars spent so far
+    (`cumulative_cost`), and the live (paid) GPUs, each policy in its own colour, line style and
+    marker, its time to target marked on the first two. The trace's preemptions during the runs are
+    ticks along the bottom of every panel; the oracle's lines end when its run ends. `verdict` is
+    the line under the figure. Returns the (closed) figure, for a test to read."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     pols = result["policies"]
-    n = len(pols)
-    fig, axes = plt.subplots(n + 1, 1, figsize=(9, 1.3 * n + 3.6), sharex=True,
-                             gridspec_kw={"height_ratios": [1] * n + [2.6]}, squeeze=False)
-    axes = axes[:, 0]
+    end_h = max((r["wall_h"] for r in pols.values()), default=0.0) or 1.0
+    fig, (score, cost, gpus) = plt.subplots(3, 1, figsize=(9, 9), sharex=True,
+                                            gridspec_kw={"height_ratios": [2.2, 2.2, 1.3]})
     styles = ["-", "--", "-.", ":"]
     markers = ["o", "s", "^", "D", "v", "P", "X", "*"]
-    peak = max((p[1] for r in pols.values() for p in r["timeline"]), default=1)
     for i, (name, r) in enumerate(pols.items()):
-        colour = f"C{i % 10}"
-        ax = axes[i]
-        ax.step([p[0] for p in r["timeline"]], [p[1] for p in r["timeline"]], where="post", color=colour, lw=1.2)
-        ax.set_ylim(0, peak * 1.15 + 1)
-        ax.set_ylabel("GPUs", fontsize=8)
-        ax.text(1.01, 0.5, name, transform=ax.transAxes, va="center", ha="left", fontsize=9, color=colour,
-                fontweight="bold")
-        ax.tick_params(labelsize=8)
+        look = dict(color=f"C{i % 10}", ls=styles[i % len(styles)], lw=1.4)
         prog = r["progress"]
-        axes[-1].plot([p[0] for p in prog], [p[1] for p in prog], color=colour, ls=styles[i % len(styles)],
-                      marker=markers[i % len(markers)], markevery=max(1, len(prog) // 12), ms=4, lw=1.4, label=name)
-    axes[-1].axhline(result["progress_model"]["target"], color="grey", ls="--", lw=1, label="target")
-    axes[-1].set_ylabel("validation score (model)")
-    axes[-1].set_xlabel("hours")
-    axes[-1].legend(fontsize=8, ncol=2)
-    axes[0].set_title(f"live GPUs (paid) per policy, and validation score; trace {result['trace']}", fontsize=10)
-    fig.tight_layout()
+        score.plot([p[0] for p in prog], [p[1] for p in prog], marker=markers[i % len(markers)],
+                   markevery=max(1, len(prog) // 12), ms=4, label=name, **look)
+        spent = cumulative_cost(r, result["config"])
+        cost.plot([p[0] for p in spent], [p[1] for p in spent], **look)
+        if r.get("time_to_target_h") is not None:
+            score.plot(r["time_to_target_h"], result["progress_model"]["target"], "o", color=look["color"], ms=7)
+            cost.plot(r["time_to_target_h"], r["cost_usd"], "o", color=look["color"], ms=7)
+        live = _until(r["timeline"], r["wall_h"])
+        gpus.step([p[0] for p in live], [p[1] for p in live], where="post", color=look["color"], lw=1.0, alpha=0.8)
+    # The trace's removals during the runs: a tick per instant (a burst is one), counted in the legend.
+    preempted = sorted({t for r in pols.values() for t in r.get("preemption_times_h", ()) if t <= end_h})
+    removals = max((len(r.get("preemption_times_h", ())) for r in pols.values()), default=0)
+    for ax in (score, cost, gpus):
+        if preempted:  # along the bottom: x in hours, y in the panel's height
+            ax.plot(preempted, [0.0] * len(preempted), "|", color="black", ms=14, mew=1.2, alpha=0.6, clip_on=False,
+                    transform=ax.get_xaxis_transform(),
+                    label=f"{plural(removals, 'preemption')} in the longest spot run" if ax is gpus else None)
+        ax.tick_params(labelsize=8)
+    score.axhline(result["progress_model"]["target"], color="grey", ls="--", lw=1, label="target")
+    score.set_ylabel("validation score (model)")
+    score.legend(fontsize=8, ncol=2)
+    score.set_title(f"progress and dollars over time, per policy (o: the target reached); trace {result['trace']}",
+                    fontsize=10)
+    cost.set_ylabel("dollars spent")
+    gpus.set_ylabel("live GPUs (paid)", fontsize=9)
+    gpus.set_ylim(bottom=0)
+    if preempted:
+        gpus.legend(fontsize=8, loc="lower right")
+    gpus.set_xlabel("hours")
+    gpus.set_xlim(0, end_h * 1.02)
+    line = verdict(result)
+    if line:
+        fig.text(0.5, 0.012, line, ha="center", va="bottom", fontsize=9, wrap=True)
+    fig.tight_layout(rect=(0, 0.04 if line else 0, 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
+    return fig
+
+
+def _until(timeline: list, end_h: float) -> list[tuple[float, int]]:
+    """A timeline's points up to `end_h`, and one at `end_h`: a run's lines end when the run does
+    (the oracle's timeline is the whole trace's)."""
+    points = [(t, n) for t, n in timeline if t <= end_h]
+    return points + [(end_h, points[-1][1])] if points and points[-1][0] < end_h else points
+
+
+def cumulative_cost(r: dict[str, Any], config: dict[str, Any]) -> list[tuple[float, float]]:
+    """[(hours, dollars spent by then)] of one policy's result, at its timeline's points up to its
+    end, from `config["price_per_gpu_h"]`. The timeline counts the paid GPUs, not which are
+    on-demand; that count is the one that makes the integral the result's `total_cost_usd`
+    (every policy's meter bills its timeline: a constant number of on-demand GPUs, the rest spot),
+    so a policy with its own on-demand count (`ondemand_total`, an all-spot baseline) needs no
+    rule here."""
+    prices = config["price_per_gpu_h"]
+    od_h, spot_h = prices["ondemand"], prices["spot"]
+    points = _until(r["timeline"], r["wall_h"])
+    out, total_gpu_h = [], [0.0]
+    for (t0, n), (t1, _) in zip(points, points[1:]):
+        total_gpu_h.append(total_gpu_h[-1] + n * (t1 - t0))
+    end = r["wall_h"]
+    fewest = min((n for _, n in points), default=0)
+    if od_h > spot_h and end > 0:
+        ondemand = round((r["total_cost_usd"] - spot_h * total_gpu_h[-1]) / ((od_h - spot_h) * end))
+        ondemand = max(0, min(ondemand, fewest))
+    else:
+        ondemand = fewest
+    for (t, _), gpu_h in zip(points, total_gpu_h):
+        out.append((t, spot_h * gpu_h + (od_h - spot_h) * ondemand * t))
+    return out or [(0.0, 0.0)]
 
 
 def trace_table(summary: dict[str, Any]) -> str:

@@ -84,21 +84,37 @@ class RestartSimulation(Simulation):
             return
         self.engine.wait(Until(self.clock, self.down_until))
         self.down_until = None
+        self._relaunch()
+
+    def _relaunch(self) -> None:
+        """The job serves again, on every spot node live now: its cluster until the next restart."""
         self.executor.restart_groups(self.engine.nodes["ondemand0"])
         self.held = {name for name, n in self.engine.nodes.items() if n.spot and n.alive}  # as restart_groups admits
         self._fleet_changed()
         self.engine.settle()
 
     def _iteration(self, it: int, explored: dict[int, int], train_s: float) -> dict[int, int] | None:
+        return {} if self._attempt(it, train_s) else None
+
+    def _attempt(self, it: int, train_s: float) -> bool:
+        """Iteration `it` on the job's cluster — rollout, an update of `train_s`, the weight sync;
+        False when a restart cut it short (it runs again, afresh)."""
         cfg, attempt = self.cfg, self.restarts
         self.completed.clear()
         self.engine.rollout(requests_of(it, cfg.prompts, cfg.group_size, self.samples_per_request, attempt), it)
-        restarted = lambda: self.restarts != attempt
         for seconds in (train_s, self.st.weight_sync_s):
-            if restarted():
-                return None
-            self.engine.wait(Until(self.clock, self.clock.now() + seconds, abort=restarted))
-        return None if restarted() else {}
+            if not self._wait_unless_restarted(seconds, attempt):
+                return False
+        return True
+
+    def _wait_unless_restarted(self, seconds: float, attempt: int) -> bool:
+        """Wait `seconds` while the fleet lives on; False (at once) if restart number `attempt`
+        is no longer the latest, before or during the wait."""
+        restarted = lambda: self.restarts != attempt
+        if restarted():
+            return False
+        self.engine.wait(Until(self.clock, self.clock.now() + seconds, abort=restarted))
+        return not restarted()
 
     def _steps_recomputed_restart(self) -> int:
         return self.lost_steps

@@ -6,6 +6,7 @@ baselines that behave differently subclass `Simulation` in `restart.py` and `ora
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from cloud.cost import BudgetPolicy, CostControl, CostMeter, Fleet, Forecast
@@ -18,9 +19,14 @@ from schedulers.request import Kind, Request
 from schedulers.traces import Trace, replay_schedule
 from schedulers.update import FleetUpdate
 from spotlight.sim.config import Policy, SimConfig
-from spotlight.sim.modelled_executor import ModelledExecutor, request_size, requests_of
+from elastic_sp.regroup_policy import plan_degrees
+from schedulers.update_placement import UpdatePlacement, fleet_update_refusal
+from spotlight.sim.modelled_executor import ModelledExecutor, request_size
+from spotlight.sim.simulated_iteration import SimulatedIteration
+from spotlight.train.iteration_controller import IterationController
 from spotlight.sim.progress_model import ProgressModel, SeedRewards
-from spotlight.sim.step_time import image_tokens
+from spotlight.sim.rental import IterationModel, RentalRule
+from spotlight.sim.step_time import image_tokens, update_memory_refusal
 
 
 def spot_block(cfg: SimConfig, trace: Trace) -> int:
@@ -130,8 +136,10 @@ class Simulation:
         self.planner = make_planner(cfg.planner, **({"round_samples": 64, "chunk": max(1, cfg.group_size // 2),
                                                      "seed": cfg.seed} if cfg.planner == "bandit" else {}))
         self.block = spot_block(cfg, trace) if policy.spot else 0
-        self.ondemand_gpus = cfg.gpus + (spot_peak_gpus(cfg, trace) if policy.all_ondemand else 0)
-        """On-demand GPUs: `cfg.gpus`, and for `ondemand_total` the spot fleet's peak besides."""
+        self.ondemand_gpus = ((cfg.gpus if policy.ondemand_gpus is None else policy.ondemand_gpus)
+                              + (spot_peak_gpus(cfg, trace) if policy.all_ondemand else 0))
+        """On-demand GPUs: `cfg.gpus` (or the policy's own count: 1 for `near_all_spot`, 0 for
+        `managed_restart`), and for `ondemand_total` the spot fleet's peak besides."""
         self.meter = CostMeter(self.clock, prices[0], prices[1], Fleet(self.ondemand_gpus, 0))
         self.timeline: list[tuple[float, int]] = []
         self.explored_samples = 0
@@ -155,6 +163,19 @@ class Simulation:
                                   [Node("ondemand0", spot=False, devices=self.ondemand_gpus)], self._actions(),
                                   replay_phases=("rollout", "train", "idle"), spot_devices=self.block)
         self.engine.on_fleet = self._fleet_changed
+        self.sp_degree = max(plan_degrees(peak, self.seq, st.heads, st.step_model(cfg.resolution),
+                                          pending=self.requests_per_iteration), default=1)
+        """The largest SP degree the regroup policy plans for an iteration's requests on the fleet at
+        its peak (> 1: SP groups, which compute rollouts only, as in a training run)."""
+        self.eval_samples = 0
+        """Evaluation samples per evaluated iteration (a simulated run config's; named policies: none)."""
+        self.checkpoint_s = cfg.checkpoint_s
+        self.iterations_log: list[dict[str, Any]] | None = None
+        """Each iteration's phases and update placement, when asked for (`simulate --config`)."""
+        self.controller = IterationController(
+            UpdatePlacement("auto" if policy.fleet_update else "learner", prefer=lambda: self._update_on_fleet(
+                self.learner_update_s)), self.clock, cfg.iterations,
+            explores_first=lambda it: policy.explore == "critical_path")
 
     def _actions(self) -> list[FleetAction]:
         """Trace node k is fleet node `spotK` (one node per trace node: `replay_schedule` on as many slots)."""
@@ -190,30 +211,21 @@ class Simulation:
     # -- the run -------------------------------------------------------------------------------------
 
     def _iteration(self, it: int, explored: dict[int, int], train_s: float) -> dict[int, int] | None:
-        """One iteration on the engine; returns what was explored for the next one (None: the
-        iteration was interrupted and must run again — only the restart baseline does that)."""
+        """One iteration on the engine, sequenced by the controller a training run uses
+        (`spotlight.train.iteration_controller`, the phases in `SimulatedIteration`); returns what
+        was explored for the next one (None: the iteration was interrupted and must run again —
+        only the restart baseline does that)."""
+        work = SimulatedIteration(self, explored)
+        record = self.controller.run(it, work)
+        if self.iterations_log is not None:
+            self.iterations_log.append(record.to_dict())
+        return work.next_explored
+
+    @property
+    def learner_update_s(self) -> float:
+        """The update on the on-demand GPUs alone."""
         cfg = self.cfg
-        if self.policy.explore == "critical_path":
-            session = SimExploration(self, it, it - 1, True, cfg.sync_explore_per_prompt * self.plan_prompts)
-            self.engine.explore(session, self._score, it - 1)
-            explored.clear()
-            explored.update(session.explored())
-        start = self.clock.now()
-        self.engine.rollout(requests_of(it, cfg.prompts, cfg.group_size, self.samples_per_request), it)
-        self.rollout_s = self.clock.now() - start
-        nxt: dict[int, int] = {}
-        fleet = self.policy.fleet_update and self._update_on_fleet(train_s)
-        update = self._fleet_update(it) if fleet else Until(self.clock, self.clock.now() + train_s)
-        self.fleet_updated = fleet
-        self.fleet_updates += fleet
-        if self.policy.explore == "idle_spot" and it + 1 < cfg.iterations:
-            session = SimExploration(self, it + 1, it, False, None)
-            self.engine.explore(session, self._score, it, update=update)
-            nxt = session.explored()
-        else:
-            self.engine.wait(update, it)
-        self.engine.wait(Until(self.clock, self.clock.now() + self.st.weight_sync_s))
-        return nxt
+        return self.st.train_s(cfg.resolution, cfg.prompts * cfg.group_size, self.ondemand_gpus)
 
     def _update_on_fleet(self, train_s: float) -> bool:
         """What the spot GPUs do during this update, by its value for time to target (issue 16):
@@ -228,11 +240,18 @@ class Simulation:
         spot GPU alive, and rarely when the update is short next to `update_round_s`."""
         return self.fleet_update_pays(self._fleet_update_s(), train_s, self.rollout_s, self.engine.spot_devices())
 
+    def fleet_refusal(self) -> str | None:
+        """Why the fleet cannot compute this run's update, as `spotlight train` refuses it (the
+        same reason, `schedulers.update_placement.fleet_update_refusal`); None: it can."""
+        return fleet_update_refusal(self.sp_degree, update_memory_refusal(self.st))
+
     def fleet_update_pays(self, fleet_s: float, train_s: float, rollout_s: float, spot_gpus: float) -> bool:
         """`_update_on_fleet`'s pricing (the oracle's too): an update of `fleet_s` seconds on the
         fleet against `train_s` on the on-demand GPUs, after a rollout of `rollout_s`, with
         `spot_gpus` live spot GPUs to explore."""
         cfg, st = self.cfg, self.st
+        if self.fleet_refusal() is not None:
+            return False
         if self.policy.explore != "idle_spot":
             return fleet_s < train_s
         per_sample = st.sample_s(cfg.resolution, 1)
@@ -323,7 +342,9 @@ class Simulation:
         return CostControl(self.clock, self.meter, peak, forecast, budget, peak_fleet=peak)
 
     def _before_iteration(self) -> None:
-        """Hook: the restart baseline waits out a restart here."""
+        """Hook: the restart baseline waits out a restart here; the elastic spot policies hold the
+        spot nodes their objective chooses (`_rent`)."""
+        self._rent()
 
     def _steps_recomputed_restart(self) -> int:
         return 0
@@ -344,6 +365,8 @@ class Simulation:
             "cost_usd": None if cost_at is None else cost_at,
             "gpu_utilization": min(1.0, busy / paid) if paid > 0 else 0.0,
             "preemptions": self._preemptions(),
+            "preemption_times_h": [e.t_s / 3600.0 for e in self.trace.events  # the trace's removals in the run
+                                   if e.action == "remove" and e.t_s <= end] if self.policy.spot else [],
             "steps_recomputed": stats["steps_recomputed"] + self._steps_recomputed_restart(),
             "iterations": iterations,
             "iterations_to_target": next((i for i, (t, s) in enumerate(progress) if s >= self.progress.target - 1e-12), None),
@@ -356,6 +379,7 @@ class Simulation:
             "regroups": self.executor.regroups,
             "explored_samples": self.explored_samples,
             "fleet_update_iterations": self.fleet_updates,
+            **self._rental_result(end),
             "samples_per_request": self.samples_per_request,
             "final_score": progress[-1][1],
             "timeline": [(t / 3600.0, n) for t, n in self.timeline],
@@ -367,3 +391,106 @@ class Simulation:
         for (t0, n), (t1, _) in zip(points, points[1:]):
             total += n * max(0.0, min(t1, end) - t0)
         return total
+
+    # -- renting only what pays (`spotlight.sim.rental`; docs/simulator.md#renting-only-what-pays) ---------
+
+    renting: "Renting | None" = None
+    """The rental rule's state from the first iteration on where `_rents`; None: every spot node
+    the trace offers is held."""
+
+    def _objective_governs(self) -> bool:
+        """Whether `cfg.objective` chooses this policy's spot nodes: the elastic spot policies and the
+        oracle (on its fluid); a restart baseline's job holds its cluster."""
+        return self.policy.spot and self.policy.elastic
+
+    def _rents(self) -> bool:
+        """Whether `_rent` sets the spot nodes held (the oracle chooses its own, in `oracle.py`)."""
+        return self._objective_governs() and not self.policy.oracle and self.cfg.objective != "time"
+
+    def iteration_model(self) -> IterationModel:
+        """The rental rule's T(s) for this run: the rollout's work at the most efficient SP degree
+        (as the oracle's fluid), the update's at the trainer's efficiency (on the fleet where the
+        policy does that and the fleet can: `fleet_refusal`), the weight sync fixed."""
+        cfg, st = self.cfg, self.st
+        samples = cfg.prompts * cfg.group_size
+        per_gpu_s = min(d * st.sample_s(cfg.resolution, d) for d in range(1, st.heads + 1) if st.heads % d == 0)
+        return IterationModel(self.ondemand_gpus, samples * per_gpu_s,
+                              st.train_gpu_s(cfg.resolution, samples) / st.train_efficiency, st.weight_sync_s,
+                              st.fleet_update_efficiency, st.update_round_s,
+                              self.policy.fleet_update and self.fleet_refusal() is None)
+
+    def iterations_left(self, done: int) -> float:
+        """The forecast of the iterations to the target after `done` (at least 1): the progress
+        model's at the random seeds' signal, s_ref — at most what a run that explores needs (177 at
+        the defaults; `spotlight` takes 175-177), so a deadline forecast errs on the safe side."""
+        return max(1.0, self.progress.iterations_at(self.progress.s_ref) - done)
+
+    def _held(self) -> list[Node]:
+        """The spot nodes held and not noticed (a noticed node is paid until it goes, but serves no more)."""
+        return [n for n in self.engine.nodes.values() if n.spot and n.alive and not n.noticed]
+
+    def _rent(self) -> None:
+        """Before an iteration, hold the spot nodes the rule chooses (`RentalRule.nodes`) of those held
+        and on offer: release the last held beyond them (`FleetEngine.release`: no preemption, paid no
+        more), rent offered ones up to them (`FleetEngine.rent`: each pays `join_s` before it serves).
+        Until the next iteration a node the trace adds joins only while fewer are held than the rule
+        would hold were every trace node on offer (`Renting.wanted`; `FleetEngine.admit`). The
+        deadline's forecast: `iterations_left` x T(held) x the pace so far (measured over modelled
+        seconds)."""
+        if not self._rents():
+            return
+        cfg, engine, now = self.cfg, self.engine, self.clock.now()
+        r = self.renting
+        if r is None:
+            r = self.renting = Renting(RentalRule(cfg.objective, self.iteration_model(), self.block,
+                                                  self.meter.ondemand_usd_h, self.meter.spot_usd_h, cfg.join_s))
+            engine.admit = lambda node: len(self._held()) < r.wanted
+        else:
+            r.measured_s += now - r.since
+            r.modelled_s += r.planned_s
+        held = self._held()
+        offered = [n for n in engine.nodes.values() if n.spot and n.released]
+        seconds_left = None if cfg.deadline_h is None else cfg.deadline_h * 3600.0 - now
+        pace = r.measured_s / r.modelled_s if r.modelled_s > 0 else 1.0
+        left = self.iterations_left(r.iterations)
+        r.target = r.rule.nodes(len(held), len(held) + len(offered), left, seconds_left, pace)
+        r.wanted = r.rule.nodes(len(held), max(self.trace.max_live, len(held) + len(offered)), left, seconds_left,
+                                pace)
+        for n in held[r.target:]:
+            engine.release(n.name)
+        for n in offered[:max(0, r.target - len(held))]:
+            engine.rent(n.name)
+        r.since, r.iterations, r.planned_s = now, r.iterations + 1, r.rule.model.seconds(r.target * self.block)
+
+    def _releases(self) -> int:
+        """Spot nodes released because they did not pay (`FleetEngine.release`)."""
+        return self.engine.releases
+
+    def _rental_result(self, end: float) -> dict[str, Any]:
+        """The result's `objective` (None where it chooses no spot node: `_objective_governs`),
+        `spot_gpus_held_mean` (the spot GPUs paid for, averaged over the run's seconds) and
+        `spot_releases`."""
+        held_gpu_s = self._paid_gpu_s(end) - self.ondemand_gpus * end
+        return {"objective": self.cfg.objective if self._objective_governs() else None,
+                "spot_gpus_held_mean": max(0.0, held_gpu_s / end) if end > 0 else 0.0,
+                "spot_releases": self._releases()}
+
+
+@dataclass
+class Renting:
+    """What `Simulation._rent` keeps between iterations."""
+
+    rule: RentalRule
+    target: int = 0
+    """Spot nodes (not noticed) held from the last choice on: the rule's of those on offer then."""
+    wanted: int = 0
+    """The rule's choice were every trace node on offer: a node the trace adds joins while fewer are held."""
+    iterations: int = 0
+    """Iterations the rule has chosen for so far."""
+    since: float = 0.0
+    """When the last choice was made."""
+    planned_s: float = 0.0
+    """The modelled seconds of the iteration it was made for."""
+    measured_s: float = 0.0
+    modelled_s: float = 0.0
+    """Sums over the iterations so far: their seconds as run and as modelled (the deadline's pace)."""

@@ -12,10 +12,12 @@ learning signal of a chosen group is (`spotlight.sim.progress_model`).
 
 Policies that differ only in configuration run here: `ondemand` (no spot nodes), `ondemand_total`
 (no spot nodes, the spot fleet's peak rented on demand instead), `spotlight_noexplore` (spot nodes), `sync_explore` (exploration on the critical path before each
-rollout), `spotlight` (spot nodes, exploring on idle spot workers while the learner trains). Two
-baselines behave differently and live in files of their own: `spot_restart` (any preemption
-restarts the job from the iteration's checkpoint: `spotlight.sim.restart`) and the clairvoyant
-`oracle` (`spotlight.sim.oracle`).
+rollout), `spotlight` (spot nodes, exploring on idle spot workers while the learner trains),
+`near_all_spot` (`spotlight` with one on-demand GPU, the learner's). Three behave differently and
+live in files of their own: `spot_restart` (any preemption restarts the job from the iteration's
+checkpoint: `spotlight.sim.restart`), `managed_restart` (the same, all spot, as a SkyPilot managed
+job: it waits for capacity, and a loss throws away the iterations since its last checkpoint:
+`spotlight.sim.managed_restart`) and the clairvoyant `oracle` (`spotlight.sim.oracle`).
 
 One iteration: [explore on the critical path] -> rollout (every worker) -> train (on the
 on-demand GPUs; meanwhile, with exploration on idle spot, spot workers explore the next
@@ -25,7 +27,8 @@ by the trace (it runs through every phase here); a trace node stands for a block
 serves after `join_s`. After the trace ends the fleet stays as it was at its end.
 
 Every policy is compared with the four baselines simulated in the same run (`BASELINES`,
-`compare`): `speedup_vs_<baseline>` and `cost_ratio_vs_<baseline>` in its result.
+`compare`), and with the two former ones (`ALSO_COMPARED`): `speedup_vs_<baseline>` and
+`cost_ratio_vs_<baseline>` in its result.
 
 Determinism: no wall clock; every draw comes from generators seeded by (seed, iteration, prompt);
 ties in the event heap break by insertion order. Same config and trace -> same result.
@@ -39,28 +42,35 @@ from cloud.prices import NodePrice, PriceTable
 from schedulers.traces import Trace
 from spotlight.config import ConfigError
 from spotlight.sim.config import POLICIES, Policy, SimConfig
+from spotlight.sim.managed_restart import ManagedRestartSimulation
 from spotlight.sim.oracle import OracleSimulation
 from spotlight.sim.progress_model import ProgressModel
 from spotlight.sim.restart import RestartSimulation
 from spotlight.sim.simulation import Simulation, spot_peak_gpus
 
-__all__ = ["BASELINES", "POLICIES", "Policy", "SimConfig", "Simulation", "compare", "gpu_prices", "make_simulation",
+__all__ = ["ALSO_COMPARED", "BASELINES", "POLICIES", "Policy", "SimConfig", "Simulation", "compare", "gpu_prices", "make_simulation",
            "simulate"]
 
-BASELINES = ("ondemand", "ondemand_total", "spot_restart", "sync_explore")
+BASELINES = ("ondemand", "ondemand_total", "near_all_spot", "managed_restart")
 """What every policy is compared with (docs/simulator.md#baselines): on-demand GRPO on the same
 on-demand GPUs, on-demand GRPO on as many GPUs in all (on-demand + the spot fleet's peak),
-restart-from-checkpoint on the same spot fleet (paying only for the nodes its job holds), and
-exploration on the critical path on the on-demand GPUs."""
+`spotlight` on the same spot fleet with one on-demand GPU (the learner's) instead of `gpus`, and
+a SkyPilot-style all-spot managed job restarting from its checkpoint on the same spot fleet."""
+ALSO_COMPARED = ("spot_restart", "sync_explore")
+"""The former baselines, still compared with where simulated (their fields are in `--json`):
+restart-from-checkpoint beside the on-demand GPUs, and exploration on the critical path."""
 
 
 def make_simulation(cfg: SimConfig, policy: Policy, trace: Trace, progress: ProgressModel,
                     prices: tuple[float, float], on_iteration: Callable[[int], None] | None = None) -> Simulation:
-    """The simulation of `policy`: the engine's, or one of the two baselines that behave differently."""
+    """The simulation of `policy`: the engine's, or one of the three that behave differently (a
+    restart-from-checkpoint job with no on-demand GPU is the all-spot managed job)."""
     if policy.oracle:
         return OracleSimulation(cfg, policy, trace, progress, prices, on_iteration)
     if not policy.elastic:
-        return RestartSimulation(cfg, policy, trace, progress, prices, on_iteration)
+        managed = policy.ondemand_gpus == 0
+        return (ManagedRestartSimulation if managed else RestartSimulation)(cfg, policy, trace, progress, prices,
+                                                                            on_iteration)
     return Simulation(cfg, policy, trace, progress, prices, on_iteration)
 
 
@@ -82,12 +92,13 @@ def _gpu_price(cfg: SimConfig) -> NodePrice:
 def compare(policies: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Each result with `speedup_vs_<b>` (b's hours to target / the policy's: above 1, sooner) and
     `cost_ratio_vs_<b>` (the policy's dollars to target / b's: below 1, cheaper) for every baseline
-    b in `BASELINES` among `policies`; None where either did not reach the target. The fields go
-    before the long `timeline` and `progress` lists, so that a reader of the JSON sees them."""
+    b in `BASELINES` and `ALSO_COMPARED` among `policies`; None where either did not reach the
+    target. The fields go before the long `timeline` and `progress` lists, so that a reader of the
+    JSON sees them."""
     out = {}
     for name, r in policies.items():
         ratios: dict[str, float | None] = {}
-        for b in BASELINES:
+        for b in BASELINES + ALSO_COMPARED:
             base = policies.get(b)
             if base is None:
                 continue  # not simulated in this run: no field rather than a made-up one
@@ -102,9 +113,15 @@ def compare(policies: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 def simulate(cfg: SimConfig, trace: Trace, policies: list[str] | None = None,
              progress: ProgressModel | None = None,
-             on_iteration: Callable[[str, int], None] | None = None) -> dict[str, Any]:
+             on_iteration: Callable[[str, int], None] | None = None, constants: str = "all") -> dict[str, Any]:
     """Every policy in `policies` (default all) on `trace`: {"policies": {name: result}, ...}.
-    `on_iteration(policy, iterations done)` is called after each simulated iteration (a progress bar)."""
+    `on_iteration(policy, iterations done)` is called after each simulated iteration (a progress bar;
+    "NAME (pessimistic)" for a set other than typical).
+
+    `constants` "all" runs every policy at each constant set of `spotlight.sim.assumptions`
+    (pessimistic, typical, optimistic; "typical": that one, 3x sooner): "policies" holds the typical
+    results, "ranges" {policy: {field: {set: value}}} the hours and dollars to target and every
+    baseline comparison at each set, and "assumptions" each set's figures with what they assume."""
     names = list(POLICIES) if policies is None else policies
     for n in names:
         if n not in POLICIES:
@@ -112,11 +129,18 @@ def simulate(cfg: SimConfig, trace: Trace, policies: list[str] | None = None,
     progress = progress or ProgressModel.calibrated(iterations_scale=cfg.iterations_scale)
     price = _gpu_price(cfg)
     od, spot, row = price.ondemand_usd_h, price.spot_usd_h, price.row
-    out = {name: make_simulation(cfg, POLICIES[name], trace, progress, (od, spot),
-                                 None if on_iteration is None else lambda it, name=name: on_iteration(name, it)).run()
-           for name in names}
+    from spotlight.sim import assumptions
+
+    runs = {}
+    for constant_set in sorted(assumptions.sets(constants), key=lambda s: s != "typical"):  # typical first
+        at = assumptions.apply(constant_set, cfg)
+        label = "" if constant_set == "typical" else f" ({constant_set})"
+        runs[constant_set] = compare({
+            name: make_simulation(at, POLICIES[name], trace, progress, (od, spot), None if on_iteration is None else
+                                  lambda it, name=name, label=label: on_iteration(name + label, it)).run()
+            for name in names})
     return {
-        "policies": compare(out),
+        "policies": runs["typical"],
         "trace": trace.source,
         "config": {"gpus": cfg.gpus, "spot_gpus_peak": spot_peak_gpus(cfg, trace),
                    "ondemand_total_gpus": cfg.gpus + spot_peak_gpus(cfg, trace),
@@ -125,4 +149,6 @@ def simulate(cfg: SimConfig, trace: Trace, policies: list[str] | None = None,
                    "price_per_gpu_h": {"ondemand": od, "spot": spot, "priced_from": row.instance_type},
                    "price_source": row.source, "price_row": row.to_dict(), "baselines": list(BASELINES)},
         "progress_model": progress.to_dict(),
+        "ranges": assumptions.ranges(runs),
+        "assumptions": assumptions.describe(cfg, tuple(s for s in assumptions.SETS if s in runs)),
     }

@@ -4,27 +4,46 @@ and GPU type. It is what the trace-replay simulator puts in place of executing r
 The denoising step's dependence on the sequence length and the SP degree is
 `elastic_sp.regroup_policy.UlyssesStepTime` (the regroup policy's own model, Qwen-Image on H100s:
 compute split over the group plus the Ulysses all-to-alls), scaled to other GPUs by their dense
-bf16 peak (`spotlight.train.iteration_time.PEAK_BF16_FLOPS`). Everything else is a per-sample or fixed cost
-documented field by field below, with its source. `StepTimes.load(yaml)` overrides any field.
+bf16 peak (`spotlight.train.iteration_time.PEAK_BF16_FLOPS`). The transfers — the weight sync and
+the learner's gather of the fleet's gradient parts — are bytes over links
+(`spotlight.sim.transfers`): derived from the model's shape, the LoRA rank and the link fields
+unless a figure is given. Everything else is a per-sample or fixed cost documented field by field
+below, with its source. `StepTimes.load(yaml)` overrides any field.
 
-Profiles: `qwen-image` (the default: the real 20.4B model, figures from published numbers and the
-FLOP model) and `tiny-cpu` (the tiny DiT on this project's 2-core CPU machine, every figure
-measured here: docs/measurements.md).
+Profiles (`PROFILES`):
+- `qwen-image-lora` (the default, `StepTimes()`): Flow-GRPO's own Qwen-Image recipe — LoRA rank 64
+  on the attention and MLP linears, 10 denoising steps at 512², true CFG, 2 SDE steps trained
+  (yifan123/flow_grpo, config/grpo.py `pickscore_qwenimage`: num_steps 10, resolution 512,
+  guidance_scale 4, 16 images per prompt, sde_window_size 2, use_lora, activation checkpointing;
+  rank 64 / alpha 128 as verl's Flow-GRPO Qwen-Image example sets it);
+- `qwen-image-full` (alias `qwen-image`, the default before LoRA had a profile): full-parameter
+  training of the 20.4B transformer with the earlier figures (20 denoising steps). Its fleet
+  update does not fit a spot H100 (`update_memory_refusal`);
+- `tiny-cpu`: the tiny DiT on this project's 2-core CPU machine, every figure measured here
+  (docs/measurements.md).
 
 Every field is finite and in a documented range (`LIMITS`); the GPU must be one the FLOP table
 knows (`spotlight.train.iteration_time.PEAK_BF16_FLOPS`), or any name when `denoise_step_s` gives a measured
 figure (no FLOP scaling is used then) — an unknown GPU is refused, not silently modelled as an H100.
+
+Derived fields (`DERIVED`: `weight_sync_s`, `update_round_s`): None, or left out of a file, means
+"from bytes over links"; the value then held is a `Derived` float, which `dataclasses.replace` and
+`StepTimes.load` derive again from the new fields (a plain number is kept as given:
+tests/test_transfer_bytes.py::test_a_given_figure_wins_and_a_derived_one_follows_its_fields).
 """
 
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
+from typing import Any
 
 from spotlight.train.iteration_time import PEAK_BF16_FLOPS
 from elastic_sp.regroup_policy import MeasuredStepTime, UlyssesStepTime
 from spotlight.config import ConfigError, from_dict
+from spotlight.sim import transfers
 from schedulers.input_file import InputFileError, load_yaml, short
 
 MAX_STEP_TIMES_BYTES = 1 << 20
@@ -35,17 +54,37 @@ LIMITS: dict[str, tuple[float, float]] = {
     "reward_s_per_sample": (0, 86400), "weight_sync_s": (0, 86400), "regroup_s": (0, 86400),
     "cold_start_s": (0, 86400), "restore_s": (0, 86400), "denoise_step_s": (1e-9, 86400),
     "fleet_update_efficiency": (1e-6, 1), "update_round_s": (0, 86400),
+    "lora_rank": (0, 4096), "trained_params": (1, 1e13), "weight_dtype_bytes": (1, 8), "adapter_dtype_bytes": (1, 8),
+    "gradient_parts": (1, 1_000_000), "node_gbps": (1e-3, 1e6), "learner_gbps": (1e-3, 1e6),
+    "cross_zone_factor": (1e-6, 1), "load_gbps": (1e-3, 1e6), "learner_step_s": (0, 86400),
+    "activation_gib": (0, 1e4), "gpu_memory_gib": (1e-3, 1e4),
 }
 """[low, high] of every numeric field: counts bound the loops over SP degrees and steps, seconds
-are at most a day, and the update's efficiency is a fraction (it divides)."""
+are at most a day, efficiencies and the cross-zone factor are fractions (they divide), link speeds
+are positive (they divide)."""
+_INTEGERS = ("heads", "gpus_per_node", "denoise_steps", "trained_steps", "lora_rank", "trained_params",
+             "weight_dtype_bytes", "adapter_dtype_bytes", "gradient_parts")
+_NAMES = ("gpu", "model")
+"""The fields that are names, not numbers."""
 
 LATENT_PIXELS_PER_TOKEN = 16
 """Qwen-Image: an 8x VAE then 2x2 patches, so one image token per 16x16 pixels: 512² -> 1024
 tokens, 1280² -> 6400."""
 
+GPU_MEMORY_GIB = {"H100": 80, "H200": 141, "B200": 180, "A100": 40, "A100-80GB": 80, "L40S": 48, "L4": 24,
+                  "A10G": 24, "V100": 16, "T4": 16}
+"""Memory per GPU from NVIDIA's data sheets, whose "GB" is GiB here (an H100 80GB reports 81,559 MiB:
+79.6 GiB usable). V100: the 16 GB part AWS p3 nodes carry; A100: the 40 GB part (A100-80GB apart)."""
+
 
 def image_tokens(resolution: int) -> int:
     return (resolution // LATENT_PIXELS_PER_TOKEN) ** 2
+
+
+class Derived(float):
+    """A figure the model derived (a transfer's seconds from bytes over links), not one a file or a
+    caller set: `dataclasses.replace` and `StepTimes.load` derive it again from the new fields,
+    where a plain number is kept as given. Arithmetic on it gives plain floats."""
 
 
 @dataclass(frozen=True)
@@ -55,89 +94,155 @@ class StepTimes:
     heads: int = 24
     """Attention heads (Qwen-Image: 24); SP degrees must divide it."""
     gpus_per_node: int = 8
-    denoise_steps: int = 20
-    """Denoising steps per rollout sample (Flow-GRPO's rollouts use 10-20 on Qwen-Image-class models)."""
+    denoise_steps: int = 10
+    """Denoising steps per rollout sample: Flow-GRPO's Qwen-Image recipe samples 10 (`pickscore_qwenimage`:
+    num_steps 10; 50 for evaluation); the full-parameter profile keeps the earlier 20."""
     trained_steps: int = 2
-    """SDE steps per sample that the update trains on (`sampler.sde_window`): Flow-GRPO-Fast and
-    MixGRPO train on a window of 1-4 of the sampled steps. The result depends on this most: it sets
-    how long the train phase is next to the rollout (docs/simulator.md)."""
+    """SDE steps per sample that the update trains on (`sampler.sde_window`): Flow-GRPO's Qwen-Image
+    recipe trains a window of 2 (sde_window_size 2); Flow-GRPO-Fast and MixGRPO 1-4. The result
+    depends on this most: it sets how long the train phase is next to the rollout (docs/simulator.md)."""
     cfg_factor: float = 2.0
     """Transformer passes per step: true classifier-free guidance runs the conditional and the
-    unconditional input (Qwen-Image's true_cfg_scale), in the rollout and in the update."""
+    unconditional input (Qwen-Image's true_cfg_scale; the recipe's guidance 4), in the rollout and
+    in the update."""
     train_flops_factor: float = 3.0
-    """A trained step costs forward + backward = 3 forwards."""
+    """A trained step in forwards: full-parameter training's forward + backward = 3; with LoRA the
+    backward computes no weight gradients for the frozen base (~2 forwards) but the recipe's
+    activation checkpointing runs the forward again: 3 as well. `experiments/measure_step_times.py`
+    measures the LoRA row on a GPU."""
     train_efficiency: float = 0.8
     """Data-parallel (FSDP) efficiency of the update over the trainer's GPUs."""
     fleet_update_efficiency: float = 0.8
     """A spot executor's throughput on the update's micro-batches (`train.update_on: fleet`), as a
-    fraction of a trainer GPU's (`train_efficiency` applies to both): its gradients travel to the
-    learner instead of an all-reduce inside the trainer's fabric, and it reloads weights it lacks.
+    fraction of a trainer GPU's (`train_efficiency` applies to both): its compute only — the parts'
+    bytes to the learner are `update_round_s` — and the weights it reloads when it lacks a round's.
     `spotlight bench update` measures it (docs/measurements.md)."""
-    update_round_s: float = 10.0
-    """What an update spread over the fleet adds per iteration besides the micro-batches: the
-    learner gathering and summing the gradients in order and stepping, before the weights go out."""
+    update_round_s: float | None = None
+    """What an update spread over the fleet adds per round besides the micro-batches: the learner
+    receiving the `gradient_parts` parts (`ingress_bytes` over `learner_gbps` across zones), summing
+    them in order and stepping (`learner_step_s`) before the weights go out. None: derived
+    (`transfers.gather_s`; 9.6 s at rank 64, 209 s full); a number: given."""
     reward_s_per_sample: float = 0.05
     """OCR / GenEval reward models score an image in ~50 ms on one GPU (a VLM or detector forward);
     computed by the worker right after its group."""
-    weight_sync_s: float = 8.0
-    """Publishing θ(t+1) to the rollout workers: 20.4B bf16 parameters = 41 GB, broadcast over a
-    ~50 GB/s (400 Gb/s) fabric in a pipelined tree ~1 s, plus loading into the workers' models;
-    8 s covers a slower network. Paid once per iteration by every policy."""
+    weight_sync_s: float | None = None
+    """Publishing θ(t+1) to the rollout workers, once per iteration by every policy:
+    `publication_bytes` (rank-64 adapters 1.70 GB in float32, or 40.9 GB of bf16 weights) over the
+    slower of `node_gbps` and `learner_gbps` across zones, then `load_gbps` into the GPU. None:
+    derived (`transfers.publication_s`; 0.34 s at rank 64, 8.2 s full); a number: given."""
     regroup_s: float = 0.5
     """In-place SP regroup (new NCCL communicator, weights from a node peer): measured 0.078 s on the
     tiny CPU model (gloo); NCCL communicator init on 8 GPUs takes a few hundred ms."""
     cold_start_s: float = 300.0
     """A fresh node serving again: provisioning and container start (~2-3 min on managed spot),
     then 41 GB of weights from object storage at ~1 GB/s; measured 7-10 s on the tiny CPU model."""
-    restore_s: float = 120.0
-    """Restoring the trainer from a checkpoint (weights and Adam: 20.4B x 10 B = 204 GB at ~2 GB/s):
-    what a restart of the whole job (spot_restart) adds to a cold start."""
+    restore_s: float = 25.0
+    """Restoring the trainer from a checkpoint, what a restart of the whole job (spot_restart) adds to
+    a cold start: with LoRA the base (41 GB) and the adapters with their Adam state (0.42B x 12 B =
+    5 GB) at ~2 GB/s: ~25 s; full-parameter training's weights and Adam (20.4B x 10 B = 204 GB): 120 s."""
     denoise_step_s: float | None = None
     """Override: seconds of one sample's denoising step at degree 1 at the chosen resolution
     (None: from UlyssesStepTime); a measured figure when you have one."""
+    model: str = "qwen-image"
+    """The transformer whose parameters the transfers count: a `transfers.ARCHITECTURES` name
+    (qwen-image: 20,430,401,088 parameters; tiny)."""
+    lora_rank: int = 64
+    """LoRA rank on the default targets (`spotlight.config.DIT_LORA_TARGETS`), 0..4,096; 0: every
+    parameter trains (full fine-tune). Flow-GRPO's Qwen-Image recipes: 64 (alpha 128)."""
+    trained_params: int | None = None
+    """Override: the parameters the optimiser steps (None: from `model` and `lora_rank`; Qwen-Image:
+    424,673,280 at rank 64, every one of the 20.4B at rank 0)."""
+    weight_dtype_bytes: int = 2
+    """Bytes per weight of the model as the workers hold it: bfloat16 (the tiny CPU model: float32)."""
+    adapter_dtype_bytes: int = 4
+    """Bytes per LoRA parameter and its gradient: the adapters train in float32 over the bf16 base
+    (`spotlight.rl.lora.add_lora`)."""
+    gradient_parts: int = 32
+    """Gradient parts the learner receives per round of a fleet update: the live runtime sends one
+    per micro-batch (`train.micro_batch` rows), whoever computed it, and nothing sums them on the
+    way. 32: 1,024 samples x 2 trained steps in micro-batches of 64 rows (the issue's 32 parts)."""
+    node_gbps: float = transfers.NODE_GBPS
+    """A GPU node's link for the transfers in Gbit/s (`transfers.NODE_GBPS`: an assumption, sourced there)."""
+    learner_gbps: float = transfers.LEARNER_GBPS
+    """The learner's ingress in Gbit/s (`transfers.LEARNER_GBPS`: an assumption, sourced there)."""
+    cross_zone_factor: float = transfers.CROSS_ZONE_FACTOR
+    """The fraction of a link a transfer between the learner and a spot node gets, in (0, 1]
+    (`transfers.CROSS_ZONE_FACTOR`: an assumption, sourced there)."""
+    load_gbps: float = transfers.LOAD_GBPS
+    """Host memory to GPU when a worker loads a publication, in Gbit/s (`transfers.LOAD_GBPS`)."""
+    learner_step_s: float = transfers.LEARNER_STEP_S
+    """The learner's sum, clip and optimiser step per round besides receiving the parts (an assumption)."""
+    activation_gib: float = 6.0
+    """GPU memory a fleet update's micro-batch needs besides weights and gradients, in GiB: the
+    activations with gradient checkpointing at 512², one row, true CFG (60 blocks' inputs of
+    ~1,088 tokens x 3,072 x 2 B x 2 passes = 0.8 GB, one block recomputed ~0.4 GB), the CUDA context
+    and cuBLAS workspaces (~1 GB) and the caching allocator's slack (~5% of 80 GB). An assumption:
+    not measured on a GPU here."""
+    gpu_memory_gib: float | None = None
+    """Override: memory per GPU in GiB (None: `GPU_MEMORY_GIB` of `gpu`)."""
 
     def __post_init__(self) -> None:
         for f in fields(self):
             v = getattr(self, f.name)
-            if f.name == "gpu":
+            if f.name in _NAMES:
                 if not isinstance(v, str) or not v:
-                    raise ConfigError(f"step_times.gpu: expected a GPU name, got {short(v)}")
+                    raise ConfigError(f"step_times.{f.name}: expected a name, got {short(v)}")
             elif v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0):
                 raise ConfigError(f"step_times.{f.name}: expected a number >= 0, got {short(v)}")
-        for name in ("heads", "gpus_per_node", "denoise_steps", "trained_steps"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < LIMITS[name][0]:
-                raise ConfigError(f"step_times.{name}: expected an integer >= {LIMITS[name][0]}, "
-                                  f"got {short(getattr(self, name))}")
+        for name in _INTEGERS:
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, int) or v < LIMITS[name][0]):
+                raise ConfigError(f"step_times.{name}: expected an integer >= {LIMITS[name][0]:g}, got {short(v)}")
         for name, (low, high) in LIMITS.items():
             v = getattr(self, name)
-            if v is not None and not low <= v <= high:
+            if v is not None and not isinstance(v, Derived) and not low <= v <= high:
                 raise ConfigError(f"step_times.{name}: expected a number in [{low:g}, {high:g}], got {short(v)}")
         if self.gpu not in PEAK_BF16_FLOPS and self.denoise_step_s is None:
             raise ConfigError(f"step_times.gpu: expected a GPU the step-time model knows "
                               f"({', '.join(PEAK_BF16_FLOPS)}) or a measured denoise_step_s, got {short(self.gpu)}")
+        if self.model not in transfers.ARCHITECTURES:
+            raise ConfigError(f"step_times.model: expected one of {', '.join(transfers.ARCHITECTURES)}, "
+                              f"got {short(self.model)}")
+        # The transfers' seconds, derived where no figure was given (`Derived`). Set here, once, so
+        # that every reader (the simulation, the oracle, the constant sets) reads a number.
+        for name, derive in DERIVED.items():
+            v = getattr(self, name)
+            if v is None or isinstance(v, Derived):
+                seconds = derive(self)
+                if not LIMITS[name][0] <= seconds <= LIMITS[name][1]:
+                    raise ConfigError(f"step_times.{name}: derived {seconds:,.0f} s from bytes over links, beyond "
+                                      f"{LIMITS[name][1]:,.0f} s (expected faster links or a given {name})")
+                object.__setattr__(self, name, Derived(seconds))
 
     @classmethod
     def profile(cls, name: str) -> StepTimes:
-        if name == "qwen-image":
+        """The named profile (`PROFILES`, module docstring)."""
+        if name == "qwen-image-lora":
             return cls()
+        if name in ("qwen-image-full", "qwen-image"):
+            # Every parameter trains: the publication and each gradient part are 40.9 GB of bf16, a
+            # restore reads 204 GB of weights and Adam state; 20 denoising steps as before.
+            return cls(lora_rank=0, denoise_steps=20, restore_s=120.0)
         if name == "tiny-cpu":
             # The tiny DiT on 2 CPU cores (docs/measurements.md): 3676 denoising steps/s micro-batched
             # (0.27 ms per sample-step), 229 trained samples/s at 8 SDE steps (0.55 ms per
             # sample-step, forward + backward); regroup 0.078 s, cold start 7.1 s; 4 heads.
             # The update on the fleet: one rollout worker computes the gradient at 0.77 of the
             # learner's rate (`spotlight bench update`: its Ray calls and gradient transfers are
-            # in that figure, so nothing more per iteration).
+            # in that figure, so nothing more per iteration). Full-parameter, float32.
             return cls(gpu="tiny-cpu", heads=4, gpus_per_node=1, denoise_steps=8, trained_steps=8,
                        train_flops_factor=0.55 / 0.27, train_efficiency=1.0, cfg_factor=1.0, reward_s_per_sample=1e-5,
                        weight_sync_s=0.01, regroup_s=0.078, cold_start_s=7.1, restore_s=0.02,
-                       denoise_step_s=0.27e-3, fleet_update_efficiency=0.77, update_round_s=0.0)
-        raise ConfigError(f"unknown step-time profile {short(name)} (expected qwen-image or tiny-cpu)")
+                       denoise_step_s=0.27e-3, fleet_update_efficiency=0.77, update_round_s=0.0,
+                       model="tiny", lora_rank=0, weight_dtype_bytes=4)
+        raise ConfigError(f"unknown step-time profile {short(name)} (expected one of {', '.join(PROFILES)})")
 
     @classmethod
     def load(cls, path: str | Path, base: StepTimes | None = None) -> StepTimes:
-        """`base` (default: the qwen-image profile) with the fields a YAML mapping sets; `profile:
+        """`base` (default: the qwen-image-lora profile) with the fields a YAML mapping sets; `profile:
         NAME` in it picks the base. The file is read by `schedulers.input_file.load_yaml` (bounded,
-        no aliases or duplicate keys; an empty file is refused)."""
+        no aliases or duplicate keys; an empty file is refused). A derived field the file does not
+        set is derived again from the file's fields."""
         path = Path(path)
         try:
             data = load_yaml(path, "step-time", MAX_STEP_TIMES_BYTES)
@@ -148,9 +253,64 @@ class StepTimes:
         try:
             base = cls.profile(data.pop("profile")) if "profile" in data else (base or cls())
             # The run config's loader: unknown keys and mistyped values are refused the same way.
-            return from_dict(cls, {**asdict(base), **data})
+            return from_dict(cls, {**base.given(), **data})
         except ConfigError as err:
             raise ConfigError(f"{path}: {err}") from None
+
+    def given(self) -> dict[str, Any]:
+        """Every field as a mapping, a derived figure as None (so that a rebuild derives it again)."""
+        return {k: None if isinstance(getattr(self, k), Derived) else v for k, v in asdict(self).items()}
+
+    def is_derived(self, name: str) -> bool:
+        """Whether field `name` holds a figure derived from bytes over links (not one given)."""
+        return isinstance(getattr(self, name), Derived)
+
+    # -- transfers (spotlight.sim.transfers) ---------------------------------------------------------
+
+    @property
+    def shape(self) -> transfers.DiTShape:
+        return transfers.ARCHITECTURES[self.model]
+
+    @property
+    def trained(self) -> int:
+        """Parameters the optimiser steps: `trained_params`, or the adapters (rank > 0) or every parameter."""
+        return self.trained_params if self.trained_params is not None else self.shape.trained_params(self.lora_rank)
+
+    @property
+    def trained_dtype_bytes(self) -> int:
+        """Bytes per trained parameter and per gradient element: float32 adapters, or the model's dtype."""
+        return self.adapter_dtype_bytes if self.lora_rank > 0 else self.weight_dtype_bytes
+
+    @property
+    def publication_bytes(self) -> int:
+        """Bytes of one weight publication: what training changes, as the learner hands it out."""
+        return self.trained * self.trained_dtype_bytes
+
+    @property
+    def part_bytes(self) -> int:
+        """Bytes of one gradient part: the gradient of every trained parameter the backward reaches,
+        in its dtype (`transfers.DiTShape.gradient_params`; all of `trained_params` when given)."""
+        reached = self.trained_params if self.trained_params is not None else self.shape.gradient_params(self.lora_rank)
+        return reached * self.trained_dtype_bytes
+
+    @property
+    def ingress_bytes(self) -> int:
+        """Bytes the learner receives per round of a fleet update: `gradient_parts` parts."""
+        return transfers.ingress_bytes(self.gradient_parts, self.part_bytes)
+
+    def derived_weight_sync_s(self) -> float:
+        """`weight_sync_s` from bytes over links (`transfers.publication_s`)."""
+        return transfers.publication_s(self.publication_bytes, self.node_gbps, self.learner_gbps,
+                                       self.cross_zone_factor, self.load_gbps)
+
+    def derived_update_round_s(self) -> float:
+        """`update_round_s` from bytes over links (`transfers.gather_s`)."""
+        return transfers.gather_s(self.ingress_bytes, self.learner_gbps, self.cross_zone_factor, self.learner_step_s)
+
+    @property
+    def label(self) -> str:
+        """The model and how it trains, for a message: "qwen-image LoRA rank 64", "qwen-image full fine-tune"."""
+        return f"{self.model} " + (f"LoRA rank {self.lora_rank}" if self.lora_rank > 0 else "full fine-tune")
 
     # -- derived -----------------------------------------------------------------------------------
 
@@ -189,3 +349,72 @@ class StepTimes:
     def train_s(self, resolution: int, samples: int, gpus: int) -> float:
         """The update on `samples` samples over the trainer's `gpus` GPUs."""
         return self.train_gpu_s(resolution, samples) / (max(gpus, 1) * self.train_efficiency)
+
+
+DERIVED = {"weight_sync_s": StepTimes.derived_weight_sync_s, "update_round_s": StepTimes.derived_update_round_s}
+"""The fields derived from bytes over links when not given, and how (module docstring)."""
+
+PROFILES = ("qwen-image-lora", "qwen-image-full", "qwen-image", "tiny-cpu")
+"""The named profiles, the default first; `qwen-image` is `qwen-image-full` (its name before LoRA had a profile)."""
+
+
+def update_memory_refusal(st: StepTimes) -> str | None:
+    """Why one spot GPU of `st.gpu` cannot compute a micro-batch of the fleet update, in one line
+    (None: it can, or the GPU's memory is unknown and not given — the tiny CPU profile). A worker
+    holds the whole model in its dtype, with LoRA the float32 adapters too, the trained parameters'
+    gradients in their dtype, and `activation_gib`; the optimiser's state stays on the learner.
+    Qwen-Image full fine-tune on an H100: 38 + 38 + 6 = 82 GiB > 80; at rank 64: 38 + 1.6 + 1.6 + 6
+    = 47 GiB. The string is what `schedulers.update_placement.fleet_update_refusal` takes as `memory`."""
+    memory = st.gpu_memory_gib if st.gpu_memory_gib is not None else GPU_MEMORY_GIB.get(st.gpu)
+    if memory is None:
+        return None
+    weights = st.shape.params() * st.weight_dtype_bytes + (st.trained * st.adapter_dtype_bytes if st.lora_rank else 0)
+    grads = st.part_bytes
+    need = (weights + grads) / transfers.GIB + st.activation_gib
+    if need <= memory:
+        return None
+    return (f"{st.label}: a spot {st.gpu} ({memory:g} GiB) cannot hold {weights / transfers.GIB:.0f} GiB of weights, "
+            f"{grads / transfers.GIB:.0f} GiB of gradients and {st.activation_gib:g} GiB of activations and runtime "
+            f"({need:.0f} GiB); the update runs on the learner's GPUs")
+
+
+# -- the provider's figures ----------------------------------------------------------------------------
+
+NOTICE_S = {"aws": 120.0, "gcp": 30.0, "azure": 30.0}
+"""Seconds between a spot preemption's notice and the machine going: AWS's two-minute Spot Instance
+interruption notice (EC2 User Guide, "Spot Instance interruption notices"); GCP's 30 s for Spot and
+preemptible VMs (Compute Engine, "Spot VMs": "preemption notice"); Azure's Scheduled Events give
+Spot VMs at least 30 s ("Preempt")."""
+
+
+def notice_s_for(provider: str) -> float:
+    """The provider's preemption notice in seconds (`NOTICE_S`); an unknown provider is a ConfigError."""
+    if provider not in NOTICE_S:
+        raise ConfigError(f"provider: expected one of {', '.join(NOTICE_S)}, got {short(provider)}")
+    return NOTICE_S[provider]
+
+
+_GCP_WORDS = re.compile(r"gcloud|gcp|google")
+_AWS_WORDS = re.compile(r"aws|amazon|(?<![a-z0-9])(?:p2|p3|p3dn|p4d|p4de|p5|p5e|p5en|g4dn|g5|g6|g6e|trn1)(?![a-z0-9])")
+_AWS_ZONE = re.compile(r"(?<![a-z])[a-z]{2}-[a-z]+-\d[a-z](?![a-z0-9])")  # us-east-2b
+_GCP_ZONE = re.compile(r"(?<![a-z])[a-z]+-[a-z]+\d-[a-z](?![a-z0-9])")  # us-east1-b
+
+
+def trace_provider(trace: Any) -> str | None:
+    """The cloud a `schedulers.traces.Trace` was recorded on, where its format or file name says so:
+    a GCP counts file (nodes `gcp-<k>`) or a name with gcloud/gcp; a name with aws or an AWS
+    instance family (Bamboo's `bamboo-p3.csv`, `bamboo-g4dn.csv`); a SkyPilot file named by its zone
+    (`us-east-2b_v100_1.json`: AWS's zone style; `us-east1-b`: GCP's). None: it does not say (a
+    synthetic trace, a counts file of our own)."""
+    if any(node.startswith("gcp-") for node in trace.nodes[:1]):
+        return "gcp"
+    name = str(trace.source).lower()
+    if _GCP_WORDS.search(name):
+        return "gcp"
+    if _AWS_WORDS.search(name):
+        return "aws"
+    if _GCP_ZONE.search(name):
+        return "gcp"
+    if _AWS_ZONE.search(name):
+        return "aws"
+    return None

@@ -34,13 +34,11 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import os
 import sys
 import time
-from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 from cloud.bounded_json import loads
 from cloud.cost import CostControl, Spent, load_spent, save_spent
@@ -57,7 +55,8 @@ from spotlight.train.run_lock import LOCK, RunLock
 from spotlight.config import ConfigError, RunConfig, load_config, to_yaml
 from spotlight.train.eval_samples import write_evaluation
 from spotlight.train.exploration import Explorer
-from spotlight.rl.grpo import group_advantages, group_std, informative_groups
+from spotlight.train.iteration_controller import IterationController
+from spotlight.train.training_iteration import TrainingIteration
 from spotlight.rl.policy import Rollout
 from spotlight.train.inflight import InflightStore
 from spotlight.runtime.learner import NonFiniteUpdate
@@ -93,17 +92,6 @@ def sample_seeds(step: int, group_size: int) -> list[int]:
     return [step * group_size + j for j in range(group_size)]
 
 
-class PhaseTimer:
-    def __init__(self) -> None:
-        self.seconds: dict[str, float] = {}
-
-    @contextmanager
-    def __call__(self, name: str) -> Iterator[None]:
-        start = time.perf_counter()
-        yield
-        self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
-
-
 class Trainer:
     """The single controller. Construction is cheap; `build()` starts the runtime's roles (the learner
     warm-starts and resumes if it can); `train()` runs the loop and shuts the runtime down."""
@@ -130,6 +118,14 @@ class Trainer:
         """Why the loop ended: "steps" (all ran), "budget" or "deadline" (`cloud.cost.CostControl`)."""
         self.lock: RunLock | None = None
         """This process's hold on the run folder, from `build` until `train` ends (`run_lock`)."""
+        self.controller: IterationController | None = None
+        """Orders every iteration's phases and places its update (`iteration_controller`)."""
+        self.started = time.perf_counter()
+        """When this session's iterations started (a metrics row's `elapsed_s`)."""
+        self.saved = 0
+        """Iterations the newest checkpoint holds."""
+        self.checkpoint_s: float | None = None
+        """The last iteration's checkpoint seconds (None: it wrote none)."""
 
     def build(self, runtime: Runtime | None = None) -> "Trainer":
         cfg = self.cfg
@@ -200,6 +196,12 @@ class Trainer:
             self.log("no usable checkpoint: the run starts from iteration 0 (set-aside ones are in checkpoints/.skipped-*)")
         if cfg.exploration.enabled:
             self.explorer = self._explorer()
+        ex = self.explorer
+        self.controller = IterationController.from_config(
+            cfg, WallClock(), self.start_step, evaluation=bool(self.eval_prompts),
+            explores_first=lambda step: (ex is not None and ex.explores_first and step == self.start_step
+                                         and ex.pool_step != step))
+        self.saved = self.start_step
         self._truncate_metrics(self.start_step)
         (self.out / "config.yaml").write_text(to_yaml(cfg))  # after the check: it is the resume key
         if store is not None:  # a resumed run keeps the stored results of the heads before it
@@ -334,11 +336,6 @@ class Trainer:
         return [Request(f"eval{step}/p{p.id}", Kind.ROLLOUT, p.id, p.text, seeds, weight_version=step, order=i)
                 for i, p in enumerate(self.eval_prompts)]
 
-    def evaluates(self, step: int) -> bool:
-        """Whether iteration `step` starts with an evaluation: every `train.eval_every` and the last."""
-        every, steps = self.cfg.train.eval_every, self.cfg.train.steps
-        return bool(self.eval_prompts) and (step % every == 0 or step == steps - 1)
-
     def evaluate(self, step: int) -> dict[str, Any]:
         """Score the weights of iteration `step` (the EMA with `train.ema_decay`) on the evaluation
         prompts and seeds; write their samples under eval/ (a DiT's image grid, an LLM's completions)
@@ -353,60 +350,12 @@ class Trainer:
                 **{f"eval_reward_{label}": v.float().mean().item() for label, v in scores.components.items()}}
 
     def iteration(self, step: int) -> dict[str, Any]:
-        cfg, t, rt, ex = self.cfg, PhaseTimer(), self.runtime, self.explorer
-        g = cfg.train.group_size
-        first = ex.first_session(step, rt.version) if ex is not None and step == self.start_step else None
-        explored_first = {}
-        if first is not None:  # nothing trained before this iteration to hide its exploration behind
-            with t("explore_first"):
-                done = rt.explore(first)
-            explored_first = {"explored_first_samples": done["explored_samples"]}
-        requests = ex.plan(step) if ex is not None else self.requests(step)
-        evaluation: dict[str, Any] = {}
-        if self.evaluates(step):
-            with t("eval"):
-                evaluation = self.evaluate(step)
-        with t("rollout"):
-            parts = self._rollout(step, requests)
-        with t("reward"):
-            scores = rt.rewards(parts)
-            rewards = scores.total.float()
-        explored = ex.observe(step, requests, rewards) if ex is not None else {}
-        with t("advantage"):
-            adv = group_advantages(rewards, g, cfg.grpo.adv_eps, cfg.grpo.adv_clip)
-            dropped: dict[str, int] = {}
-            if cfg.grpo.drop_zero_advantage_groups:
-                keep = informative_groups(adv, g)
-                dropped["groups_dropped"] = len(adv) // g - len(keep)
-                if dropped["groups_dropped"]:
-                    # One result per request, a request per prompt's group. On Ray the results come
-                    # through the controller here (they otherwise go from the queue to the learner).
-                    results = rt.fetch(parts)
-                    assert len(results) * g == len(adv), f"{len(results)} rollout results for {len(adv) // g} groups"
-                    parts, adv = [results[i] for i in keep], adv.view(-1, g)[keep].flatten()
-        # While the learner trains, idle workers explore the next iteration's seeds with these weights
-        # — after the last iteration too: a run extended later (--steps) resumes with them.
-        session = ex.session(step + 1, rt.version) if ex is not None else None
-        with t("update"):
-            stats = rt.update(parts, adv, session)
-        rt.release(requests)  # the update has used them: the queue must not keep every iteration's
-        return {
-            "step": step,
-            "reward_mean": rewards.mean().item(),
-            "reward_std": rewards.std(unbiased=False).item(),
-            **scores.component_stats(),  # reward_<label>_mean, reward_<label>_std
-            "group_reward_std": group_std(rewards, g).mean().item(),
-            "samples": len(rewards),
-            **dropped,
-            **evaluation,
-            "explored_samples": 0,
-            "stale_rank_spearman": None,
-            **explored,
-            **explored_first,
-            **stats,
-            **{f"time_{k}_s": v for k, v in t.seconds.items()},
-            "time_reward_score_s": scores.seconds,
-        }
+        """Run iteration `step` (`iteration_controller` orders its phases and places its update;
+        `training_iteration` does them here) and return its metrics row, which it has written."""
+        work = TrainingIteration(self, step)
+        self.controller.run(step, work)
+        self.checkpoint_s = work.checkpoint_s
+        return work.row
 
     def _rollout(self, step: int, requests: list[Request]) -> list[Any]:
         """The iteration's rollout; with an in-flight store, resumed from what it holds of this
@@ -466,50 +415,35 @@ class Trainer:
         from torch.utils.tensorboard import SummaryWriter
         from tqdm import tqdm
 
-        cfg, steps = self.cfg, self.cfg.train.steps
+        steps = self.cfg.train.steps
         writer = SummaryWriter(str(self.out / "tb"))
         bar = tqdm(range(self.start_step, steps), initial=self.start_step, total=steps, desc="train",
                    unit="it", disable=not self.progress, file=sys.stderr)
-        start = time.perf_counter()
-        saved = self.start_step  # iterations the newest checkpoint holds
+        self.started = time.perf_counter()
+        self.saved = self.start_step  # iterations the newest checkpoint holds
         self.cost.start(self.start_step, self._restart_s)
         self._report(self.start_step, None)
-        with open(self.out / "metrics.jsonl", "a") as metrics:
-            for step in bar:
-                if not self._go_on(step, saved):
-                    break
-                t0 = time.perf_counter()
-                try:
-                    row = self.iteration(step)
-                except NonFiniteUpdate as err:
-                    raise NonFiniteUpdate(f"{getattr(err, 'cause', None) or err}; nothing after the checkpoint of "
-                                          f"iteration {saved} is kept") from None
-                except RewardError as err:  # a reward failed twice: stop as cleanly (`rewards.RewardWorker`)
-                    raise RewardError(f"{err}; iteration {step} stopped, nothing after the checkpoint of iteration "
-                                      f"{saved} is kept") from None
-                row["wall_s"] = time.perf_counter() - t0
-                row["elapsed_s"] = time.perf_counter() - start
-                row["cost_usd"] = self.cost.spent_usd()
-                # The row before the checkpoint that covers its iteration: a kill between the two
-                # resumes from the previous checkpoint, which drops the row and redoes the iteration.
-                metrics.write(json.dumps(row) + "\n")
-                metrics.flush()
-                os.fsync(metrics.fileno())
-                checkpoint_s = None
-                if (step + 1) % cfg.train.checkpoint_every == 0 or step + 1 == steps:
-                    c0 = time.perf_counter()
-                    self._checkpoint(step + 1)
-                    checkpoint_s, saved = time.perf_counter() - c0, step + 1
-                self.cost.after_iteration(checkpoint_s)
-                save_spent(self.out, self._spent())
-                for key, value in row.items():
-                    if key != "step" and isinstance(value, (int, float)):
-                        writer.add_scalar(key, value, step)
-                if self.eval_written is not None:
-                    _add_evaluation(writer, self.eval_written, step)
-                    self.eval_written = None
-                self._publish(step + 1, row["reward_mean"], writer)  # after the row: the store's metrics reach it
-                bar.set_postfix(reward=f"{row['reward_mean']:.3f}", std=f"{row['group_reward_std']:.3f}")
+        for step in bar:
+            if not self._go_on(step, self.saved):
+                break
+            try:
+                row = self.iteration(step)
+            except NonFiniteUpdate as err:
+                raise NonFiniteUpdate(f"{getattr(err, 'cause', None) or err}; nothing after the checkpoint of "
+                                      f"iteration {self.saved} is kept") from None
+            except RewardError as err:  # a reward failed twice: stop as cleanly (`rewards.RewardWorker`)
+                raise RewardError(f"{err}; iteration {step} stopped, nothing after the checkpoint of iteration "
+                                  f"{self.saved} is kept") from None
+            self.cost.after_iteration(self.checkpoint_s)
+            save_spent(self.out, self._spent())
+            for key, value in row.items():
+                if key != "step" and isinstance(value, (int, float)):
+                    writer.add_scalar(key, value, step)
+            if self.eval_written is not None:
+                _add_evaluation(writer, self.eval_written, step)
+                self.eval_written = None
+            self._publish(step + 1, row["reward_mean"], writer)  # after the row: the store's metrics reach it
+            bar.set_postfix(reward=f"{row['reward_mean']:.3f}", std=f"{row['group_reward_std']:.3f}")
         writer.close()
 
     def _spent(self) -> Spent:

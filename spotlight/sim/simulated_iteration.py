@@ -1,0 +1,81 @@
+"""What each phase of an iteration does in the simulator: the `IterationWork` of `spotlight
+simulate` on the fleet engine with the modelled executor (`spotlight.train.iteration_controller`
+orders the phases and places the update, as it does for `spotlight train`, whose counterpart is
+`spotlight.train.training_iteration.TrainingIteration`).
+
+Modelled, not executed: the reward and the advantage take no time of their own (a request's
+modelled seconds include its samples' rewards, `StepTimes.reward_s_per_sample`); an evaluation is
+its samples at degree 1 over the on-demand GPUs; a checkpoint is `checkpoint_s`; the metrics row
+is the progress model's bookkeeping, which `Simulation.run` does after the iteration.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from spotlight.sim.modelled_executor import requests_of
+
+if TYPE_CHECKING:
+    from spotlight.sim.simulation import Simulation
+
+
+class SimulatedIteration:
+    def __init__(self, sim: "Simulation", explored: dict[int, int]) -> None:
+        """`explored`: the seeds explored for this iteration (prompt -> count), replaced by a
+        critical-path exploration when the iteration runs one."""
+        self.sim, self.explored = sim, explored
+        self.next_explored: dict[int, int] = {}
+        """What the spot GPUs explored for the next iteration during this one's update."""
+
+    def _wait(self, seconds: float) -> None:
+        from spotlight.sim.simulation import Until
+
+        self.sim.engine.wait(Until(self.sim.clock, self.sim.clock.now() + seconds))
+
+    def explore_first(self, it: int) -> None:
+        from spotlight.sim.simulation import SimExploration
+
+        sim = self.sim
+        session = SimExploration(sim, it, it - 1, True, sim.cfg.sync_explore_per_prompt * sim.plan_prompts)
+        sim.engine.explore(session, sim._score, it - 1)
+        self.explored.clear()
+        self.explored.update(session.explored())
+
+    def eval(self, it: int) -> None:
+        sim = self.sim
+        self._wait(sim.eval_samples * sim.st.sample_s(sim.cfg.resolution, 1) / max(sim.ondemand_gpus, 1))
+
+    def rollout(self, it: int) -> None:
+        sim, cfg = self.sim, self.sim.cfg
+        start = sim.clock.now()
+        sim.engine.rollout(requests_of(it, cfg.prompts, cfg.group_size, sim.samples_per_request), it)
+        sim.rollout_s = sim.clock.now() - start
+
+    def reward(self, it: int) -> None:
+        """In the rollout's modelled seconds (module docstring)."""
+
+    def advantage(self, it: int) -> None:
+        """Arithmetic on the rewards: no modelled time."""
+
+    def update(self, it: int, on_fleet: bool) -> None:
+        from spotlight.sim.simulation import SimExploration, Until
+
+        sim, cfg = self.sim, self.sim.cfg
+        update: Any = sim._fleet_update(it) if on_fleet else Until(sim.clock, sim.clock.now() + sim.learner_update_s)
+        sim.fleet_updated = on_fleet
+        sim.fleet_updates += on_fleet
+        if sim.policy.explore == "idle_spot" and it + 1 < cfg.iterations:
+            session = SimExploration(sim, it + 1, it, False, None)
+            sim.engine.explore(session, sim._score, it, update=update)
+            self.next_explored = session.explored()
+        else:
+            sim.engine.wait(update, it)
+
+    def publish(self, it: int) -> None:
+        self._wait(self.sim.st.weight_sync_s)
+
+    def record(self, it: int) -> None:
+        """The progress model's bookkeeping, in `Simulation.run` after the iteration."""
+
+    def checkpoint(self, it: int) -> None:
+        self._wait(self.sim.checkpoint_s)
