@@ -37,7 +37,12 @@ def run(trace: str, size: int, policy: str, gpus: int = 16) -> dict[str, Any]:
 
     names = list(dict.fromkeys([policy, *(b for b in BASELINES if b in POLICIES), "oracle"]))
     start = time.perf_counter()
-    result = simulate(SimConfig(gpus=gpus, spot_gpus=size * gpus), open_trace(trace), names)
+    from spotlight.sim.step_time import notice_s_for, trace_provider
+
+    t = open_trace(trace)
+    provider = trace_provider(t)  # the notice the trace's cloud gives, as `spotlight simulate` takes it
+    notice = {} if provider is None else {"notice_s": notice_s_for(provider)}
+    result = simulate(SimConfig(gpus=gpus, spot_gpus=size * gpus, **notice), t, names)
     print(f"{Path(trace).name} at {size}x: {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
     return result
 

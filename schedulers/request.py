@@ -23,7 +23,7 @@ class Kind(IntEnum):
     ROLLOUT = 0
     EXPLORATION = 1
     TRAIN = 2
-    """One micro-batch of the update's gradient (`GradientWork`)."""
+    """A chunk of the update's gradient: one micro-batch or a few summed (`GradientWork`)."""
 
     @property
     def rank(self) -> int:
@@ -35,8 +35,9 @@ _RANK = {Kind.ROLLOUT: 0, Kind.TRAIN: 1, Kind.EXPLORATION: 2}
 
 @dataclass(frozen=True)
 class GradientWork:
-    """What a `Kind.TRAIN` request computes: micro-batch `index` of update round `round` (one
-    optimiser step of the iteration's update), over the iteration's rollout and advantages
+    """What a `Kind.TRAIN` request computes: the `count` micro-batches from `index` on (`indices`)
+    of update round `round` (one optimiser step of the iteration's update), summed in index order
+    into one gradient (`train.parts_per_request`), over the iteration's rollout and advantages
     (`data`). Round 0 uses the weights of the rollout (the request's `weight_version`, which
     every worker already holds); a later round uses `weights`, the learner's weights after the
     round before. `data` and `weights` are whatever the runtime hands around: the objects
@@ -46,6 +47,12 @@ class GradientWork:
     index: int
     data: Any
     weights: Any = None
+    count: int = 1
+
+    @property
+    def indices(self) -> range:
+        """The micro-batches this request sums, in the order it adds them."""
+        return range(self.index, self.index + self.count)
 
 
 @dataclass(frozen=True)
@@ -65,7 +72,7 @@ class Request:
     step: int = 0
     """Denoising steps the committed state has completed (0 with no state)."""
     work: GradientWork | None = None
-    """A `Kind.TRAIN` request's micro-batch (None for every other kind)."""
+    """A `Kind.TRAIN` request's chunk of micro-batches (None for every other kind)."""
 
     @property
     def priority(self) -> tuple[int, int]:

@@ -1,11 +1,14 @@
 """The learner's update as the fleet computes it: rounds of gradient requests through the pull queue.
 
 An update is `rounds` optimiser steps (`train.updates_per_step`); each step's gradient is `parts`
-micro-batches. Round r puts one `Kind.TRAIN` request per micro-batch; any worker holding the
-weights computes them (round 0 needs the rollout's weights, which every worker holds; a later
-round carries the learner's weights after the round before). When every request of the round is
-complete, `step(r, ids)` hands their results, in micro-batch order, to the learner, which sums them
-in that order and steps (`spotlight.rl.gradient`): who computed a part never changes the sum.
+micro-batches, in `chunks` of `per_request` consecutive ones (`train.parts_per_request`: k). Round
+r puts one `Kind.TRAIN` request per chunk — ceil(parts / k), chunk c covering micro-batches
+[c*k, min((c+1)*k, parts)) — and any worker holding the weights computes one, summing its
+micro-batches in index order and sending that one gradient (round 0 needs the rollout's weights,
+which every worker holds; a later round carries the learner's weights after the round before).
+When every request of the round is complete, `step(r, ids)` hands their results, in chunk order,
+to the learner, which adds them in that order and steps (`spotlight.rl.gradient`: the same tree
+as the learner's own update): who computed a chunk never changes the sum.
 A worker lost mid-part has its request re-queued by the queue like any other; a notice gives it
 back; nothing here knows about workers.
 
@@ -34,19 +37,31 @@ class Done:
         return True
 
 
+def chunks(parts: int, per_chunk: int) -> list[range]:
+    """`parts` micro-batches in consecutive chunks of `per_chunk` (the last may be shorter):
+    [c*k, min((c+1)*k, parts)) for c < ceil(parts / k). The one definition of the update's tree
+    (`spotlight.rl.gradient.GradientSum`) and of its requests (`FleetUpdate`)."""
+    if parts < 1 or per_chunk < 1:
+        raise ValueError(f"chunks need parts >= 1 and per_chunk >= 1, got {parts} and {per_chunk}")
+    return [range(start, min(start + per_chunk, parts)) for start in range(0, parts, per_chunk)]
+
+
 class FleetUpdate:
     kinds = (Kind.TRAIN,)
 
     def __init__(self, queue: Any, version: int, rounds: int, parts: int, data: Any,
-                 step: Callable[[int, list[str]], Any], weights: Callable[[], Any]) -> None:
+                 step: Callable[[int, list[str]], Any], weights: Callable[[], Any], per_request: int = 1) -> None:
         """The update of the iteration whose rollout ran at weight `version` (its requests are
         named by it). `data`: the rollout and advantages as the workers resolve them; `step(round, ids)`
         starts the learner's step on the round's results and returns a `Pending`; `weights()`
-        the learner's weights after the last step (as the workers resolve them)."""
-        if rounds < 1 or parts < 1:
-            raise ValueError(f"an update needs rounds >= 1 and parts >= 1, got {rounds} and {parts}")
+        the learner's weights after the last step (as the workers resolve them); `per_request`:
+        micro-batches summed per request (`train.parts_per_request`)."""
+        if rounds < 1 or parts < 1 or per_request < 1:
+            raise ValueError(f"an update needs rounds >= 1, parts >= 1 and per_request >= 1, got {rounds}, "
+                             f"{parts} and {per_request}")
         self.queue, self.version = queue, version
         self.rounds, self.parts, self.data = rounds, parts, data
+        self.chunks = chunks(parts, per_request)
         self._step, self._weights = step, weights
         self.round = 0
         self.stepping: Any = None
@@ -56,9 +71,11 @@ class FleetUpdate:
         self.ids = self._put(None)
 
     def _put(self, weights: Any) -> list[str]:
-        requests = [Request(f"it{self.version}/u{self.round}/m{i}", Kind.TRAIN, 0, "", (), self.version, order=i,
-                            work=GradientWork(self.round, i, self.data, weights))
-                    for i in range(self.parts)]
+        # Named by the chunk's micro-batches: "m3" for one, "m3-5" for three summed.
+        requests = [Request(f"it{self.version}/u{self.round}/m{r.start}" + (f"-{r.stop - 1}" if len(r) > 1 else ""),
+                            Kind.TRAIN, 0, "", (), self.version, order=c,
+                            work=GradientWork(self.round, r.start, self.data, weights, len(r)))
+                    for c, r in enumerate(self.chunks)]
         self.queue.put(requests)
         return [r.id for r in requests]
 

@@ -587,10 +587,19 @@ class TrainConfig:
     requests, gradient work before exploration; the learner sums them in micro-batch order and
     steps — the same weights as "learner", bit for bit), or "auto" (each update where the run's
     own updates measured faster: `schedulers/update_placement.py`). docs/training.md."""
+    parts_per_request: int = 1
+    """k: consecutive micro-batches summed into one gradient before it travels, 1..4,096. An update
+    round of P micro-batches is ceil(P / k) chunks, chunk c covering micro-batches [c*k, min((c+1)*k, P)):
+    on the fleet one `TRAIN` request each (its worker sums them in index order and sends one
+    gradient: k times fewer, as large, transfers to the learner), and the learner folds the chunk
+    sums in chunk order. The learner alone sums in the same tree, so `update_on` still changes no
+    bit; k changes only float rounding, like `micro_batch`, so it may change when a run resumes
+    (`spotlight.train.resume_identity.NEUTRAL`). 1: one gradient per micro-batch. docs/training.md."""
 
     def __post_init__(self) -> None:
         check(self.update_on in PLACES, "update_on", f"{', '.join(PLACES[:-1])} or {PLACES[-1]}", self.update_on)
-        for name in ("steps", "prompts_per_step", "updates_per_step", "checkpoint_every", "micro_batch"):
+        for name in ("steps", "prompts_per_step", "updates_per_step", "checkpoint_every", "micro_batch",
+                     "parts_per_request"):
             check(getattr(self, name) > 0, name, "a positive integer", getattr(self, name))
         check(self.group_size >= 2, "group_size", "an integer >= 2 (GRPO needs a group)", self.group_size)
         check(self.lr > 0, "lr", "a number > 0", self.lr)
@@ -601,7 +610,7 @@ class TrainConfig:
         check(self.grad_clip > 0, "grad_clip", "a number > 0", self.grad_clip)
         at_most(self, ("steps", "checkpoint_every", "eval_every"), 1_000_000)
         at_most(self, ("prompts_per_step", "micro_batch", "eval_prompts"), 65536)
-        at_most(self, ("group_size", "eval_seeds"), 4096)
+        at_most(self, ("group_size", "eval_seeds", "parts_per_request"), 4096)
         at_most(self, ("updates_per_step",), 1000)
         at_most(self, ("lr",), 1)
         at_most(self, ("grad_clip",), 1e6)

@@ -35,6 +35,8 @@ def test_yaml_round_trip(tmp_path):
     ("grpo:\n  clip_high: .nan\n", "grpo.clip_high: expected a finite number, got nan"),
     ("train:\n  steps: 1000000000\n", "train.steps: expected at most 1,000,000, got 1000000000"),
     ("train:\n  prompts_per_step: 1024\n  group_size: 2048\n", "train.group_size: expected at most 1,024"),
+    ("train:\n  parts_per_request: 0\n", "train.parts_per_request: expected a positive integer, got 0"),
+    ("train:\n  parts_per_request: 4097\n", "train.parts_per_request: expected at most 4,096, got 4097"),
     ("runtime:\n  notice_s: 1.0e+9\n", "runtime.notice_s: expected at most 3,600 s"),
     ("seed: -1\n", "seed: expected an integer in [0, 4294967295], got -1"),
     ("seed: 4294967296\n", "seed: expected an integer in [0, 4294967295]"),

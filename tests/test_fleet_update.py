@@ -63,6 +63,39 @@ def test_a_gradient_sum_is_the_same_whatever_order_its_parts_arrive_in():
         shuffled.add(3, *parts[3])
 
 
+def test_parts_summed_per_request_are_folded_in_chunks_then_in_chunk_order():
+    g = torch.Generator().manual_seed(0)
+    parts = [({"w": torch.randn(64, generator=g) * 10 ** (i % 5)}, {"loss": float(i)}) for i in range(7)]
+    total = GradientSum(7, chunk=3)  # 3 does not divide 7: the last chunk is one micro-batch
+    assert [list(r) for r in total.ranges] == [[0, 1, 2], [3, 4, 5], [6]]
+    sums = []
+    for r in total.ranges:  # what a worker sends: its chunk folded left, first + second + ...
+        w = parts[r[0]][0]["w"].clone()
+        for i in r[1:]:
+            w += parts[i][0]["w"]
+        sums.append(({"w": w}, {"loss": sum(float(i) for i in r)}))
+    for c in (2, 0, 1):  # in any order: added in chunk order
+        total.add(c, *sums[c])
+    tree = sums[0][0]["w"].clone()
+    tree += sums[1][0]["w"]
+    tree += sums[2][0]["w"]
+    assert total.complete and torch.equal(total.grads["w"], tree) and total.stats() == {"loss": 21.0}
+    # Another tree than the plain fold (k = 1), which is why the learner alone uses the same k.
+    flat = GradientSum(7)
+    for i, part in enumerate(parts):
+        flat.add(i, *part)
+    assert not torch.equal(flat.grads["w"], tree)
+    with pytest.raises(ValueError, match="added twice or out of range"):
+        total.add(3, *sums[0])
+    # The fleet's requests are those chunks, named by their micro-batches.
+    queue = PullQueue(ManualClock(), 30.0)
+    update = FleetUpdate(queue, version=5, rounds=1, parts=7, data="rollout", step=lambda r, ids: Done(ids),
+                         weights=lambda: None, per_request=3)
+    assert update.ids == ["it5/u0/m0-2", "it5/u0/m3-5", "it5/u0/m6"]
+    leases = queue.pull("a", 3, [Kind.TRAIN], weight_version=5)
+    assert [list(lease.request.work.indices) for lease in leases] == [list(r) for r in total.ranges]
+
+
 def test_a_fleet_update_puts_its_rounds_one_after_the_other():
     queue = PullQueue(ManualClock(), 30.0)
     steps = []
@@ -97,6 +130,16 @@ def test_the_local_runtime_updating_through_the_queue_ends_bit_identical(tmp_pat
     assert all(r["gradient_parts"] > 0 and r["gradient_parts_spot"] == 0 for r in rows)
     if kind.endswith("kl"):  # the penalty was really computed (0 only while the adapters are zero)
         assert rows[-1]["kl"] > 0, rows
+
+
+@pytest.mark.parametrize("kind", ["dit", "llm"])
+def test_parts_summed_per_request_end_bit_identical_to_the_learner_summing_the_same_chunks(tmp_path, kind):
+    # k = 3 divides neither round's micro-batches (DiT: 16 samples x 4 SDE steps / 4 rows; LLM: 16
+    # samples / 4): the last chunk is short. 2 rounds (train.updates_per_step) of ceil(P / 3) requests.
+    _, alone, _ = _run(_config(kind, "learner", parts_per_request=3), tmp_path / "learner")
+    _, fleet, rows = _run(_config(kind, "fleet", parts_per_request=3), tmp_path / "fleet")
+    _assert_same_weights(alone, fleet)
+    assert all(r["gradient_parts"] == 2 * {"dit": 6, "llm": 2}[kind] for r in rows), rows
 
 
 def test_auto_places_each_update_where_the_runs_own_updates_were_faster():

@@ -84,6 +84,21 @@ def test_a_changed_micro_batch_resumes_and_ends_the_same_every_time(run, tmp_pat
     assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
 
 
+def test_parts_per_request_may_change_on_resume_and_checkpoints_from_before_it_still_fit(run):
+    """train.parts_per_request is NEUTRAL (another summation tree: float rounding only), so a
+    checkpoint written before the setting existed has this run's identity at any value of it."""
+    from spotlight.train.resume_identity import _digest, _result_determining, differences, mismatch
+
+    cfg = _cfg()
+    before = cfg.to_dict()
+    del before["train"]["parts_per_request"]  # a config as Spotlight wrote it before the field
+    old = {"config": _digest(_result_determining(before)), "seed": cfg.seed}
+    for k in (1, 3):
+        assert mismatch(old, _cfg(parts_per_request=k)) is None and differences(before, _cfg(parts_per_request=k)) == []
+    assert mismatch(old, _cfg(lr=1e-3)) == "it was written with a different config"
+    assert Trainer(_cfg(parts_per_request=3), run, progress=False, log=lambda _: None).build().start_step == 3
+
+
 def _tamper(ckpt_dir, change):
     """Rewrite the optimiser file of checkpoint folder `ckpt_dir` with `change(blob)` applied and
     re-sign its manifest, so that it verifies."""

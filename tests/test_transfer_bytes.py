@@ -1,8 +1,8 @@
 """The byte model of an iteration's transfers (`spotlight.sim.transfers`) and the step-time fields
 derived from it: its counts against the real Qwen-Image module and against the bytes the live
-runtime moves — measured on the Ray runtime, with and without LoRA, every gradient part crossing
-from a worker actor through the queue actor to the learner actor — and the derived, given and
-refused figures of the profiles."""
+runtime moves — measured on the Ray runtime, with and without LoRA, one micro-batch per request
+and two summed on the worker, every request's gradient crossing from a worker actor through the
+queue actor to the learner actor — and the derived, given and refused figures of the profiles."""
 
 import json
 import math
@@ -53,6 +53,11 @@ def test_seconds_are_bytes_over_links():
     assert st.weight_sync_s == pytest.approx(1_698_693_120 * 8 / (100e9 * 0.5) + 1_698_693_120 * 8 / 200e9)
     assert st.part_bytes == (424_673_280 - 2_359_296) * 4  # the last block's text tail gets no gradient
     assert st.update_round_s == pytest.approx(32 * st.part_bytes * 8 / (100e9 * 0.5) + 1.0)
+    # Micro-batches summed per request: one gradient per request reaches the learner, the last
+    # request short when k does not divide the parts (32 / 3: 11 requests).
+    assert [replace(st, parts_per_request=k).gradient_requests for k in (1, 2, 3, 32, 64)] == [32, 16, 11, 1, 1]
+    assert replace(st, parts_per_request=3).ingress_bytes == 11 * st.part_bytes
+    assert replace(st, parts_per_request=2).update_round_s == pytest.approx(16 * st.part_bytes * 8 / 50e9 + 1.0)
     full = StepTimes.profile("qwen-image-full")
     assert full.weight_sync_s == pytest.approx(8.17, abs=0.01) and full.update_round_s == pytest.approx(209.3, abs=0.1)
     assert StepTimes.profile("qwen-image") == full
@@ -126,14 +131,15 @@ def ray_cluster_here():
         ray_cluster.shutdown()
 
 
-@pytest.mark.parametrize("rank", [0, 4])
-def test_the_live_fleet_update_moves_the_bytes_the_model_counts(tmp_path, ray_cluster_here, rank):
+@pytest.mark.parametrize("rank, per_request", [(0, 1), (4, 2)])
+def test_the_live_fleet_update_moves_the_bytes_the_model_counts(tmp_path, ray_cluster_here, rank, per_request):
     from spotlight.runtime.ray_runtime import RayRuntime
     from spotlight.train.trainer import Trainer
 
     rounds, micro_batch = 2, 4
     cfg = small_dit_config(train={"steps": 1, "prompts_per_step": 2, "group_size": 4, "checkpoint_every": 1,
-                                  "micro_batch": micro_batch, "updates_per_step": rounds, "update_on": "fleet"},
+                                  "micro_batch": micro_batch, "updates_per_step": rounds, "update_on": "fleet",
+                                  "parts_per_request": per_request},
                            policy={"lora": {"rank": rank, "alpha": 2 * max(rank, 1)}},
                            runtime={"kind": "ray", "spot_workers": 1, "ondemand_workers": 0})
     Trainer(cfg, tmp_path, progress=False).build(RayRuntime(cfg)).train()
@@ -141,11 +147,12 @@ def test_the_live_fleet_update_moves_the_bytes_the_model_counts(tmp_path, ray_cl
 
     shape = DiTShape.from_arch(transformer_arch(cfg.policy.dit))
     part = transfers.part_bytes(shape, rank, TINY_DTYPE_BYTES, TINY_DTYPE_BYTES)
-    # (sample, SDE step) rows of an update, `micro_batch` a part, every round its own parts
+    # (sample, SDE step) rows of an update, `micro_batch` a part, `per_request` parts summed in a
+    # request (one gradient sent each), every round its own requests
     parts = math.ceil(2 * 4 * cfg.sampler.num_steps / micro_batch)
     for row in rows:
-        assert row["update_on_fleet"] and row["gradient_parts"] == rounds * parts, row
-        assert row["update_gradient_bytes"] == rounds * transfers.ingress_bytes(parts, part)
+        assert row["update_on_fleet"] and row["gradient_parts"] == rounds * transfers.requests(parts, per_request), row
+        assert row["update_gradient_bytes"] == rounds * transfers.ingress_bytes(parts, part, per_request)
         assert row["publish_bytes"] == transfers.publication_bytes(shape, rank, TINY_DTYPE_BYTES, TINY_DTYPE_BYTES)
     # The tiny DiT: 89,328 parameters, 9,216 adapter ones at rank 4; the last block's text tail
     # (9,408 and 1,536 of them) gets no gradient, so a part is smaller than a publication.

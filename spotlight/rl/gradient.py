@@ -1,17 +1,25 @@
-"""An update's gradient, computed in micro-batches anywhere and summed in one fixed order.
+"""An update's gradient, computed in micro-batches anywhere and summed in one fixed tree.
 
 Whoever computes micro-batch i — the learner itself, or a spot worker that pulled it as a
 `Kind.TRAIN` request — computes it the same way (`part_gradient`: gradients zeroed, one
-`Policy.backward_part`, the gradients taken out), and the learner adds the parts up in index order
-(`GradientSum`), whatever order they arrive in. Floating-point addition is not associative, so a
-fixed order is what makes the sum, hence the weights, independent of who computed what: an update
-spread over a fleet with preemptions ends bit-identical to one the learner computed alone.
+`Policy.backward_part`, the gradients taken out). The micro-batches are summed in one fixed tree
+(`GradientSum`): consecutive chunks of k = `train.parts_per_request` (`schedulers.update.chunks`),
+each folded left in index order (`chunk_gradient`: first + second + ...), then the chunk sums
+folded in chunk order, whatever order they arrive in. On the fleet a worker computes a chunk and
+sends its sum (one transfer per chunk); the learner alone computes the same chunks in the same
+tree. Floating-point addition is not associative, so a fixed tree is what makes the sum, hence the
+weights, independent of who computed what: an update spread over a fleet with preemptions ends
+bit-identical to one the learner computed alone with the same k (tests/test_fleet_update.py).
+With k = 1 every chunk is one micro-batch and the tree is the plain fold in index order.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
+from schedulers.update import chunks
 from spotlight.rl.policy import Policy, Rollout, sum_stats
 
 Gradients = dict[str, torch.Tensor]
@@ -31,26 +39,55 @@ def part_gradient(policy: Policy, rollout: Rollout, advantages: torch.Tensor, in
     return grads, stats
 
 
-class GradientSum:
-    """The sum of an update's `parts` micro-batch gradients, added in index order as they come in."""
+def chunk_gradient(policy: Policy, rollout: Rollout, advantages: torch.Tensor, indices: Sequence[int],
+                   device: str | None = None) -> tuple[Gradients, dict[str, float]]:
+    """The sum of micro-batches `indices`' gradients, folded left in the order given (first +
+    second + ...) where the parameters are, then moved to `device` (one transfer: what a worker
+    sends), and their stats summed in the same order. One index: `part_gradient`'s, unchanged.
+    Holds one gradient besides the model's: the running sum."""
+    total: Gradients = {}
+    stats = []
+    for i in indices:
+        grads, part_stats = part_gradient(policy, rollout, advantages, i)
+        for name, g in grads.items():  # `g` is this call's own tensor: the first is kept, not copied
+            if name in total:
+                total[name] += g
+            else:
+                total[name] = g
+        stats.append(part_stats)
+    if not stats:
+        raise ValueError("a chunk has at least one micro-batch")
+    if device:
+        total = {name: g.to(device) for name, g in total.items()}
+    return total, stats[0] if len(stats) == 1 else sum_stats(stats)
 
-    def __init__(self, parts: int) -> None:
+
+class GradientSum:
+    """The sum of an update's `parts` micro-batch gradients in the fixed tree (module docstring):
+    `chunk` consecutive micro-batches per chunk (`ranges`), each chunk's sum (`chunk_gradient`)
+    added in chunk order as they come in."""
+
+    def __init__(self, parts: int, chunk: int = 1) -> None:
         if parts < 1:
             raise ValueError(f"an update has at least one micro-batch, got {parts}")
         self.parts = parts
+        self.ranges = chunks(parts, chunk)
+        """The micro-batches of each chunk, in chunk order."""
         self.added = 0
+        """Chunks added so far (in chunk order)."""
         self.grads: Gradients = {}
         self._stats: list[dict[str, float]] = []
         self._early: dict[int, tuple[Gradients, dict[str, float]]] = {}
-        """Parts that came in before one of a lower index: held until it does."""
+        """Chunks that came in before one of a lower index: held until it does."""
 
     @property
     def complete(self) -> bool:
-        return self.added == self.parts
+        return self.added == len(self.ranges)
 
     def add(self, index: int, grads: Gradients, stats: dict[str, float]) -> None:
-        if not self.added <= index < self.parts or index in self._early:
-            raise ValueError(f"micro-batch {index} of {self.parts} added twice or out of range")
+        """Chunk `index`'s sum (with one micro-batch per chunk: micro-batch `index`'s gradient)."""
+        if not self.added <= index < len(self.ranges) or index in self._early:
+            raise ValueError(f"chunk {index} of {len(self.ranges)} added twice or out of range")
         self._early[index] = (grads, stats)
         while self.added in self._early:
             grads, stats = self._early.pop(self.added)
@@ -68,7 +105,7 @@ class GradientSum:
     def apply_to(self, model: torch.nn.Module) -> None:
         """Make the sum the model's gradients (before the optimiser steps)."""
         if not self.complete:
-            raise RuntimeError(f"the update has {self.added} of its {self.parts} micro-batches")
+            raise RuntimeError(f"the update has {self.added} of its {len(self.ranges)} chunks of micro-batches")
         for name, p in model.named_parameters():
             g = self.grads.get(name)
             p.grad = None if g is None else g.to(device=p.device, dtype=p.dtype)

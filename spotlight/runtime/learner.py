@@ -10,7 +10,8 @@ writes it to `final/`; the workers never see it.
 
 It counts the bytes an update moves (`tensor_bytes`), for metrics.jsonl: `publish_bytes`, what the
 publication after the update carries (the tensors `weights()` hands out), and with the update on
-the fleet `update_gradient_bytes`, the gradient parts that arrived for it, every round's. The
+the fleet `update_gradient_bytes`, the gradients that arrived for it, every round's: one per
+`TRAIN` request, each the sum of `train.parts_per_request` micro-batches. The
 simulator's byte model (`spotlight.sim.transfers`) is checked against them
 (tests/test_transfer_bytes.py).
 """
@@ -31,7 +32,7 @@ from spotlight.train.model_card import write_model_card
 from spotlight.config import RunConfig
 from schedulers.request import Request
 from spotlight.rl.ema import ema_init, ema_update_, swapped_in
-from spotlight.rl.gradient import GradientSum, Gradients, part_gradient
+from spotlight.rl.gradient import GradientSum, Gradients, chunk_gradient
 from spotlight.rl.lora import LocalBase, add_lora, base_state, fingerprint, trainable, trained_state
 from spotlight.rl.policy import Policy, Rollout
 from spotlight.rl.prompts import Prompt
@@ -72,7 +73,7 @@ class Learner:
         self.ema: dict[str, torch.Tensor] | None = None
         """With `train.ema_decay`: the EMA of `trained_state`, float32, on the model's device."""
         self.gradient_bytes = 0
-        """Bytes of the gradient parts received for the update in progress (`step_with`), every round's."""
+        """Bytes of the gradients received for the update in progress (`step_with`), every round's."""
 
     def build(self, checkpoints: Path | None = None) -> dict[str, Any]:
         """Make the policy, warm-start it (cached), freeze the KL reference, and resume from the
@@ -132,19 +133,20 @@ class Learner:
 
     def update(self, parts: list[Rollout], advantages: torch.Tensor) -> dict[str, float]:
         """`train.updates_per_step` optimiser steps over the rollout made of per-request `parts`
-        (in request order), every micro-batch computed here; bumps the version."""
+        (in request order), every micro-batch computed here, summed in the tree the fleet's
+        requests sum in (chunks of `train.parts_per_request`: `spotlight.rl.gradient`); bumps the version."""
         rollout = self.policy.merge(parts)
         stats: dict[str, float] = {}
         for u in range(self.cfg.train.updates_per_step):
-            total = GradientSum(self.policy.update_parts(rollout))
-            for i in range(total.parts):
-                total.add(i, *part_gradient(self.policy, rollout, advantages, i))
+            total = GradientSum(self.policy.update_parts(rollout), self.cfg.train.parts_per_request)
+            for c, indices in enumerate(total.ranges):
+                total.add(c, *chunk_gradient(self.policy, rollout, advantages, indices))
             stats = self.step(u, total)
         return stats
 
     def update_parts(self, parts: list[Rollout]) -> int:
-        """Micro-batches in each round of the update over `parts` (the fleet computes them as
-        `Kind.TRAIN` requests; `step` takes their sum)."""
+        """Micro-batches in each round of the update over `parts` (the fleet computes them in
+        `Kind.TRAIN` requests of `train.parts_per_request` each; `step_with` takes their sums)."""
         return self.policy.update_parts(self.policy.merge(parts))
 
     def step(self, round: int, total: GradientSum) -> dict[str, float]:
@@ -172,9 +174,10 @@ class Learner:
         return stats
 
     def step_with(self, round: int, results: list[tuple[Gradients, dict[str, float]]]) -> dict[str, float]:
-        """`step` with the fleet's micro-batch results, in index order. Its stats carry
-        `update_gradient_bytes`: the bytes of the parts received for this update so far (this round
-        and the ones before it), as they arrived."""
+        """`step` with the fleet's results, one per `TRAIN` request in chunk order: each is a chunk's
+        sum (`chunk_gradient`), so adding them in that order is the tree's last level. Its stats
+        carry `update_gradient_bytes`: the bytes of the gradients received for this update so far
+        (this round and the ones before it), as they arrived."""
         received = sum(tensor_bytes(grads.values()) for grads, _ in results)
         self.gradient_bytes = received + (self.gradient_bytes if round > 0 else 0)
         total = GradientSum(len(results))

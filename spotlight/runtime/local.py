@@ -119,9 +119,10 @@ class Runtime(Protocol):
 
 
 def gradient_split(engine: FleetEngine, queue: Any, before: dict[str, int]) -> dict[str, int]:
-    """Per-iteration metrics of a fleet update: micro-batches computed since `before` (the TRAIN
-    completions by worker before the update), and how many of them by spot workers (a worker is
-    NODE.GENERATION[#j]: its node says)."""
+    """Per-iteration metrics of a fleet update: the gradients sent since `before` (the TRAIN
+    completions by worker before the update: one per request, each `train.parts_per_request`
+    micro-batches summed), and how many of them by spot workers (a worker is NODE.GENERATION[#j]:
+    its node says)."""
     after = queue.completions_by_worker(Kind.TRAIN)
     new = {w: n - before.get(w, 0) for w, n in after.items() if n > before.get(w, 0)}
     spot = sum(n for w, n in new.items() if getattr(engine.nodes.get(w.rsplit(".", 1)[0]), "spot", False))
@@ -254,7 +255,7 @@ class LocalRuntime:
             update = FleetUpdate(queue, self.version, self.cfg.train.updates_per_step,
                                  learner.update_parts(parts), (parts, advantages),
                                  lambda r, ids: Done(learner.step_with(r, queue.results(ids, release=True))),
-                                 weights=learner.weights)
+                                 weights=learner.weights, per_request=self.cfg.train.parts_per_request)
             self.engine.wait(update, self.version)
             stats = {**update.last_step.value, **gradient_split(self.engine, queue, before)}
         else:

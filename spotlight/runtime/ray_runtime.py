@@ -354,7 +354,8 @@ class RayRuntime:
 
             update = FleetUpdate(self.queue, self.version, self.cfg.train.updates_per_step,
                                  ray.get(learner.update_parts.remote(parts)), (parts, advantages), step,
-                                 weights=lambda: learner.weights.remote())
+                                 weights=lambda: learner.weights.remote(),
+                                 per_request=self.cfg.train.parts_per_request)
         else:
             update = RayPending(self.learner.update.remote(parts, advantages))
         if exploration is not None:

@@ -29,7 +29,7 @@ from schedulers.preemption import SigtermSource
 from schedulers.request import Kind, Request
 from spotlight.config import RunConfig
 from spotlight.runtime.learner import build_policy
-from spotlight.rl.gradient import part_gradient
+from spotlight.rl.gradient import chunk_gradient
 from spotlight.rl.lora import LocalBase, add_lora, fingerprint, load_trained_state
 from spotlight.rl.policy import Policy, Rollout
 from spotlight.rl.prompts import Prompt
@@ -210,9 +210,10 @@ class RolloutWorker:
         return self._complete(req, policy.finish(prompts, state))
 
     def _gradient(self, req: Request) -> bool | None:
-        """A micro-batch of the update (`GradientWork`): its gradient and stats, on the CPU (they
-        go to the learner), computed as the learner computes its own (`part_gradient`). A part is
-        one unit: a notice before it starts gives it back; once started it is finished."""
+        """A chunk of the update (`GradientWork`: `train.parts_per_request` micro-batches): their
+        gradients summed in index order and their stats, on the CPU (one transfer to the learner),
+        computed as the learner computes its own (`chunk_gradient`). A request is one unit: a
+        notice before it starts gives it back; once started it is finished."""
         stop = self._stop(req, 0)
         if stop == "notice":
             self.queue.give_back(self.name, req.id, None, 0)
@@ -230,7 +231,7 @@ class RolloutWorker:
                 load_trained_state(self._updater[1].model, _resolve(work.weights))
                 self._updater = (work.weights, self._updater[1])
             policy = self._updater[1]
-        result = part_gradient(policy, self._update_data[1], advantages, work.index, device="cpu")
+        result = chunk_gradient(policy, self._update_data[1], advantages, work.indices, device="cpu")
         self.queue.complete(self.name, req.id, result)
         return True
 

@@ -192,9 +192,9 @@ class ModelledExecutor:
             return False
         r = leases[0].request
         g.lease, g.start, g.gen = r, self.clock.now(), g.gen + 1
-        if r.kind is Kind.TRAIN:  # a micro-batch of the update: `work.data` GPU-seconds at full efficiency
+        if r.kind is Kind.TRAIN:  # a chunk of the update: `work.count` micro-batches of `work.data` GPU-seconds
             g.step_s = 0.0
-            g.busy_s = r.work.data / (self.st.train_efficiency * (self.st.fleet_update_efficiency if worker.spot else 1.0))
+            g.busy_s = r.work.count * r.work.data / (self.st.train_efficiency * (self.st.fleet_update_efficiency if worker.spot else 1.0))
             self._push(g.start + g.busy_s / len(g.members), _DONE, (worker.name, g.gen))
             return True
         g.step_s = len(r.seeds) * g.step_s_per_sample

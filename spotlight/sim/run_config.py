@@ -13,7 +13,8 @@ local`: one on-demand worker; `ray`: `runtime.ondemand_workers` on demand, at le
 `runtime.spot_workers` spot ones at the trace's peak); `train.prompts_per_step` x
 `train.group_size` samples for `train.steps` iterations, every one run (no stop at the target);
 the tiny DiT on the `tiny-cpu` step times (its `sampler.num_steps` and trained SDE steps), the
-real Qwen-Image on the default profile; exploration's budget as the config sets it.
+real Qwen-Image on the default profile, summing `train.parts_per_request` micro-batches per
+gradient sent (the step times' `parts_per_request`); exploration's budget as the config sets it.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ def simulated_config(run: RunConfig) -> tuple[SimConfig, Policy]:
                         trained_steps=len(run.sampler.sde_steps))
         resolution = max(16, dit.latent_side * 16 // 2)  # the simulator's tokens: (resolution / 16)^2
     else:
-        steps, resolution = StepTimes(), dit.resolution
+        steps, resolution = replace(StepTimes(), parts_per_request=t.parts_per_request), dit.resolution
     local = rt.kind == "local"
     spot = 0 if local else rt.spot_workers
     cfg = SimConfig(gpus=1 if local else max(1, rt.ondemand_workers), spot_gpus=spot, iterations=t.steps,

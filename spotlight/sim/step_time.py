@@ -55,15 +55,15 @@ LIMITS: dict[str, tuple[float, float]] = {
     "cold_start_s": (0, 86400), "restore_s": (0, 86400), "denoise_step_s": (1e-9, 86400),
     "fleet_update_efficiency": (1e-6, 1), "update_round_s": (0, 86400),
     "lora_rank": (0, 4096), "trained_params": (1, 1e13), "weight_dtype_bytes": (1, 8), "adapter_dtype_bytes": (1, 8),
-    "gradient_parts": (1, 1_000_000), "node_gbps": (1e-3, 1e6), "learner_gbps": (1e-3, 1e6),
-    "cross_zone_factor": (1e-6, 1), "load_gbps": (1e-3, 1e6), "learner_step_s": (0, 86400),
+    "gradient_parts": (1, 1_000_000), "parts_per_request": (1, 4096), "node_gbps": (1e-3, 1e6),
+    "learner_gbps": (1e-3, 1e6), "cross_zone_factor": (1e-6, 1), "load_gbps": (1e-3, 1e6), "learner_step_s": (0, 86400),
     "activation_gib": (0, 1e4), "gpu_memory_gib": (1e-3, 1e4),
 }
 """[low, high] of every numeric field: counts bound the loops over SP degrees and steps, seconds
 are at most a day, efficiencies and the cross-zone factor are fractions (they divide), link speeds
 are positive (they divide)."""
 _INTEGERS = ("heads", "gpus_per_node", "denoise_steps", "trained_steps", "lora_rank", "trained_params",
-             "weight_dtype_bytes", "adapter_dtype_bytes", "gradient_parts")
+             "weight_dtype_bytes", "adapter_dtype_bytes", "gradient_parts", "parts_per_request")
 _NAMES = ("gpu", "model")
 """The fields that are names, not numbers."""
 
@@ -119,9 +119,10 @@ class StepTimes:
     `spotlight bench update` measures it (docs/measurements.md)."""
     update_round_s: float | None = None
     """What an update spread over the fleet adds per round besides the micro-batches: the learner
-    receiving the `gradient_parts` parts (`ingress_bytes` over `learner_gbps` across zones), summing
-    them in order and stepping (`learner_step_s`) before the weights go out. None: derived
-    (`transfers.gather_s`; 9.6 s at rank 64, 209 s full); a number: given."""
+    receiving one gradient per request, ceil(`gradient_parts` / `parts_per_request`) of them
+    (`ingress_bytes` over `learner_gbps` across zones), summing them in order and stepping
+    (`learner_step_s`) before the weights go out. None: derived (`transfers.gather_s`; 9.6 s at
+    rank 64, 209 s full); a number: given."""
     reward_s_per_sample: float = 0.05
     """OCR / GenEval reward models score an image in ~50 ms on one GPU (a VLM or detector forward);
     computed by the worker right after its group."""
@@ -158,9 +159,19 @@ class StepTimes:
     """Bytes per LoRA parameter and its gradient: the adapters train in float32 over the bf16 base
     (`spotlight.rl.lora.add_lora`)."""
     gradient_parts: int = 32
-    """Gradient parts the learner receives per round of a fleet update: the live runtime sends one
-    per micro-batch (`train.micro_batch` rows), whoever computed it, and nothing sums them on the
-    way. 32: 1,024 samples x 2 trained steps in micro-batches of 64 rows (the issue's 32 parts)."""
+    """Micro-batches (`train.micro_batch` rows each) per round of a fleet update; the learner
+    receives one gradient per request of `parts_per_request` of them. 32: 1,024 samples x 2 trained
+    steps in micro-batches of 64 rows (the issue's 32 parts)."""
+    parts_per_request: int = 1
+    """Micro-batches a worker sums per `TRAIN` request before the gradient leaves its node
+    (`train.parts_per_request`, 1..4,096): the learner's ingress per round is
+    ceil(`gradient_parts` / this) gradients. 1 in every profile: it pays where a worker computes
+    several micro-batches per round anyway — ceil(32 / workers) — and at the simulator's default
+    fleet (16 on-demand + 64 spot GPUs at peak) a round's 32 leave each worker at most one, so k = 2
+    would halve the gather at rank 64 (9.6 -> 5.3 s) but double a request's compute (~40 s of an
+    on-demand H100, ~63 s of a spot one, at `fleet_update_efficiency`) with GPUs idle; on one 8-GPU
+    node (4 micro-batches a GPU) k = 4 gathers in 3.2 s for no compute. The simulator's requests
+    keep their own grain (`simulation.UPDATE_PART_SAMPLES`): only the bytes follow this field."""
     node_gbps: float = transfers.NODE_GBPS
     """A GPU node's link for the transfers in Gbit/s (`transfers.NODE_GBPS`: an assumption, sourced there)."""
     learner_gbps: float = transfers.LEARNER_GBPS
@@ -294,9 +305,14 @@ class StepTimes:
         return reached * self.trained_dtype_bytes
 
     @property
+    def gradient_requests(self) -> int:
+        """`TRAIN` requests per round of a fleet update: one gradient each reaches the learner."""
+        return transfers.requests(self.gradient_parts, self.parts_per_request)
+
+    @property
     def ingress_bytes(self) -> int:
-        """Bytes the learner receives per round of a fleet update: `gradient_parts` parts."""
-        return transfers.ingress_bytes(self.gradient_parts, self.part_bytes)
+        """Bytes the learner receives per round of a fleet update: a part's bytes per request."""
+        return transfers.ingress_bytes(self.gradient_parts, self.part_bytes, self.parts_per_request)
 
     def derived_weight_sync_s(self) -> float:
         """`weight_sync_s` from bytes over links (`transfers.publication_s`)."""
@@ -362,14 +378,15 @@ def update_memory_refusal(st: StepTimes) -> str | None:
     """Why one spot GPU of `st.gpu` cannot compute a micro-batch of the fleet update, in one line
     (None: it can, or the GPU's memory is unknown and not given — the tiny CPU profile). A worker
     holds the whole model in its dtype, with LoRA the float32 adapters too, the trained parameters'
-    gradients in their dtype, and `activation_gib`; the optimiser's state stays on the learner.
+    gradients in their dtype (twice with `parts_per_request` > 1: the running sum beside the
+    micro-batch's), and `activation_gib`; the optimiser's state stays on the learner.
     Qwen-Image full fine-tune on an H100: 38 + 38 + 6 = 82 GiB > 80; at rank 64: 38 + 1.6 + 1.6 + 6
     = 47 GiB. The string is what `schedulers.update_placement.fleet_update_refusal` takes as `memory`."""
     memory = st.gpu_memory_gib if st.gpu_memory_gib is not None else GPU_MEMORY_GIB.get(st.gpu)
     if memory is None:
         return None
     weights = st.shape.params() * st.weight_dtype_bytes + (st.trained * st.adapter_dtype_bytes if st.lora_rank else 0)
-    grads = st.part_bytes
+    grads = st.part_bytes * (2 if st.parts_per_request > 1 else 1)
     need = (weights + grads) / transfers.GIB + st.activation_gib
     if need <= memory:
         return None

@@ -5,11 +5,13 @@ trajectories:
 1. **the weight publication**, learner -> every rollout worker, once per iteration: what training
    changes (`spotlight.rl.lora.trained_state`), every weight in the model's dtype, or with LoRA the
    adapters alone in float32 (`add_lora` keeps them in float32 over a bfloat16 base);
-2. **the gradient parts**, worker -> queue actor -> learner, one per micro-batch (a `Kind.TRAIN`
-   request): the gradient of every trainable parameter the backward reaches, in that parameter's
-   dtype (`spotlight.rl.gradient.part_gradient` leaves out the ones it does not reach: the last
-   block's text stream after its attention, which nothing reads, `DiTShape.unreached`); the
-   learner's ingress per round of the update is parts x that.
+2. **the gradients**, worker -> queue actor -> learner, one per `Kind.TRAIN` request: the sum of
+   the request's `train.parts_per_request` (k) micro-batches, summed on the worker before it
+   leaves the node, so as large as one micro-batch's — the gradient of every trainable parameter
+   the backward reaches, in that parameter's dtype (`spotlight.rl.gradient.part_gradient` leaves
+   out the ones it does not reach: the last block's text stream after its attention, which nothing
+   reads, `DiTShape.unreached`); the learner's ingress per round of the update is
+   ceil(parts / k) requests x that.
 
 Counts are exact for the Qwen-Image transformer family (diffusers' `QwenImageTransformer2DModel`),
 derived from its config dict (`DiTShape.from_arch`) and the LoRA rank on the default targets
@@ -168,10 +170,19 @@ def part_bytes(shape: DiTShape, rank: int, weight_bytes: int = 2, adapter_bytes:
     return shape.gradient_params(rank) * (adapter_bytes if rank > 0 else weight_bytes)
 
 
-def ingress_bytes(parts: int, part: int) -> int:
-    """Bytes the learner receives per round of the update: `parts` gradient parts of `part` bytes
-    each (the live runtime sends one per micro-batch; nothing is summed on the way)."""
-    return parts * part
+def requests(parts: int, per_request: int = 1) -> int:
+    """`Kind.TRAIN` requests per round of the update: `parts` micro-batches, `per_request` summed in
+    each (`train.parts_per_request`; `schedulers.update.chunks`): ceil(parts / per_request)."""
+    if parts < 1 or per_request < 1:
+        raise ValueError(f"an update round needs parts >= 1 and per_request >= 1, got {parts} and {per_request}")
+    return -(-parts // per_request)
+
+
+def ingress_bytes(parts: int, part: int, per_request: int = 1) -> int:
+    """Bytes the learner receives per round of the update: one gradient of `part` bytes per
+    request (`requests`: the live runtime sends each request's sum of `per_request` micro-batches;
+    nothing more is summed on the way)."""
+    return requests(parts, per_request) * part
 
 
 # -- seconds ---------------------------------------------------------------------------------------
@@ -197,7 +208,7 @@ def gather_s(nbytes: float, learner_gbps: float = LEARNER_GBPS, cross_zone: floa
              step_s: float = LEARNER_STEP_S) -> float:
     """Seconds of the learner's gather-and-step in one round (what `StepTimes.update_round_s` stands
     for): its ingress of `nbytes` across zones — every part converges on its one node — plus the
-    sum and the optimiser step. The parts of on-demand workers in the learner's zone are charged
-    the cross-zone rate too (an upper bound). Qwen-Image at 32 parts: 209 s full, 9.6 s at rank 64."""
+    sum and the optimiser step. The gradients of on-demand workers in the learner's zone are charged
+    the cross-zone rate too (an upper bound). Qwen-Image at 32 requests: 209 s full, 9.6 s at rank 64."""
     return transfer_s(nbytes, learner_gbps, cross_zone) + step_s
 

@@ -21,13 +21,16 @@ import hashlib
 import json
 from typing import Any
 
-NEUTRAL = ("train.steps", "train.micro_batch", "warm_start.cache_dir", "runtime", "cloud")
+NEUTRAL = ("train.steps", "train.micro_batch", "train.parts_per_request", "warm_start.cache_dir", "runtime", "cloud")
 """Settings that may change on resume (a section name covers the whole section):
 - train.steps: how many iterations (a run is extended or shortened by it);
 - train.micro_batch: samples per forward pass, i.e. memory (the sum of the micro-batches' gradients
   is the full batch's; only float rounding differs: 6e-6 at most in the tiny LLM's weights after
   2 iterations, micro_batch 64 vs 3, measured on this project's CI machine) — so a run that ran
   out of memory resumes with a smaller one;
+- train.parts_per_request: how many micro-batches' gradients are summed before they travel (the
+  same sum in another fixed tree: only float rounding differs, as with micro_batch); being neutral,
+  it also leaves the identity of checkpoints written before the setting existed unchanged;
 - warm_start.cache_dir: where the warm start is cached (its key is what it holds);
 - runtime: where the roles run and with how many threads (local and Ray runs end bit-identical);
 - cloud: which cloud, what it may cost, where checkpoints are mirrored."""
