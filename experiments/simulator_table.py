@@ -29,7 +29,7 @@ def shipped_traces() -> list[Path]:
     return sorted(p for p in TRACES.iterdir() if p.suffix in SUFFIXES)
 
 
-def run(trace: str, size: int, policy: str, gpus: int = 16) -> dict[str, Any]:
+def run(trace: str, size: int, policy: str, gpus: int = 16, objective: str = "time") -> dict[str, Any]:
     """`spotlight simulate --trace TRACE --spot-gpus size x gpus --json` for the policy, every
     baseline and the oracle, at every constant set."""
     from schedulers.trace_synth import open_trace
@@ -42,7 +42,7 @@ def run(trace: str, size: int, policy: str, gpus: int = 16) -> dict[str, Any]:
     t = open_trace(trace)
     provider = trace_provider(t)  # the notice the trace's cloud gives, as `spotlight simulate` takes it
     notice = {} if provider is None else {"notice_s": notice_s_for(provider)}
-    result = simulate(SimConfig(gpus=gpus, spot_gpus=size * gpus, **notice), t, names)
+    result = simulate(SimConfig(gpus=gpus, spot_gpus=size * gpus, objective=objective, **notice), t, names)
     print(f"{Path(trace).name} at {size}x: {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
     return result
 
@@ -68,7 +68,7 @@ def _spread(by_set: dict[str, float | None], fmt: str, unit: str = "") -> str:
 def header(result: dict[str, Any], policy: str) -> list[str]:
     """The table's head: its columns follow the baselines the policy was compared with."""
     bases = [k[len("speedup_vs_"):] for k in result["policies"][policy] if k.startswith("speedup_vs_")]
-    cols = (["trace", "spot GPUs at peak", f"`{policy}` to target", "its cost"]
+    cols = (["trace", "spot GPUs at peak", "available", f"`{policy}` to target", "its cost"]
             + [f"vs `{b}`" for b in bases] + ["oracle gap"])
     return ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
 
@@ -78,7 +78,7 @@ def row(name: str, result: dict[str, Any], policy: str) -> str:
     baseline, and its hours over the oracle's minus 1; each the typical figure (range)."""
     ranges, r = result["ranges"][policy], result["policies"][policy]
     bases = [k[len("speedup_vs_"):] for k in r if k.startswith("speedup_vs_")]
-    cells = [f"`{name}`", str(result["config"]["spot_gpus_peak"]),
+    cells = [f"`{name}`", str(result["config"]["spot_gpus_peak"]), f"{available(result, policy):.0%}",
              _spread(ranges["time_to_target_h"], "{:.2f}", " h"), _spread(ranges["cost_usd"], "{:,.0f}", "$")]
     cells += [f"{_spread(ranges[f'speedup_vs_{b}'], '{:.2f}', 'x')} / {_spread(ranges[f'cost_ratio_vs_{b}'], '{:.2f}')}"
               for b in bases]
@@ -90,10 +90,21 @@ def row(name: str, result: dict[str, Any], policy: str) -> str:
     return "| " + " | ".join(cells) + " |"
 
 
+def available(result: dict[str, Any], policy: str) -> float:
+    """The spot GPUs the policy had live on average over its run to the target (the whole run when
+    it did not reach it), over the spot fleet's peak: what "where >= 60% of the spot fleet is
+    available" reads (typical constants)."""
+    r, c = result["policies"][policy], result["config"]
+    end = r["time_to_target_h"] or r["wall_h"]
+    points = [(t, n) for t, n in r["timeline"] if t <= end] + [(end, 0)]
+    live = sum(n * (t1 - t0) for (t0, n), (t1, _) in zip(points, points[1:]))
+    return (live / end - c["gpus"]) / c["spot_gpus_peak"] if end > 0 and c["spot_gpus_peak"] else 0.0
+
+
 def caption(result: dict[str, Any], policy: str) -> str:
     c = result["config"]
     price = c["price_per_gpu_h"]
-    return (f"`{policy}` on {c['gpus']} on-demand + spot {c['gpu']} GPUs, {c['resolution']}², {c['prompts']} prompts x "
+    return (f"`{policy}` (objective {c['objective']}) on {c['gpus']} on-demand + spot {c['gpu']} GPUs, {c['resolution']}², {c['prompts']} prompts x "
             f"{c['group_size']} samples, seed {c['seed']}, at ${price['ondemand']:.2f} / ${price['spot']:.2f} per "
             f"GPU-hour ({price['priced_from']}); each cell the typical constants' figure with the range over the "
             "pessimistic, typical and optimistic sets in brackets (spotlight/sim/assumptions.py); a ratio cell is "
@@ -106,13 +117,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--traces", nargs="+", help="trace files or synth: specs (default: the shipped traces)")
     p.add_argument("--sizes", nargs="+", type=int, default=[4, 8], help="spot GPUs per on-demand GPU (default 4 8)")
     p.add_argument("--policy", default="spotlight")
+    p.add_argument("--objective", default="time", choices=["time", "cost"],
+                   help="spotlight simulate --objective for every run (default time)")
     p.add_argument("--jobs", type=int, default=1, help="runs at once (default 1)")
     p.add_argument("--out", help="write the table here (default: stdout)")
     a = p.parse_args(argv)
     traces = a.traces or [str(t) for t in shipped_traces()]
     jobs = [(t, size) for t in traces for size in a.sizes]
     with ProcessPoolExecutor(max_workers=a.jobs) as pool:
-        results = list(pool.map(run, [t for t, _ in jobs], [s for _, s in jobs], [a.policy] * len(jobs)))
+        results = list(pool.map(run, [t for t, _ in jobs], [s for _, s in jobs], [a.policy] * len(jobs),
+                                [16] * len(jobs), [a.objective] * len(jobs)))
     lines = [caption(results[0], a.policy), "", *header(results[0], a.policy)]
     lines += [row(Path(t).name, r, a.policy) for (t, _), r in zip(jobs, results)]
     text = "\n".join(lines) + "\n"

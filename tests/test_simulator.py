@@ -358,11 +358,15 @@ def test_every_answer_is_a_range_over_the_constant_sets_and_the_plot_shows_the_r
     # the docs' table row (experiments/simulator_table.py): typical (range), a column per baseline compared with
     from experiments.simulator_table import header, row
 
-    assert header(full, "spotlight")[0] == ("| trace | spot GPUs at peak | `spotlight` to target | its cost | "
-                                            "vs `ondemand` | oracle gap |")
+    assert header(full, "spotlight")[0] == ("| trace | spot GPUs at peak | available | `spotlight` to target | "
+                                            "its cost | vs `ondemand` | oracle gap |")
     cells = row("handmade", full, "spotlight").strip("| ").split(" | ")
     c = spot["cost_ratio_vs_ondemand"]
-    assert cells[4] == (f"{s['typical']:.2f}x ({min(s.values()):.2f}-{max(s.values()):.2f}) / "
+    r = full["policies"]["spotlight"]  # the spot GPUs live on average over its run, over the peak
+    points = [(t, n) for t, n in r["timeline"] if t <= r["time_to_target_h"]] + [(r["time_to_target_h"], 0)]
+    live = sum(n * (t1 - t0) for (t0, n), (t1, _) in zip(points, points[1:])) / r["time_to_target_h"]
+    assert cells[2] == f"{(live - full['config']['gpus']) / full['config']['spot_gpus_peak']:.0%}"
+    assert cells[5] == (f"{s['typical']:.2f}x ({min(s.values()):.2f}-{max(s.values()):.2f}) / "
                         f"{c['typical']:.2f} ({min(c.values()):.2f}-{max(c.values()):.2f})")
     # --constants typical from the command line
     path = tmp_path / "t.csv"

@@ -6,7 +6,7 @@ baselines that behave differently subclass `Simulation` in `restart.py` and `ora
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from cloud.cost import BudgetPolicy, CostControl, CostMeter, Fleet, Forecast
@@ -153,17 +153,21 @@ class Simulation:
         self._stats: dict[str, int] = {}
         """Counters of the queues of earlier iterations (`_new_queue`)."""
         peak = self.ondemand_gpus + (self.block * trace.max_live if policy.spot else 0)
+        # Training refuses SP groups with an update on the fleet (`fleet_update_refusal`), so a policy
+        # whose update may run there has workers of one GPU each: with one head the regroup policy
+        # plans degree 1 only (at 512² it does anyway; at 1280² it would form SP groups).
+        workers_st = replace(st, heads=1) if policy.fleet_update else st
         self.samples_per_request = cfg.samples_per_request or request_size(
-            peak, cfg.prompts, cfg.group_size, self.seq, st, cfg.resolution)
+            peak, cfg.prompts, cfg.group_size, self.seq, workers_st, cfg.resolution)
         self.requests_per_iteration = cfg.prompts * math.ceil(cfg.group_size / self.samples_per_request)
-        self.executor = ModelledExecutor(self.clock, self.queue, st, cfg.resolution, self.seq, cfg.commit_every,
+        self.executor = ModelledExecutor(self.clock, self.queue, workers_st, cfg.resolution, self.seq, cfg.commit_every,
                                          cfg.join_s, self.requests_per_iteration, self.ondemand_gpus,
                                          on_done=self._done)
         self.engine = FleetEngine(self.clock, self.queue, self.executor,
                                   [Node("ondemand0", spot=False, devices=self.ondemand_gpus)], self._actions(),
                                   replay_phases=("rollout", "train", "idle"), spot_devices=self.block)
         self.engine.on_fleet = self._fleet_changed
-        self.sp_degree = max(plan_degrees(peak, self.seq, st.heads, st.step_model(cfg.resolution),
+        self.sp_degree = max(plan_degrees(peak, self.seq, workers_st.heads, st.step_model(cfg.resolution),
                                           pending=self.requests_per_iteration), default=1)
         """The largest SP degree the regroup policy plans for an iteration's requests on the fleet at
         its peak (> 1: SP groups, which compute rollouts only, as in a training run)."""
