@@ -11,32 +11,26 @@ is the progress model's bookkeeping, which `Simulation.run` does after the itera
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from spotlight.sim.modelled_executor import requests_of
 
-if TYPE_CHECKING:
-    from spotlight.sim.simulation import Simulation
-
 
 class SimulatedIteration:
-    def __init__(self, sim: "Simulation", explored: dict[int, int]) -> None:
-        """`explored`: the seeds explored for this iteration (prompt -> count), replaced by a
+    def __init__(self, sim: Any, explored: dict[int, int]) -> None:
+        """`sim`: the `spotlight.sim.simulation.Simulation` it runs on (not imported here: it imports
+        this); `explored`: the seeds explored for this iteration (prompt -> count), replaced by a
         critical-path exploration when the iteration runs one."""
         self.sim, self.explored = sim, explored
         self.next_explored: dict[int, int] = {}
         """What the spot GPUs explored for the next iteration during this one's update."""
 
     def _wait(self, seconds: float) -> None:
-        from spotlight.sim.simulation import Until
-
-        self.sim.engine.wait(Until(self.sim.clock, self.sim.clock.now() + seconds))
+        self.sim.engine.wait(self.sim.until(self.sim.clock.now() + seconds))
 
     def explore_first(self, it: int) -> None:
-        from spotlight.sim.simulation import SimExploration
-
         sim = self.sim
-        session = SimExploration(sim, it, it - 1, True, sim.cfg.sync_explore_per_prompt * sim.plan_prompts)
+        session = sim.exploration(it, it - 1, True, sim.cfg.sync_explore_per_prompt * sim.plan_prompts)
         sim.engine.explore(session, sim._score, it - 1)
         self.explored.clear()
         self.explored.update(session.explored())
@@ -58,14 +52,12 @@ class SimulatedIteration:
         """Arithmetic on the rewards: no modelled time."""
 
     def update(self, it: int, on_fleet: bool) -> None:
-        from spotlight.sim.simulation import SimExploration, Until
-
         sim, cfg = self.sim, self.sim.cfg
-        update: Any = sim._fleet_update(it) if on_fleet else Until(sim.clock, sim.clock.now() + sim.learner_update_s)
+        update: Any = sim._fleet_update(it) if on_fleet else sim.until(sim.clock.now() + sim.learner_update_s)
         sim.fleet_updated = on_fleet
         sim.fleet_updates += on_fleet
         if sim.policy.explore == "idle_spot" and it + 1 < cfg.iterations:
-            session = SimExploration(sim, it + 1, it, False, None)
+            session = sim.exploration(it + 1, it, False, None)
             sim.engine.explore(session, sim._score, it, update=update)
             self.next_explored = session.explored()
         else:

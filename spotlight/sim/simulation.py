@@ -225,6 +225,14 @@ class Simulation:
             self.iterations_log.append(record.to_dict())
         return work.next_explored
 
+    def until(self, deadline: float) -> Until:
+        """A modelled phase ending at `deadline` on this simulation's clock, as the engine waits on it."""
+        return Until(self.clock, deadline)
+
+    def exploration(self, iteration: int, version: int, critical_path: bool, budget: int | None) -> SimExploration:
+        """One phase's exploration of `iteration`'s seeds with weights `version` (`SimExploration`)."""
+        return SimExploration(self, iteration, version, critical_path, budget)
+
     @property
     def learner_update_s(self) -> float:
         """The update on the on-demand GPUs alone."""

@@ -1,6 +1,6 @@
 """What each phase of a training iteration does on a runtime: the `IterationWork` of
 `spotlight train` (`spotlight.train.iteration_controller` orders the phases and places the
-update; the simulator's counterpart is `spotlight.sim.simulation.SimulatedIteration`).
+update; the simulator's counterpart is `spotlight.sim.simulated_iteration.SimulatedIteration`).
 
 State passes from phase to phase on the object: the requests, the rollout's results as the runtime
 holds them, the scores, the advantages and the metrics row.
@@ -11,16 +11,15 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from spotlight.rl.grpo import group_advantages, group_std, informative_groups
 
-if TYPE_CHECKING:
-    from spotlight.train.trainer import Trainer
-
 
 class TrainingIteration:
-    def __init__(self, trainer: "Trainer", step: int) -> None:
+    def __init__(self, trainer: Any, step: int) -> None:
+        """`trainer`: the `spotlight.train.trainer.Trainer` whose iteration `step` this is (its
+        runtime, explorer, controller and run folder; not imported here: it imports this)."""
         self.trainer, self.step = trainer, step
         self.started = time.perf_counter()
         self.requests: list[Any] = []
