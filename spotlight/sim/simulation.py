@@ -19,7 +19,6 @@ from schedulers.request import Kind, Request
 from schedulers.traces import Trace, replay_schedule
 from schedulers.update import FleetUpdate
 from spotlight.sim.config import Policy, SimConfig
-from elastic_sp.regroup_policy import plan_degrees
 from schedulers.update_placement import UpdatePlacement, fleet_update_refusal
 from spotlight.sim.modelled_executor import ModelledExecutor, request_size
 from spotlight.sim.simulated_iteration import SimulatedIteration
@@ -167,18 +166,17 @@ class Simulation:
                                   [Node("ondemand0", spot=False, devices=self.ondemand_gpus)], self._actions(),
                                   replay_phases=("rollout", "train", "idle"), spot_devices=self.block)
         self.engine.on_fleet = self._fleet_changed
-        self.sp_degree = max(plan_degrees(peak, self.seq, workers_st.heads, st.step_model(cfg.resolution),
-                                          pending=self.requests_per_iteration), default=1)
-        """The largest SP degree the regroup policy plans for an iteration's requests on the fleet at
-        its peak (> 1: SP groups, which compute rollouts only, as in a training run)."""
+        self.max_sp_degree = workers_st.heads
+        """The largest SP degree the regroup policy may give a worker (degrees divide the heads): 1
+        for a policy whose update may run on the fleet (> 1: SP groups, which compute rollouts only)."""
         self.eval_samples = 0
         """Evaluation samples per evaluated iteration (a simulated run config's; named policies: none)."""
         self.checkpoint_s = cfg.checkpoint_s
         self.iterations_log: list[dict[str, Any]] | None = None
         """Each iteration's phases and update placement, when asked for (`simulate --config`)."""
         self.controller = IterationController(
-            UpdatePlacement("auto" if policy.fleet_update else "learner", prefer=lambda: self._update_on_fleet(
-                self.learner_update_s)), self.clock, cfg.iterations,
+            UpdatePlacement("auto" if policy.fleet_update else "learner", prefer=self._update_on_fleet),
+            self.clock, cfg.iterations,
             explores_first=lambda it: policy.explore == "critical_path")
 
     def _actions(self) -> list[FleetAction]:
@@ -239,7 +237,7 @@ class Simulation:
         cfg = self.cfg
         return self.st.train_s(cfg.resolution, cfg.prompts * cfg.group_size, self.ondemand_gpus)
 
-    def _update_on_fleet(self, train_s: float) -> bool:
+    def _update_on_fleet(self) -> bool:
         """What the spot GPUs do during this update, by its value for time to target (issue 16):
         the update's micro-batches with the on-demand GPUs (the iteration is shorter; the spot GPUs
         explore only while the learner gathers and steps), or exploration while the on-demand GPUs
@@ -250,12 +248,13 @@ class Simulation:
         samples spread evenly over the prompts, a full rollout each on the live spot GPUs). A
         policy that does not explore only asks which update is sooner: the fleet's is never with no
         spot GPU alive, and rarely when the update is short next to `update_round_s`."""
-        return self.fleet_update_pays(self._fleet_update_s(), train_s, self.rollout_s, self.engine.spot_devices())
+        return self.fleet_update_pays(self._fleet_update_s(), self.learner_update_s, self.rollout_s,
+                                      self.engine.spot_devices())
 
     def fleet_refusal(self) -> str | None:
         """Why the fleet cannot compute this run's update, as `spotlight train` refuses it (the
         same reason, `schedulers.update_placement.fleet_update_refusal`); None: it can."""
-        return fleet_update_refusal(self.sp_degree, update_memory_refusal(self.st))
+        return fleet_update_refusal(self.max_sp_degree, update_memory_refusal(self.st))
 
     def fleet_update_pays(self, fleet_s: float, train_s: float, rollout_s: float, spot_gpus: float) -> bool:
         """`_update_on_fleet`'s pricing (the oracle's too): an update of `fleet_s` seconds on the
@@ -296,11 +295,11 @@ class Simulation:
                            weights=lambda: None)
 
     def run(self) -> dict[str, Any]:
-        cfg, st = self.cfg, self.st
+        cfg = self.cfg
         self._fleet_changed()
         self.engine.start()
         gain, progress, reached_at, cost_at, explored = 0.0, [(0.0, self.progress.score(0.0))], None, None, {}
-        train_s = st.train_s(cfg.resolution, cfg.prompts * cfg.group_size, self.ondemand_gpus)
+        train_s = self.learner_update_s
         cost = self._cost_control(train_s)
         stop_reason = "iterations"
         it = 0

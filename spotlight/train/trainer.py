@@ -420,7 +420,6 @@ class Trainer:
         bar = tqdm(range(self.start_step, steps), initial=self.start_step, total=steps, desc="train",
                    unit="it", disable=not self.progress, file=sys.stderr)
         self.started = time.perf_counter()
-        self.saved = self.start_step  # iterations the newest checkpoint holds
         self.cost.start(self.start_step, self._restart_s)
         self._report(self.start_step, None)
         for step in bar:
