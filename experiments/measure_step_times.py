@@ -1,8 +1,9 @@
 """Measured denoising-step seconds of a Qwen-Image-class transformer, as step-time files for the
 simulator: `python -m experiments.measure_step_times --out DIR [--preset qwen-image] [--device cuda]
-[--resolutions 512 1280] [--steps 10] [--guidance 4] [--lora-rank 64]`.
+[--resolutions 512 1280] [--batch 1] [--steps 10] [--guidance 4] [--lora-rank 64] [--full-row]`.
 
-For each resolution, one sample's denoising step — a transformer forward on random packed latents
+For each resolution, one sample's denoising step (or `--batch` samples in one pass, every figure then
+divided by the batch: per sample) — a transformer forward on random packed latents
 with random weights (a forward's time does not depend on the values) — is timed without and with
 true classifier-free guidance (the prompt's and the negative prompt's passes combined by
 `spotlight.rl.dit_model.true_cfg`, as `sampler.guidance` > 1 samples), after warm-up steps, with
@@ -17,7 +18,16 @@ and guided — is timed the same way (`lora_train_s`, `lora_train_guided_s`). Th
 per sample are that row's times the SDE steps it trains on (`sampler.sde_window`). The real preset
 turns on the transformer's gradient checkpointing first (without it the backward's activations
 of a 1280² image do not fit beside 41 GB of weights); a resolution whose row still runs out of
-GPU memory is recorded as such. `--lora-rank 0` skips this part.
+GPU memory is recorded as such. `--lora-rank 0` skips this part. On CUDA each row also records the
+memory it needed besides what the model held before it (`*_extra_gib`: activations, recomputed
+block, workspaces, the allocator's slack) — the simulator's `activation_gib`.
+
+`--full-row` first times the same row with every parameter trained (a full fine-tune's micro-batch
+on a fleet worker: weights, their gradients and the activations on one GPU), at the first
+resolution; it records the peak memory, or that the GPU ran out (`full_train_s` None). With LoRA
+it then times what the learner does per round besides receiving the parts (`learner`): one part
+added onto the sum of the adapters' gradients, the clip and an AdamW step over the adapters, and
+their copy to host memory for the publication.
 
 Writes DIR/<gpu>-<resolution>.yaml for each resolution — a step-time file that `spotlight simulate
 --step-times FILE --resolution R` reads (`gpu`, `denoise_step_s`: one pass at degree 1,
@@ -67,18 +77,18 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def _inputs(model: torch.nn.Module, preset: str, resolution: int, device: str) -> dict:
-    """One sample's random packed latents at `resolution`, its prompt and negative prompt
-    embeddings, mask and sigma (values do not change a step's time)."""
+def _inputs(model: torch.nn.Module, preset: str, resolution: int, device: str, batch: int = 1) -> dict:
+    """`batch` samples' random packed latents at `resolution`, their prompt and negative prompt
+    embeddings, masks and sigmas (values do not change a step's time)."""
     side = resolution // VAE_SCALE[preset]
     if side % 2:
         raise ValueError(f"--resolutions: {resolution} px gives a latent side of {side}, not divisible by 2")
     gen = torch.Generator(device="cpu").manual_seed(0)
-    text = (1, TEXT_TOKENS[preset], model.config.joint_attention_dim)
-    return {"side": side, "x": torch.randn(1, (side // 2) ** 2, model.config.in_channels, generator=gen).to(device),
+    text = (batch, TEXT_TOKENS[preset], model.config.joint_attention_dim)
+    return {"side": side, "x": torch.randn(batch, (side // 2) ** 2, model.config.in_channels, generator=gen).to(device),
             "emb": torch.randn(*text, generator=gen).to(device), "neg": torch.randn(*text, generator=gen).to(device),
-            "mask": torch.ones(1, TEXT_TOKENS[preset], dtype=torch.long, device=device),
-            "sigma": torch.full((1,), 0.5, device=device)}
+            "mask": torch.ones(batch, TEXT_TOKENS[preset], dtype=torch.long, device=device),
+            "sigma": torch.full((batch,), 0.5, device=device)}
 
 
 def _velocities(model: torch.nn.Module, i: dict, guidance: float | None) -> torch.Tensor:
@@ -87,6 +97,24 @@ def _velocities(model: torch.nn.Module, i: dict, guidance: float | None) -> torc
     if guidance is None:
         return v
     return true_cfg(v, velocity(model, i["x"], i["sigma"], i["neg"], i["mask"], i["side"]), guidance)
+
+
+def _gib(nbytes: float) -> float:
+    return nbytes / 2**30
+
+
+def _extra_gib(device: str, before: int) -> float | None:
+    """GiB the work since `torch.cuda.reset_peak_memory_stats` held at its peak over `before` bytes."""
+    return _gib(torch.cuda.max_memory_allocated() - before) if device.startswith("cuda") else None
+
+
+def _reset_peak(device: str) -> int:
+    """Start a peak-memory reading; returns the bytes allocated now (0 off CUDA)."""
+    if not device.startswith("cuda"):
+        return 0
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    return torch.cuda.memory_allocated()
 
 
 def _seconds(fn, device: str, steps: int, warmup: int) -> float:
@@ -103,29 +131,84 @@ def _seconds(fn, device: str, steps: int, warmup: int) -> float:
 
 @torch.no_grad()
 def step_seconds(model: torch.nn.Module, preset: str, resolution: int, device: str, steps: int,
-                 warmup: int, guidance: float) -> dict[str, float]:
-    """Seconds of one sample's denoising step at `resolution`, plain and guided (mean of `steps`)."""
-    i = _inputs(model, preset, resolution, device)
+                 warmup: int, guidance: float, batch: int = 1) -> dict[str, float]:
+    """Seconds of one sample's denoising step at `resolution`, plain and guided (mean of `steps`
+    passes of `batch` samples, divided by `batch`)."""
+    i = _inputs(model, preset, resolution, device, batch)
     out = {"image_tokens": i["x"].shape[1]}
     for name, scale in (("plain_s", None), ("guided_s", guidance)):
-        out[name] = _seconds(lambda: _velocities(model, i, scale), device, steps, warmup)
+        out[name] = _seconds(lambda: _velocities(model, i, scale), device, steps, warmup) / batch
     return out
 
 
 def lora_row_seconds(model: torch.nn.Module, preset: str, resolution: int, device: str, steps: int,
-                     warmup: int, guidance: float) -> dict[str, float | None]:
+                     warmup: int, guidance: float, batch: int = 1) -> dict[str, float | None]:
     """Seconds of one (sample, SDE step) row of the update with LoRA: forward and backward into
     the adapters (the base frozen), plain and guided (mean of `steps`); None where the GPU ran out
     of memory."""
-    i = _inputs(model, preset, resolution, device)
+    return train_row_seconds(model, "lora_train", preset, resolution, device, steps, warmup, guidance, batch)
+
+
+def train_row_seconds(model: torch.nn.Module, prefix: str, preset: str, resolution: int, device: str, steps: int,
+                      warmup: int, guidance: float | None, batch: int = 1) -> dict[str, float | None]:
+    """Seconds of one update row (forward and backward into what requires grad; rows of `batch`
+    samples, divided by `batch`), plain and (with `guidance`) guided, and on CUDA the memory each needed besides what was held before it
+    (`<prefix>_s`, `<prefix>_guided_s`, `..._extra_gib`); None where the GPU ran out of memory."""
+    i = _inputs(model, preset, resolution, device, batch)
     out: dict[str, float | None] = {}
-    for name, scale in (("lora_train_s", None), ("lora_train_guided_s", guidance)):
+    for name, scale in ((prefix, None), (f"{prefix}_guided", guidance)):
+        if name.endswith("_guided") and scale is None:
+            continue
+        before = _reset_peak(device)
         try:
-            out[name] = _seconds(lambda: _velocities(model, i, scale).float().square().mean().backward(),
-                                 device, steps, warmup)
+            out[f"{name}_s"] = _seconds(lambda: _velocities(model, i, scale).float().square().mean().backward(),
+                                        device, steps, warmup) / batch
         except torch.OutOfMemoryError:
-            out[name] = None
+            out[f"{name}_s"] = None
+        out[f"{name}_extra_gib"] = _extra_gib(device, before)
         model.zero_grad(set_to_none=True)
+    return out
+
+
+def full_row_seconds(model: torch.nn.Module, preset: str, resolution: int, device: str, steps: int,
+                     warmup: int, batch: int = 1) -> dict[str, float | None]:
+    """The update row with every parameter trained (gradient checkpointing on the real preset), plain:
+    a full fine-tune's micro-batch on one GPU; the model is frozen again afterwards."""
+    model.requires_grad_(True)
+    if preset != "tiny":
+        model.enable_gradient_checkpointing()
+    model.train()
+    try:
+        return train_row_seconds(model, "full_train", preset, resolution, device, steps, warmup, None, batch)
+    finally:
+        model.requires_grad_(False).eval()
+        if preset != "tiny":
+            model.disable_gradient_checkpointing()
+
+
+def learner_seconds(model: torch.nn.Module, device: str, steps: int, warmup: int) -> dict[str, float]:
+    """What the learner does per round with the adapters' gradients besides receiving them: one part
+    added onto the sum (`part_sum_s`), the norm clip and an AdamW step (`optimizer_step_s`), and the
+    adapters' copy to host memory for the publication (`publish_to_host_s`, `publication_bytes`)."""
+    from spotlight.rl.lora import trainable
+
+    params = trainable(model)
+    for p in params:
+        p.grad = torch.randn_like(p)
+    part = [torch.randn_like(p) for p in params]
+    grads = [p.grad for p in params]
+    opt = torch.optim.AdamW(params, lr=1e-4)
+
+    def step() -> None:
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+
+    out = {"part_sum_s": _seconds(lambda: torch._foreach_add_(grads, part), device, steps, warmup),
+           "optimizer_step_s": _seconds(step, device, steps, warmup),
+           "publish_to_host_s": _seconds(lambda: [p.detach().to("cpu") for p in params], device, steps, warmup),
+           "publication_bytes": sum(p.numel() * p.element_size() for p in params)}
+    del opt, part
+    model.zero_grad(set_to_none=True)
     return out
 
 
@@ -143,32 +226,51 @@ def add_adapters(model: torch.nn.Module, preset: str, rank: int) -> int:
 
 
 def gpu_name(device: str) -> str:
-    """A name for the file and the step-time `gpu` field: the CUDA device's, else "cpu"."""
+    """The device's own name: the CUDA device's ("NVIDIA H100 80GB HBM3"), else "cpu"."""
     if device.startswith("cuda"):
         return torch.cuda.get_device_name(torch.device(device))
     return "cpu"
 
 
+def simulator_gpu(name: str) -> str:
+    """The step-time `gpu` field for a device name: the simulator's GPU it names ("NVIDIA H100 80GB
+    HBM3" -> "H100", "NVIDIA A100-SXM4-80GB" -> "A100-80GB"), so that its memory and prices apply;
+    the name itself where it names none."""
+    from spotlight.train.iteration_time import PEAK_BF16_FLOPS
+
+    words = set(re.split(r"[^A-Za-z0-9]+", name.upper()))
+    known = [k for k in PEAK_BF16_FLOPS if set(k.upper().split("-")) <= words]
+    return max(known, key=len) if known else name
+
+
 def measure(out: Path, preset: str = "qwen-image", device: str = "cuda", resolutions: tuple[int, ...] = (512, 1280),
-            steps: int = 10, warmup: int = 2, guidance: float = 4.0, lora_rank: int = 64) -> dict:
+            steps: int = 10, warmup: int = 2, guidance: float = 4.0, lora_rank: int = 64,
+            full_row: bool = False, batch: int = 1) -> dict:
     """Measure, write the step-time files and measured.json into `out`; returns what measured.json holds."""
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise SystemExit("measure_step_times: --device cuda, but this machine has no CUDA GPU "
                          "(use --preset tiny --device cpu for a smoke run)")
     out.mkdir(parents=True, exist_ok=True)
     model = build(preset, device)
-    gpu = gpu_name(device)
-    slug = re.sub(r"[^a-z0-9]+", "-", gpu.lower()).strip("-")
+    device_name = gpu_name(device)
+    gpu = simulator_gpu(device_name)
+    slug = re.sub(r"[^a-z0-9]+", "-", device_name.lower()).strip("-")
     rows = []
     for resolution in resolutions:
-        figures = step_seconds(model, preset, resolution, device, steps, warmup, guidance)
+        figures = step_seconds(model, preset, resolution, device, steps, warmup, guidance, batch)
         rows.append({"resolution": resolution, **figures, "cfg_factor": figures["guided_s"] / figures["plain_s"]})
+    full = full_row_seconds(model, preset, resolutions[0], device, steps, warmup, batch) if full_row else None
+    if full is not None:
+        rows[0].update(full)
+        took = "out of GPU memory" if full["full_train_s"] is None else f"{full['full_train_s'] * 1e3:.2f} ms"
+        peak = "" if full["full_train_extra_gib"] is None else f", {full['full_train_extra_gib']:.1f} GiB over the weights"
+        print(f"{resolutions[0]} px full fine-tune row: {took}{peak}")
     adapter_params = add_adapters(model, preset, lora_rank) if lora_rank else 0
     for row in rows:
         step_times = {"gpu": gpu, "denoise_step_s": row["plain_s"], "cfg_factor": row["cfg_factor"]}
         lora = ""
         if lora_rank:
-            row.update(lora_row_seconds(model, preset, row["resolution"], device, steps, warmup, guidance))
+            row.update(lora_row_seconds(model, preset, row["resolution"], device, steps, warmup, guidance, batch))
             if row["lora_train_s"] is not None:
                 row["train_flops_factor"] = step_times["train_flops_factor"] = row["lora_train_s"] / row["plain_s"]
                 lora = f"; LoRA update row {row['lora_train_s'] * 1e3:.2f} ms ({row['train_flops_factor']:.2f}x)"
@@ -176,14 +278,21 @@ def measure(out: Path, preset: str = "qwen-image", device: str = "cuda", resolut
                 lora = "; LoRA update row: out of GPU memory"
         step_file = out / f"{slug}-{row['resolution']}.yaml"
         step_file.write_text(
-            f"# {preset} transformer, {row['resolution']}x{row['resolution']} px, measured by "
-            "experiments/measure_step_times.py\n" + yaml.safe_dump(step_times, sort_keys=False))
+            f"# {preset} transformer, {row['resolution']}x{row['resolution']} px, per sample at batch {batch}, measured on "
+            f"{device_name} by experiments/measure_step_times.py\n" + yaml.safe_dump(step_times, sort_keys=False))
         print(f"{row['resolution']} px ({row['image_tokens']} tokens): {row['plain_s'] * 1e3:.2f} ms per step, "
               f"{row['guided_s'] * 1e3:.2f} ms with CFG ({row['cfg_factor']:.2f}x){lora} -> {step_file}")
-    result = {"preset": preset, "gpu": gpu, "device": device, "dtype": str(next(model.parameters()).dtype),
+    learner = learner_seconds(model, device, steps, warmup) if lora_rank else None
+    if learner is not None:
+        print(f"learner per round: part sum {learner['part_sum_s'] * 1e3:.2f} ms, clip + AdamW "
+              f"{learner['optimizer_step_s'] * 1e3:.2f} ms, adapters to host {learner['publish_to_host_s'] * 1e3:.2f} ms "
+              f"({learner['publication_bytes'] / 1e9:.2f} GB)")
+    memory = {"gpu_memory_gib": _gib(torch.cuda.get_device_properties(torch.device(device)).total_memory)} \
+        if device.startswith("cuda") else {}
+    result = {"preset": preset, "gpu": gpu, "device_name": device_name, **memory, "batch": batch, "device": device, "dtype": str(next(model.parameters()).dtype),
               "torch": torch.__version__, "steps": steps, "warmup": warmup, "guidance": guidance,
               "lora_rank": lora_rank, "lora_params": adapter_params,
-              "gradient_checkpointing": bool(lora_rank) and preset != "tiny", "rows": rows}
+              "gradient_checkpointing": bool(lora_rank) and preset != "tiny", "rows": rows, "learner": learner}
     (out / "measured.json").write_text(json.dumps(result, indent=2))
     return result
 
@@ -194,14 +303,17 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--preset", choices=sorted(VAE_SCALE), default="qwen-image")
     p.add_argument("--device", default="cuda")
     p.add_argument("--resolutions", type=int, nargs="+", default=[512, 1280], help="image sides in pixels")
+    p.add_argument("--batch", type=int, default=1, help="samples per pass (figures are per sample)")
     p.add_argument("--steps", type=int, default=10, help="timed steps per figure")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--guidance", type=float, default=4.0, help="the CFG scale of the guided figure")
     p.add_argument("--lora-rank", type=int, default=64, help="rank of the LoRA update's row (0: not measured)")
+    p.add_argument("--full-row", action="store_true",
+                   help="also time the update row with every parameter trained, at the first resolution")
     a = p.parse_args(argv)
-    if a.steps < 1 or a.warmup < 0 or a.guidance < 1 or not 0 <= a.lora_rank <= 4096:
-        p.error("expected --steps >= 1, --warmup >= 0, --guidance >= 1 and --lora-rank in 0..4096")
-    measure(a.out, a.preset, a.device, tuple(a.resolutions), a.steps, a.warmup, a.guidance, a.lora_rank)
+    if a.steps < 1 or a.warmup < 0 or a.guidance < 1 or not 0 <= a.lora_rank <= 4096 or not 1 <= a.batch <= 1024:
+        p.error("expected --steps >= 1, --warmup >= 0, --guidance >= 1, --lora-rank in 0..4096 and --batch in 1..1024")
+    measure(a.out, a.preset, a.device, tuple(a.resolutions), a.steps, a.warmup, a.guidance, a.lora_rank, a.full_row, a.batch)
 
 
 if __name__ == "__main__":

@@ -3,11 +3,12 @@ simulator reads; on a CUDA machine the GPU test runs the real preset's path (bfl
 device) at a small size, and is skipped without one."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
 
-from experiments.measure_step_times import build, main
+from experiments.measure_step_times import build, main, simulator_gpu
 from spotlight.sim.step_time import StepTimes
 
 
@@ -26,6 +27,28 @@ def test_the_cpu_smoke_run_writes_step_time_files_the_simulator_reads(tmp_path, 
         assert steps.train_flops_factor == pytest.approx(row["lora_train_s"] / row["plain_s"])
     assert measured["rows"][1]["image_tokens"] == 4 * measured["rows"][0]["image_tokens"]
     assert "LoRA update row" in capsys.readouterr().out
+
+
+def test_batches_the_full_row_and_the_learner_are_recorded(tmp_path):
+    main(["--out", str(tmp_path), "--preset", "tiny", "--device", "cpu", "--resolutions", "16", "--steps", "1",
+          "--warmup", "0", "--batch", "2", "--full-row", "--lora-rank", "4"])
+    measured = json.loads((tmp_path / "measured.json").read_text())
+    row = measured["rows"][0]
+    assert measured["batch"] == 2 and row["full_train_s"] > 0 and row["full_train_extra_gib"] is None  # no CUDA
+    assert set(measured["learner"]) == {"part_sum_s", "optimizer_step_s", "publish_to_host_s", "publication_bytes"}
+    assert measured["learner"]["publication_bytes"] == measured["lora_params"] * 4  # float32 adapters
+
+
+def test_a_device_name_maps_to_the_simulators_gpu():
+    assert simulator_gpu("NVIDIA H100 80GB HBM3") == "H100"
+    assert simulator_gpu("NVIDIA A100-SXM4-80GB") == "A100-80GB" and simulator_gpu("NVIDIA A100-SXM4-40GB") == "A100"
+    assert simulator_gpu("Some Future GPU") == "Some Future GPU"
+
+
+def test_the_shipped_h100_files_load_as_the_h100():
+    for name in ("h100-512.yaml", "h100-1280.yaml"):
+        steps = StepTimes.load(Path("experiments/step_times") / name)
+        assert steps.gpu == "H100" and steps.denoise_step_s > 0 and steps.train_flops_factor > 3
 
 
 def test_lora_rank_0_skips_the_update_rows(tmp_path):

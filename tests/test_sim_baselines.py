@@ -52,8 +52,10 @@ def test_near_all_spot_bills_one_ondemand_gpu_and_the_live_spot_nodes():
 
 
 def test_managed_restart_bills_no_ondemand_gpu_and_waits_for_capacity_paying_nothing():
-    # No node for the first 1,000 s; then two of 2 GPUs. All die at 1,300 + 200 s; one comes back at 3,000 s.
-    come, die, back = 1000.0, 1500.0, 3000.0
+    # No node for the first 1,000 s; then two of 2 GPUs. All die 40 s after the first launch ends
+    # (a few iterations in); one comes back at 3,000 s.
+    come, back = 1000.0, 3000.0
+    die = come + LAUNCH_S + 40.0
     tr = trace((come, "add", "n0"), (come, "add", "n1"), (die, "remove", "n0"), (die, "remove", "n1"),
                (back, "add", "n0"))
     cfg = small(spot_gpus=4, iterations=8)

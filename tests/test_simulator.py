@@ -29,7 +29,7 @@ def test_no_preemptions_takes_the_time_the_step_model_gives_by_hand():
     from dataclasses import replace
 
     st = replace(StepTimes(), update_round_s=0.5)  # short enough that spotlight_noexplore trains on the fleet
-    t1 = 1e-4 * 1024 + 2e-9 * 1024 ** 2  # UlyssesStepTime at 512 px (1024 tokens), degree 1, on an H100
+    t1 = 0.043227  # degree 1 at 512 px (1024 tokens) on an H100: the measured step the model is fitted to
     request = 4 * st.denoise_steps * st.cfg_factor * t1 + 4 * st.reward_s_per_sample  # 4 samples per request
     train = 8 * 4 * st.trained_steps * st.train_flops_factor * st.cfg_factor * t1 / (4 * st.train_efficiency)
     out = simulate(small(step_times=st), fleet(4), ["ondemand", "spotlight_noexplore"])["policies"]
@@ -140,11 +140,11 @@ def test_scale_smoke():
     from experiments.simulate_scale import TRACE, looped, run_scale
     from schedulers.traces import load_trace
 
-    r = run_scale(gpus=64, iterations=40)  # ~0.7 simulated hours: past the trace's first removals (2,040 s)
-    assert r["iterations"] == 40 and r["seconds"] > 0 and r["requests_per_iteration"] == 16
+    r = run_scale(gpus=64, iterations=70)  # ~0.7 simulated hours: past the trace's first removals (2,040 s)
+    assert r["iterations"] == 70 and r["seconds"] > 0 and r["requests_per_iteration"] == 16
     assert r["preemptions"] > 0 and 0 < r["last_preemption_h"] <= r["simulated_hours"] <= r["churn_until_h"]
     assert r["regroups"] > 0 and r["explored_samples"] > 0 and r["requests_requeued"] >= 0
-    assert 0 <= r["fleet_update_iterations"] <= 40
+    assert 0 <= r["fleet_update_iterations"] <= 70
     # The loop keeps the trace's churn and its peak (which sizes the spot blocks): bamboo-p3 ends
     # with 10 of its 18 starting nodes live, so each wrap is 8 joins and no removal.
     trace = load_trace(TRACE)
@@ -166,8 +166,10 @@ def test_a_budget_stops_every_policy_but_the_oracle_before_it_is_exceeded():
             assert r == free[name]
             continue
         assert r["stop_reason"] == "budget" and r["total_cost_usd"] <= budget, name
-        # spot_restart keeps a cold start + restore (420 s) in reserve: here it cannot afford one
-        assert 0 <= r["iterations"] < 40 and (r["iterations"] > 0 or name == "spot_restart"), name
+        # the restart baselines keep a cold start + restore in reserve (Simulation._cost_control): on
+        # this churn (30 preemptions an hour) a relaunch costs more than the budget leaves them
+        restarts = name in ("spot_restart", "managed_restart")
+        assert 0 <= r["iterations"] < 40 and (r["iterations"] > 0 or restarts), name
     # a budget that does not bind changes nothing
     roomy = simulate(small(iterations=40, spot_gpus=8, budget_usd=1e9), trace)["policies"]
     assert json.dumps(roomy) == json.dumps(free)
@@ -198,7 +200,7 @@ def test_ondemand_total_rents_the_spot_peak_on_demand():
     from dataclasses import replace
 
     st = replace(StepTimes(), update_round_s=0.5)  # short enough that spotlight_noexplore trains on the fleet
-    t1 = 1e-4 * 1024 + 2e-9 * 1024 ** 2  # as in the first test: degree 1 at 512 px on an H100
+    t1 = 0.043227  # as in the first test: degree 1 at 512 px on an H100, measured
     request = 4 * st.denoise_steps * st.cfg_factor * t1 + 4 * st.reward_s_per_sample
     train = 8 * 4 * st.trained_steps * st.train_flops_factor * st.cfg_factor * t1 / (10 * st.train_efficiency)
     assert total["wall_h"] * 3600 == pytest.approx(3 * (request + train + st.weight_sync_s), rel=1e-9)
@@ -206,20 +208,20 @@ def test_ondemand_total_rents_the_spot_peak_on_demand():
 
 def test_spot_restart_pays_only_for_the_nodes_its_job_holds():
     st, (od, spot, _) = StepTimes(), gpu_prices(small())
-    # n0 and n1 from the start; n2 joins at 100 s and, with no preemption, is never the job's
-    joins_late = Trace([TraceEvent(0.0, "add", "n0"), TraceEvent(0.0, "add", "n1"), TraceEvent(100.0, "add", "n2")],
+    # n0 and n1 from the start; n2 joins at 40 s and, with no preemption, is never the job's
+    joins_late = Trace([TraceEvent(0.0, "add", "n0"), TraceEvent(0.0, "add", "n1"), TraceEvent(40.0, "add", "n2")],
                        "handmade")
     r = simulate(small(spot_gpus=6, iterations=6), joins_late, ["spot_restart"])["policies"]["spot_restart"]
-    assert r["restarts"] == 0 and r["wall_h"] * 3600 > 100
+    assert r["restarts"] == 0 and r["wall_h"] * 3600 > 40
     assert r["total_cost_usd"] == pytest.approx((4 * od + 2 * 2 * spot) * r["wall_h"], rel=1e-9)
-    # n0 dies at 200 s: the job restarts (cold start + restore) on n1 and n2, from then on paying for both
-    restart = Trace(joins_late.events + [TraceEvent(200.0, "remove", "n0")], "handmade")
+    # n0 dies at 80 s: the job restarts (cold start + restore) on n1 and n2, from then on paying for both
+    restart = Trace(joins_late.events + [TraceEvent(80.0, "remove", "n0")], "handmade")
     r = simulate(small(spot_gpus=6, iterations=12), restart, ["spot_restart"])["policies"]["spot_restart"]
     assert r["restarts"] == 1
-    back = 200.0 + st.cold_start_s + st.restore_s
+    back = 80.0 + st.cold_start_s + st.restore_s
     end = r["wall_h"] * 3600
     assert end > back
-    spot_gpu_s = 2 * 2 * 200.0 + 1 * 2 * (back - 200.0) + 2 * 2 * (end - back)
+    spot_gpu_s = 2 * 2 * 80.0 + 1 * 2 * (back - 80.0) + 2 * 2 * (end - back)
     assert r["total_cost_usd"] == pytest.approx((4 * od * end + spot * spot_gpu_s) / 3600, rel=1e-9)
     # the paid GPUs it reports (the timeline) are the same ones
     points = [(t * 3600, n) for t, n in r["timeline"]] + [(end, 0)]
@@ -231,7 +233,7 @@ def test_spot_gpus_computing_the_update_shorten_every_iteration_and_the_oracle_b
     from dataclasses import replace
 
     cfg = small(iterations=6, spot_gpus=12, prompts=16, step_times=replace(StepTimes(), update_round_s=0.5))
-    out = simulate(cfg, fleet(4, remove_at=150.0), ["spotlight_learner_update", "spotlight", "oracle"])["policies"]
+    out = simulate(cfg, fleet(4, remove_at=140.0), ["spotlight_learner_update", "spotlight", "oracle"])["policies"]
     alone, fleet_update, oracle = (out[p] for p in ("spotlight_learner_update", "spotlight", "oracle"))
     assert fleet_update["wall_h"] < alone["wall_h"]
     assert oracle["wall_h"] <= fleet_update["wall_h"]
@@ -319,9 +321,9 @@ def test_every_answer_is_a_range_over_the_constant_sets_and_the_plot_shows_the_r
     from spotlight.sim.assumptions import SETS
     from spotlight.sim.report import cumulative_cost, plot_simulation, table, verdict
 
-    # n0 is preempted at 200 s and n4 joins at 400 s; the trace goes on to 10 h, far past the runs
+    # n0 is preempted at 100 s and n4 joins at 200 s; the trace goes on to 10 h, far past the runs
     trace = Trace([TraceEvent(0.0, "add", f"n{k}") for k in range(4)]
-                  + [TraceEvent(200.0, "remove", "n0"), TraceEvent(400.0, "add", "n4"),
+                  + [TraceEvent(100.0, "remove", "n0"), TraceEvent(200.0, "add", "n4"),
                      TraceEvent(36_000.0, "remove", "n1")], "handmade")
     cfg = small(iterations=40, spot_gpus=8, iterations_scale=1.0, stop_at_target=True)
     names = ["ondemand", "spotlight", "oracle"]
@@ -353,7 +355,7 @@ def test_every_answer_is_a_range_over_the_constant_sets_and_the_plot_shows_the_r
     assert fig.axes[2].get_legend().get_texts()[0].get_text() == "1 preemption in the longest spot run"
     for name, r in full["policies"].items():  # each dollar curve ends where its run does, at what it spent
         assert cumulative_cost(r, full["config"])[-1] == pytest.approx((r["wall_h"], r["total_cost_usd"]), rel=1e-9)
-    assert full["policies"]["spotlight"]["preemption_times_h"] == [200.0 / 3600]
+    assert full["policies"]["spotlight"]["preemption_times_h"] == [100.0 / 3600]
     assert full["policies"]["ondemand"]["preemption_times_h"] == []
     # the docs' table row (experiments/simulator_table.py): typical (range), a column per baseline compared with
     from experiments.simulator_table import header, row

@@ -91,7 +91,7 @@ def test_a_given_figure_wins_and_a_derived_one_follows_its_fields(tmp_path):
 def test_a_full_fine_tune_does_not_fit_a_spot_h100_and_lora_does():
     line = update_memory_refusal(StepTimes.profile("qwen-image-full"))
     assert line == ("qwen-image full fine-tune: a spot H100 (80 GiB) cannot hold 38 GiB of weights, 38 GiB of "
-                    "gradients and 6 GiB of activations and runtime (82 GiB); the update runs on the learner's GPUs")
+                    "gradients and 7.2 GiB of activations and runtime (83 GiB); the update runs on the learner's GPUs")
     assert update_memory_refusal(StepTimes()) is None
     assert update_memory_refusal(StepTimes(lora_rank=0, gpu="H200")) is None  # 141 GiB holds both
     assert update_memory_refusal(StepTimes(gpu="A100")) is not None  # 40 GiB: not even the bf16 base

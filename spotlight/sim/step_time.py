@@ -1,10 +1,11 @@
 """The step-time model: how long each piece of a GRPO iteration takes, per resolution, SP degree
 and GPU type. It is what the trace-replay simulator puts in place of executing requests.
 
-The denoising step's dependence on the sequence length and the SP degree is
-`elastic_sp.regroup_policy.UlyssesStepTime` (the regroup policy's own model, Qwen-Image on H100s:
-compute split over the group plus the Ulysses all-to-alls), scaled to other GPUs by their dense
-bf16 peak (`spotlight.train.iteration_time.PEAK_BF16_FLOPS`). The transfers — the weight sync and
+The denoising step's dependence on the sequence length and the SP degree is the regroup policy's
+own model, `elastic_sp.regroup_policy.UlyssesStepTime` (compute split over the group plus the
+Ulysses all-to-alls), with its compute fitted to the step times measured on an H100
+(`H100_STEP_TIME`, docs/measurements.md) and scaled to other GPUs by their dense bf16 peak
+(`spotlight.train.iteration_time.PEAK_BF16_FLOPS`). The transfers — the weight sync and
 the learner's gather of the fleet's gradient parts — are bytes over links
 (`spotlight.sim.transfers`): derived from the model's shape, the LoRA rank and the link fields
 unless a figure is given. Everything else is a per-sample or fixed cost documented field by field
@@ -81,6 +82,30 @@ def image_tokens(resolution: int) -> int:
     return (resolution // LATENT_PIXELS_PER_TOKEN) ** 2
 
 
+H100_MEASURED_STEP_S = {512: 0.043227, 1280: 0.321204}
+"""Seconds of one sample's denoising step (one pass, degree 1) of the real Qwen-Image transformer in
+bfloat16 on an NVIDIA H100 80GB HBM3, measured 2026-11-27 by `experiments.measure_step_times`
+(torch 2.11, random weights; docs/measurements.md): 512² in passes of 8 samples (43.2 ms a sample;
+one sample alone takes 164.8 ms, launch-bound), 1280² in passes of 2 (321.2 ms; alone 328.4 ms).
+Files: experiments/step_times/."""
+
+
+def _fit_compute(measured: dict[int, float]) -> UlyssesStepTime:
+    """The Ulysses model whose compute, a·S + b·S², passes through two measured (resolution, seconds)
+    points; its all-to-all terms (unmeasured: one GPU) stay as the regroup policy has them."""
+    (r1, t1), (r2, t2) = sorted(measured.items())
+    s1, s2 = image_tokens(r1), image_tokens(r2)
+    b = (t2 / s2 - t1 / s1) / (s2 - s1)
+    return UlyssesStepTime(s_per_token=t1 / s1 - b * s1, s_per_token_pair=b)
+
+
+H100_STEP_TIME = _fit_compute(H100_MEASURED_STEP_S)
+"""The simulator's step-time model on an H100: 4.07e-5 s per image token (about 2 FLOP x the ~10B
+parameters of the image stream at ~500 TFLOP/s) and 1.49e-9 s per token pair. The regroup
+policy's own defaults (1e-4, 2e-9: 20B parameters at 400 TFLOP/s) gave steps 2.4x (512²) and 2.2x
+(1280²) slower than measured."""
+
+
 class Derived(float):
     """A figure the model derived (a transfer's seconds from bytes over links), not one a file or a
     caller set: `dataclasses.replace` and `StepTimes.load` derive it again from the new fields,
@@ -104,12 +129,16 @@ class StepTimes:
     cfg_factor: float = 2.0
     """Transformer passes per step: true classifier-free guidance runs the conditional and the
     unconditional input (Qwen-Image's true_cfg_scale; the recipe's guidance 4), in the rollout and
-    in the update."""
-    train_flops_factor: float = 3.0
-    """A trained step in forwards: full-parameter training's forward + backward = 3; with LoRA the
-    backward computes no weight gradients for the frozen base (~2 forwards) but the recipe's
-    activation checkpointing runs the forward again: 3 as well. `experiments/measure_step_times.py`
-    measures the LoRA row on a GPU."""
+    in the update. Measured on an H100: 1.99 (512², 8 a pass), 2.00 (1280², 2 a pass)."""
+    train_flops_factor: float = 6.24
+    """A trained step in plain forwards of the same samples. LoRA (this profile): measured on an
+    H100, 512², 8 samples a pass — forward and backward into peft's rank-64 float32 adapters over
+    the bf16 base with gradient checkpointing, 269.9 ms a sample against a 43.2 ms forward (1280²,
+    2 a pass: 5.75). The roofline guess was 3 (the backward's two forwards, one recomputed); the
+    adapters' casts and small matmuls, in every target linear and three times (forward, recompute,
+    backward), cost the rest. The full fine-tune profile keeps 3, an assumption: its row did not
+    fit 8 samples a pass beside 38 GiB of gradients (one sample alone: 949 ms, 5.8x a lone
+    sample's launch-bound 165 ms forward)."""
     train_efficiency: float = 0.8
     """Data-parallel (FSDP) efficiency of the update over the trainer's GPUs."""
     fleet_update_efficiency: float = 0.8
@@ -183,12 +212,14 @@ class StepTimes:
     """Host memory to GPU when a worker loads a publication, in Gbit/s (`transfers.LOAD_GBPS`)."""
     learner_step_s: float = transfers.LEARNER_STEP_S
     """The learner's sum, clip and optimiser step per round besides receiving the parts (an assumption)."""
-    activation_gib: float = 6.0
+    activation_gib: float = 7.2
     """GPU memory a fleet update's micro-batch needs besides weights and gradients, in GiB: the
-    activations with gradient checkpointing at 512², one row, true CFG (60 blocks' inputs of
-    ~1,088 tokens x 3,072 x 2 B x 2 passes = 0.8 GB, one block recomputed ~0.4 GB), the CUDA context
-    and cuBLAS workspaces (~1 GB) and the caching allocator's slack (~5% of 80 GB). An assumption:
-    not measured on a GPU here."""
+    activations with gradient checkpointing at 512², one row, true CFG — 2.24 GiB measured on an
+    H100 (the LoRA row's 3.82 GiB peak over the model less the adapters' 1.58 GiB of gradients) —
+    plus two assumptions: the CUDA context and cuBLAS workspaces (~1 GiB, outside the allocator's
+    count) and the caching allocator's slack (~5% of 80 GiB). Measured beside it: a full
+    fine-tune's plain row (no CFG) peaked at 76.7 GiB allocated of the card's 79.2, so the
+    refusal of qwen-image-full on an H100 rests on CFG and these two assumptions."""
     gpu_memory_gib: float | None = None
     """Override: memory per GPU in GiB (None: `GPU_MEMORY_GIB` of `gpu`)."""
 
@@ -233,7 +264,7 @@ class StepTimes:
         if name in ("qwen-image-full", "qwen-image"):
             # Every parameter trains: the publication and each gradient part are 40.9 GB of bf16, a
             # restore reads 204 GB of weights and Adam state; 20 denoising steps as before.
-            return cls(lora_rank=0, denoise_steps=20, restore_s=120.0)
+            return cls(lora_rank=0, denoise_steps=20, restore_s=120.0, train_flops_factor=3.0)
         if name == "tiny-cpu":
             # The tiny DiT on 2 CPU cores (docs/measurements.md): 3676 denoising steps/s micro-batched
             # (0.27 ms per sample-step), 229 trained samples/s at 8 SDE steps (0.55 ms per
@@ -339,12 +370,12 @@ class StepTimes:
     def step_model(self, resolution: int):
         """A `StepTimeModel` (seq_len, degree) -> seconds of one sample's denoising step."""
         if self.denoise_step_s is not None:
-            base = UlyssesStepTime()
+            base = H100_STEP_TIME
             tokens = image_tokens(resolution)
             # keep Ulysses' degree dependence, anchored to the measured degree-1 figure
             return MeasuredStepTime(tokens, {d: self.denoise_step_s * base(tokens, d) / base(tokens, 1)
                                              for d in range(1, self.heads + 1) if self.heads % d == 0})
-        ulysses, speed = UlyssesStepTime(), self.speed
+        ulysses, speed = H100_STEP_TIME, self.speed
         return lambda seq_len, degree: ulysses(seq_len, degree) / speed
 
     def sample_s(self, resolution: int, degree: int) -> float:
@@ -380,8 +411,8 @@ def update_memory_refusal(st: StepTimes) -> str | None:
     holds the whole model in its dtype, with LoRA the float32 adapters too, the trained parameters'
     gradients in their dtype (twice with `parts_per_request` > 1: the running sum beside the
     micro-batch's), and `activation_gib`; the optimiser's state stays on the learner.
-    Qwen-Image full fine-tune on an H100: 38 + 38 + 6 = 82 GiB > 80; at rank 64: 38 + 1.6 + 1.6 + 6
-    = 47 GiB. The string is what `schedulers.update_placement.fleet_update_refusal` takes as `memory`."""
+    Qwen-Image full fine-tune on an H100: 38 + 38 + 7.2 = 83 GiB > 80; at rank 64: 38 + 1.6 + 1.6 +
+    7.2 = 48 GiB. The string is what `schedulers.update_placement.fleet_update_refusal` takes as `memory`."""
     memory = st.gpu_memory_gib if st.gpu_memory_gib is not None else GPU_MEMORY_GIB.get(st.gpu)
     if memory is None:
         return None
