@@ -1,7 +1,8 @@
 """`spotlight train` on a real multi-node Ray cluster (tests/ray_cluster.py: `ray start` nodes on
 loopback, each its own process group): on-demand roles stay on the head, spot executors run on
 every spot node, a drained node gives its work back, a SIGKILLed node's work is re-queued, a node
-that joins gets executors and work — and the run ends bit-identical to a local run of the config."""
+that joins gets executors and work — and the run ends bit-identical to a local run of the config;
+the fleet update moves between the nodes the bytes the simulator's byte model counts."""
 
 from __future__ import annotations
 
@@ -16,6 +17,10 @@ import pytest
 import ray
 import torch
 from safetensors.torch import load_file
+
+from spotlight.rl.dit_model import transformer_arch
+from spotlight.sim import transfers
+from spotlight.sim.transfers import DiTShape
 
 from conftest import small_dit_config
 from ray_cluster import LoopbackCluster, descendants
@@ -242,5 +247,13 @@ def test_a_spot_node_sigkilled_while_it_computes_the_update_changes_no_weight(tm
     assert summary["workers_lost"] >= 1 and summary["requests_interrupted"] >= 1, (summary, logs)
     assert sum(r["gradient_parts_spot"] for r in rows) > 0, rows
     assert len({r["gradient_parts"] for r in rows}) == 1, rows  # every update had all its parts
+    # What reached the learner from the other nodes is the byte model's (spotlight.sim.transfers),
+    # the SIGKILL notwithstanding: one gradient of the model's part size per part (the killed
+    # worker's part once, from the worker that computed it again), and every publication is the
+    # whole float32 model.
+    shape = DiTShape.from_arch(transformer_arch(cfg.policy.dit))
+    part, publication = transfers.part_bytes(shape, 0, 4, 4), transfers.publication_bytes(shape, 0, 4, 4)
+    for r in rows:  # gradient_parts: the parts the learner folded (every one, checked above)
+        assert r["update_gradient_bytes"] == r["gradient_parts"] * part and r["publish_bytes"] == publication, r
     a, b = _weights(tmp_path / "local"), _weights(tmp_path / "cluster")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
