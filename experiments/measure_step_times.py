@@ -23,8 +23,8 @@ memory it needed besides what the model held before it (`*_extra_gib`: activatio
 block, workspaces, the allocator's slack) — the simulator's `activation_gib`.
 
 `--full-row` first times the same row with every parameter trained (a full fine-tune's micro-batch
-on a fleet worker: weights, their gradients and the activations on one GPU), at the first
-resolution; it records the peak memory, or that the GPU ran out (`full_train_s` None). With LoRA
+on a fleet worker: weights, their gradients and the activations on one GPU), plain and guided, at
+the first resolution; it records the peak memory, or that the GPU ran out (`full_train_s` None). With LoRA
 it then times what the learner does per round besides receiving the parts (`learner`): one part
 added onto the sum of the adapters' gradients, the clip and an AdamW step over the adapters, and
 their copy to host memory for the publication.
@@ -171,15 +171,16 @@ def train_row_seconds(model: torch.nn.Module, prefix: str, preset: str, resoluti
 
 
 def full_row_seconds(model: torch.nn.Module, preset: str, resolution: int, device: str, steps: int,
-                     warmup: int, batch: int = 1) -> dict[str, float | None]:
-    """The update row with every parameter trained (gradient checkpointing on the real preset), plain:
-    a full fine-tune's micro-batch on one GPU; the model is frozen again afterwards."""
+                     warmup: int, batch: int = 1, guidance: float | None = None) -> dict[str, float | None]:
+    """The update row with every parameter trained (gradient checkpointing on the real preset), plain
+    and (with `guidance`) guided: a full fine-tune's micro-batch on one GPU; the model is frozen
+    again afterwards."""
     model.requires_grad_(True)
     if preset != "tiny":
         model.enable_gradient_checkpointing()
     model.train()
     try:
-        return train_row_seconds(model, "full_train", preset, resolution, device, steps, warmup, None, batch)
+        return train_row_seconds(model, "full_train", preset, resolution, device, steps, warmup, guidance, batch)
     finally:
         model.requires_grad_(False).eval()
         if preset != "tiny":
@@ -189,7 +190,9 @@ def full_row_seconds(model: torch.nn.Module, preset: str, resolution: int, devic
 def learner_seconds(model: torch.nn.Module, device: str, steps: int, warmup: int) -> dict[str, float]:
     """What the learner does per round with the adapters' gradients besides receiving them: one part
     added onto the sum (`part_sum_s`), the norm clip and an AdamW step (`optimizer_step_s`), and the
-    adapters' copy to host memory for the publication (`publish_to_host_s`, `publication_bytes`)."""
+    adapters' copy to host memory for the publication, per tensor into fresh pageable memory as
+    `tensor.to("cpu")` does (`publish_to_host_s`) and into pinned buffers allocated once
+    (`publish_to_pinned_s`), and its size (`publication_bytes`)."""
     from spotlight.rl.lora import trainable
 
     params = trainable(model)
@@ -198,6 +201,7 @@ def learner_seconds(model: torch.nn.Module, device: str, steps: int, warmup: int
     part = [torch.randn_like(p) for p in params]
     grads = [p.grad for p in params]
     opt = torch.optim.AdamW(params, lr=1e-4)
+    pinned = [torch.empty(p.shape, dtype=p.dtype, pin_memory=device.startswith("cuda")) for p in params]
 
     def step() -> None:
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -206,8 +210,10 @@ def learner_seconds(model: torch.nn.Module, device: str, steps: int, warmup: int
     out = {"part_sum_s": _seconds(lambda: torch._foreach_add_(grads, part), device, steps, warmup),
            "optimizer_step_s": _seconds(step, device, steps, warmup),
            "publish_to_host_s": _seconds(lambda: [p.detach().to("cpu") for p in params], device, steps, warmup),
+           "publish_to_pinned_s": _seconds(lambda: [b.copy_(p.detach(), non_blocking=True) for b, p in zip(pinned, params)],
+                                           device, steps, warmup),
            "publication_bytes": sum(p.numel() * p.element_size() for p in params)}
-    del opt, part
+    del opt, part, pinned
     model.zero_grad(set_to_none=True)
     return out
 
@@ -259,12 +265,13 @@ def measure(out: Path, preset: str = "qwen-image", device: str = "cuda", resolut
     for resolution in resolutions:
         figures = step_seconds(model, preset, resolution, device, steps, warmup, guidance, batch)
         rows.append({"resolution": resolution, **figures, "cfg_factor": figures["guided_s"] / figures["plain_s"]})
-    full = full_row_seconds(model, preset, resolutions[0], device, steps, warmup, batch) if full_row else None
+    full = full_row_seconds(model, preset, resolutions[0], device, steps, warmup, batch, guidance) if full_row else None
     if full is not None:
         rows[0].update(full)
-        took = "out of GPU memory" if full["full_train_s"] is None else f"{full['full_train_s'] * 1e3:.2f} ms"
-        peak = "" if full["full_train_extra_gib"] is None else f", {full['full_train_extra_gib']:.1f} GiB over the weights"
-        print(f"{resolutions[0]} px full fine-tune row: {took}{peak}")
+        for name in ("full_train", "full_train_guided"):
+            took = "out of GPU memory" if full[f"{name}_s"] is None else f"{full[f'{name}_s'] * 1e3:.2f} ms"
+            peak = "" if full[f"{name}_extra_gib"] is None else f", {full[f'{name}_extra_gib']:.1f} GiB over the weights"
+            print(f"{resolutions[0]} px full fine-tune row{' with CFG' if 'guided' in name else ''}: {took}{peak}")
     adapter_params = add_adapters(model, preset, lora_rank) if lora_rank else 0
     for row in rows:
         step_times = {"gpu": gpu, "denoise_step_s": row["plain_s"], "cfg_factor": row["cfg_factor"]}

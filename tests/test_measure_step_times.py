@@ -34,8 +34,10 @@ def test_batches_the_full_row_and_the_learner_are_recorded(tmp_path):
           "--warmup", "0", "--batch", "2", "--full-row", "--lora-rank", "4"])
     measured = json.loads((tmp_path / "measured.json").read_text())
     row = measured["rows"][0]
-    assert measured["batch"] == 2 and row["full_train_s"] > 0 and row["full_train_extra_gib"] is None  # no CUDA
-    assert set(measured["learner"]) == {"part_sum_s", "optimizer_step_s", "publish_to_host_s", "publication_bytes"}
+    assert measured["batch"] == 2 and row["full_train_s"] > 0 and row["full_train_guided_s"] > 0
+    assert row["full_train_extra_gib"] is None  # no CUDA here
+    assert set(measured["learner"]) == {"part_sum_s", "optimizer_step_s", "publish_to_host_s", "publish_to_pinned_s",
+                                        "publication_bytes"}
     assert measured["learner"]["publication_bytes"] == measured["lora_params"] * 4  # float32 adapters
 
 

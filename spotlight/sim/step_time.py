@@ -218,8 +218,9 @@ class StepTimes:
     H100 (the LoRA row's 3.82 GiB peak over the model less the adapters' 1.58 GiB of gradients) —
     plus two assumptions: the CUDA context and cuBLAS workspaces (~1 GiB, outside the allocator's
     count) and the caching allocator's slack (~5% of 80 GiB). Measured beside it: a full
-    fine-tune's plain row (no CFG) peaked at 76.7 GiB allocated of the card's 79.2, so the
-    refusal of qwen-image-full on an H100 rests on CFG and these two assumptions."""
+    fine-tune's row of one sample with CFG ran out of an H100's memory (39.5 GiB over the
+    weights); without CFG it peaked at 76.7 GiB allocated of the card's 79.2. The refusal of
+    qwen-image-full on an H100 is measured for the recipe's true CFG."""
     gpu_memory_gib: float | None = None
     """Override: memory per GPU in GiB (None: `GPU_MEMORY_GIB` of `gpu`)."""
 
