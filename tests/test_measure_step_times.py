@@ -47,10 +47,14 @@ def test_a_device_name_maps_to_the_simulators_gpu():
     assert simulator_gpu("Some Future GPU") == "Some Future GPU"
 
 
-def test_the_shipped_h100_files_load_as_the_h100():
-    for name in ("h100-512.yaml", "h100-1280.yaml"):
-        steps = StepTimes.load(Path("experiments/step_times") / name)
-        assert steps.gpu == "H100" and steps.denoise_step_s > 0 and steps.train_flops_factor > 3
+def test_the_shipped_h100_files_load_as_the_h100_and_the_default_model_passes_through_them():
+    from spotlight.sim.step_time import H100_STEP_TIME, image_tokens
+
+    for resolution in (512, 1280):
+        steps = StepTimes.load(Path("experiments/step_times") / f"h100-{resolution}.yaml")
+        assert steps.gpu == "H100" and steps.train_flops_factor > 3
+        assert H100_STEP_TIME(image_tokens(resolution), 1) == pytest.approx(steps.denoise_step_s, rel=1e-5)
+        assert StepTimes().denoise_s(resolution, 1) == pytest.approx(2 * steps.denoise_step_s, rel=1e-5)  # CFG 2
 
 
 def test_lora_rank_0_skips_the_update_rows(tmp_path):
