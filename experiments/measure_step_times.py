@@ -48,6 +48,7 @@ import torch
 import yaml
 
 from spotlight.rl.dit_model import QWEN_IMAGE_TRANSFORMER, TINY_TRANSFORMER, true_cfg, velocity
+from spotlight.sim.transfers import GIB
 
 VAE_SCALE = {"tiny": 1, "qwen-image": 8}
 """Pixels per latent cell: the tiny DiT's latent is the image; Qwen-Image's VAE downsamples 8x."""
@@ -99,13 +100,9 @@ def _velocities(model: torch.nn.Module, i: dict, guidance: float | None) -> torc
     return true_cfg(v, velocity(model, i["x"], i["sigma"], i["neg"], i["mask"], i["side"]), guidance)
 
 
-def _gib(nbytes: float) -> float:
-    return nbytes / 2**30
-
-
 def _extra_gib(device: str, before: int) -> float | None:
     """GiB the work since `torch.cuda.reset_peak_memory_stats` held at its peak over `before` bytes."""
-    return _gib(torch.cuda.max_memory_allocated() - before) if device.startswith("cuda") else None
+    return (torch.cuda.max_memory_allocated() - before) / GIB if device.startswith("cuda") else None
 
 
 def _reset_peak(device: str) -> int:
@@ -150,15 +147,14 @@ def lora_row_seconds(model: torch.nn.Module, preset: str, resolution: int, devic
 
 
 def train_row_seconds(model: torch.nn.Module, prefix: str, preset: str, resolution: int, device: str, steps: int,
-                      warmup: int, guidance: float | None, batch: int = 1) -> dict[str, float | None]:
+                      warmup: int, guidance: float, batch: int = 1) -> dict[str, float | None]:
     """Seconds of one update row (forward and backward into what requires grad; rows of `batch`
-    samples, divided by `batch`), plain and (with `guidance`) guided, and on CUDA the memory each needed besides what was held before it
-    (`<prefix>_s`, `<prefix>_guided_s`, `..._extra_gib`); None where the GPU ran out of memory."""
+    samples, divided by `batch`), plain and guided, and on CUDA the memory each needed besides
+    what was held before it (`<prefix>_s`, `<prefix>_guided_s`, `..._extra_gib`); None where the
+    GPU ran out of memory."""
     i = _inputs(model, preset, resolution, device, batch)
     out: dict[str, float | None] = {}
     for name, scale in ((prefix, None), (f"{prefix}_guided", guidance)):
-        if name.endswith("_guided") and scale is None:
-            continue
         before = _reset_peak(device)
         try:
             out[f"{name}_s"] = _seconds(lambda: _velocities(model, i, scale).float().square().mean().backward(),
@@ -171,10 +167,9 @@ def train_row_seconds(model: torch.nn.Module, prefix: str, preset: str, resoluti
 
 
 def full_row_seconds(model: torch.nn.Module, preset: str, resolution: int, device: str, steps: int,
-                     warmup: int, batch: int = 1, guidance: float | None = None) -> dict[str, float | None]:
+                     warmup: int, guidance: float, batch: int = 1) -> dict[str, float | None]:
     """The update row with every parameter trained (gradient checkpointing on the real preset), plain
-    and (with `guidance`) guided: a full fine-tune's micro-batch on one GPU; the model is frozen
-    again afterwards."""
+    and guided: a full fine-tune's micro-batch on one GPU; the model is frozen again afterwards."""
     model.requires_grad_(True)
     if preset != "tiny":
         model.enable_gradient_checkpointing()
@@ -265,7 +260,7 @@ def measure(out: Path, preset: str = "qwen-image", device: str = "cuda", resolut
     for resolution in resolutions:
         figures = step_seconds(model, preset, resolution, device, steps, warmup, guidance, batch)
         rows.append({"resolution": resolution, **figures, "cfg_factor": figures["guided_s"] / figures["plain_s"]})
-    full = full_row_seconds(model, preset, resolutions[0], device, steps, warmup, batch, guidance) if full_row else None
+    full = full_row_seconds(model, preset, resolutions[0], device, steps, warmup, guidance, batch) if full_row else None
     if full is not None:
         rows[0].update(full)
         for name in ("full_train", "full_train_guided"):
@@ -294,7 +289,7 @@ def measure(out: Path, preset: str = "qwen-image", device: str = "cuda", resolut
         print(f"learner per round: part sum {learner['part_sum_s'] * 1e3:.2f} ms, clip + AdamW "
               f"{learner['optimizer_step_s'] * 1e3:.2f} ms, adapters to host {learner['publish_to_host_s'] * 1e3:.2f} ms "
               f"({learner['publication_bytes'] / 1e9:.2f} GB)")
-    memory = {"gpu_memory_gib": _gib(torch.cuda.get_device_properties(torch.device(device)).total_memory)} \
+    memory = {"gpu_memory_gib": torch.cuda.get_device_properties(torch.device(device)).total_memory / GIB} \
         if device.startswith("cuda") else {}
     result = {"preset": preset, "gpu": gpu, "device_name": device_name, **memory, "batch": batch, "device": device, "dtype": str(next(model.parameters()).dtype),
               "torch": torch.__version__, "steps": steps, "warmup": warmup, "guidance": guidance,

@@ -18,6 +18,7 @@ import argparse
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -125,8 +126,8 @@ def main(argv: list[str] | None = None) -> int:
     traces = a.traces or [str(t) for t in shipped_traces()]
     jobs = [(t, size) for t in traces for size in a.sizes]
     with ProcessPoolExecutor(max_workers=a.jobs) as pool:
-        results = list(pool.map(run, [t for t, _ in jobs], [s for _, s in jobs], [a.policy] * len(jobs),
-                                [16] * len(jobs), [a.objective] * len(jobs)))
+        results = list(pool.map(partial(run, policy=a.policy, objective=a.objective),
+                                [t for t, _ in jobs], [s for _, s in jobs]))
     lines = [caption(results[0], a.policy), "", *header(results[0], a.policy)]
     lines += [row(Path(t).name, r, a.policy) for (t, _), r in zip(jobs, results)]
     text = "\n".join(lines) + "\n"
