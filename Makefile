@@ -14,8 +14,9 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml cloud/fleet.lock
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	@# The CPU build first: a bare `torch` requirement with no torch present pulls several GB of CUDA wheels.
-	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install --quiet torch==2.13.0
+	@# torch first, the build this machine needs (CPU without an NVIDIA GPU; SPOTLIGHT_TORCH=cpu|cuda forces one):
+	@# a bare `torch` requirement with no torch present pulls several GB of CUDA wheels even without a GPU.
+	$(PY) spotlight/install_torch.py
 	@# The lock as constraints: the tests run on the versions a launched fleet's nodes install.
 	$(PY) -m pip install --quiet -c cloud/fleet.lock -e '.[dev]'
 	touch $(STAMP)

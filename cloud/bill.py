@@ -19,7 +19,6 @@ so, never an exception; nothing here reads the network or SkyPilot.
 from __future__ import annotations
 
 import math
-import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -135,9 +134,10 @@ def _h(hours: float) -> str:
     return f"{hours:,.1f} h" if hours < 72 else f"{hours:,.0f} h ({hours / 24:,.1f} days)"
 
 
-def lines(b: Bill, launch: Sequence[str], cancel: Sequence[str]) -> list[str]:
+def lines(b: Bill) -> list[str]:
     """The bill as aligned lines: the tasks, each kind of node with its $/h, the totals, where the
-    prices come from, the budget's cap, and the commands that launch and cancel the fleet."""
+    prices come from and the budget's cap. (The commands that launch, follow and cancel the fleet
+    come after it, once SkyPilot has accepted the tasks: `cloud.sky.next_steps`.)"""
     out: list[str] = []
 
     def row(label: str, text: str) -> None:
@@ -196,6 +196,4 @@ def lines(b: Bill, launch: Sequence[str], cancel: Sequence[str]) -> list[str]:
             if b.spot_nodes and worst and not math.isclose(worst, now):
                 text += f", {_h(b.hours(worst))} if every spot node ran on demand"
         row("budget", text)
-    row("launch", " ".join(shlex.quote(a) for a in launch))
-    row("cancel", " ".join(shlex.quote(a) for a in cancel))
     return out

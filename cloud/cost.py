@@ -75,6 +75,13 @@ class CostMeter:
     def spent_usd(self) -> float:
         return self._settled_usd + self.rate_usd_h * max(0.0, self.clock.now() - self._since) / 3600.0
 
+    def restart(self) -> None:
+        """Pay from now on only: the seconds since the meter started (or its last change) are not
+        counted; what earlier sessions spent stays. A notional fleet is priced for the iterations'
+        seconds, not for the start-up of the machine that stands in for it
+        (`spotlight.train.cost_control.notional_fleet`)."""
+        self._since = self.clock.now()
+
     def set_fleet(self, fleet: Fleet) -> None:
         """From now on, pay for `fleet` (what was run until now is settled at the old rate)."""
         self._settled_usd = self.spent_usd()

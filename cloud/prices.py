@@ -91,7 +91,9 @@ class PriceRow:
         return self.region in ("", DEFAULT_REGION.get(self.provider))
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """Every field, in the CSV's column order (`WRITE_ORDER`: the region beside the instance type)."""
+        d = asdict(self)
+        return {c: d[c] for c in WRITE_ORDER}
 
 
 @dataclass(frozen=True)

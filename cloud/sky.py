@@ -32,7 +32,8 @@ only later (`Resources.validate`, at launch), against catalogs it downloads from
 names are checked here, before anything is written, against `KNOWN_GPUS` and the price table's
 `gpu` column.
 
-`launch_tasks` submits the job group as one managed job (`sky jobs launch`).
+`launch_tasks` submits the job group as one managed job (`sky jobs launch`); `next_steps` says what
+a user runs after it (the SkyPilot and spotlight commands that follow, cancel and pull the run).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ import json
 import os
 import re
 import secrets
+import shlex
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -379,3 +381,52 @@ def launch_tasks(paths: Sequence[Path], name: str, sky: Path, run: Runner = subp
     proc = run([str(sky), *args], capture_output=False, text=True, env=env)
     if proc.returncode != 0:
         raise SkyError(f"`sky {' '.join(args)}` exited with {proc.returncode} (its output is above)")
+
+
+def shown(path: Path | None, default: str = "sky") -> str:
+    """A path as a user would type it: relative to the current folder when under it (the repo's
+    `.venv-sky/bin/sky`, which `make sky-venv` does not put on PATH), else in full; `default` for
+    None (no SkyPilot environment yet: "sky")."""
+    if path is None:
+        return default
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def next_steps(name: str, uri: str, sky: Path | None, fleet: Path | None = None,
+               launch: Sequence[str] | None = None) -> list[str]:
+    """The commands a user runs after `spotlight launch`, as aligned lines. With `launch` (after a
+    dry run): that command first, and why `sky jobs launch FLEET` alone is not it — `launch_tasks`
+    makes the fleet's Ray token and passes it and the store's credentials as secrets, without which
+    every task's run stops at its first line (`_AUTH`). Then where the run stands (`spotlight status`,
+    from the store), the job group and its tasks' states (`sky jobs queue`), the tasks' logs (`sky
+    jobs logs -n NAME`), how to stop every node now (`sky jobs cancel -y -n NAME`: a managed job's
+    nodes are the jobs controller's to take down), the results (`spotlight pull`) and the
+    walkthrough. SkyPilot 0.14.1's managed-jobs CLI, each command parsed by it in
+    tests/test_launch_next_steps.py. One task's log is `sky jobs logs JOB_ID TASK` only: the
+    `sky jobs logs -n my-job train` of its own help does not parse in 0.14.1 (JOB_ID, an integer,
+    is the first positional argument, so `train` is taken for it)."""
+    exe = shlex.quote(shown(sky))
+
+    def command(*args: str) -> str:
+        return " ".join(shlex.quote(a) for a in args)
+
+    rows = [("status", command("spotlight", "status", uri), "where the run stands, read from the store"),
+            ("queue", f"{exe} jobs queue", "the job group and each task's state (RUNNING, RECOVERING, ...)"),
+            ("logs", f"{exe} jobs logs -n {name}",
+             f"every task's output; the head's alone: {exe} jobs logs JOB_ID {HEAD_TASK} (JOB_ID: see the queue)"),
+            ("cancel", f"{exe} jobs cancel -y -n {name}",
+             "every node, now (the fleet goes down by itself when the run ends)"),
+            ("pull", command("spotlight", "pull", uri, "--out", f"runs/{name}"),
+             "its results: metrics, TensorBoard, final/ once done")]
+    width = max(len(c) for _, c, _ in rows) + 2
+    out = ["next steps (the walkthrough: docs/launch-on-aws-gcp.md):"]
+    if launch is not None:
+        out.append(f"  {'launch':<8}{command(*launch)}")
+        out.append(f"  {'':<8}# not `sky jobs launch {shown(fleet, 'fleet.yaml')}` alone: spotlight launch gives "
+                   f"the nodes the fleet's Ray token and the store's credentials as SkyPilot secrets "
+                   f"(docs/launching.md#what-spotlight-launch-adds-to-fleetyaml)")
+    out += [f"  {label:<8}{c:<{width}}# {why}" for label, c, why in rows]
+    return out

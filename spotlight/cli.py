@@ -9,7 +9,7 @@
     spotlight launch CONFIG [--checkpoint-uri URI] [--dryrun] [--out DIR] [--strict] [--name NAME]
     spotlight status URI [--json]
     spotlight pull URI --out DIR [--no-progress]
-    spotlight simulate --trace TRACE [--policy all|NAME] [--gpus N] [--iterations N] [--resolution 512|1280] [--budget-usd X]
+    spotlight simulate --trace TRACE [--policy all|NAME[,NAME]] [--gpus N] [--iterations N] [--resolution 512|1280] [--budget-usd X]
                        [--seed S] [--json] [--plot PNG] [--step-times YAML] [--prices CSV] [--constants all|typical]
                        [--profile qwen-image-lora|qwen-image-full|tiny-cpu] [--objective time|cost|deadline] [--deadline-h H]
     spotlight simulate --config RUN.yaml --trace TRACE [--json]
@@ -371,6 +371,19 @@ def cmd_train(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, over) if args.config else default_config(over)
     name = Path(args.config).stem if args.config else "tiny_dit"
     out = Path(args.out) if args.out else Path("runs") / name
+    log = (lambda msg: print(msg, file=sys.stderr)) if args.json else print
+    from spotlight.train.trainer import Trainer  # no Ray: a finished run is answered without it
+
+    trainer = Trainer(cfg, out, progress=_progress(args), log=log)
+    finished = trainer.completed()
+    if finished is not None:  # nothing to train: no cluster, no meter, no file touched
+        if args.json:
+            print(json.dumps(finished))
+        else:
+            print(f"complete: {plural(finished['steps'], 'iteration')}, reward "
+                  f"{finished.get('reward_first', float('nan')):.3f} -> {finished.get('reward_last', float('nan')):.3f}; "
+                  f"outputs in {out}/ (--steps N for more)")
+        return 0
     check_train_inputs(cfg, args, out)
     if cfg.policy.lora.enabled and cfg.policy.lora.target_modules:  # before the warm start (a minute on a CPU)
         from spotlight.rl.lora_targets import check_targets
@@ -386,9 +399,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         trace = load_trace(args.preemption_trace)
     from spotlight.rl.rewards import RewardError
     from spotlight.runtime.learner import NonFiniteUpdate
-    from spotlight.train.trainer import Trainer, make_runtime
+    from spotlight.train.trainer import make_runtime
 
-    log = (lambda msg: print(msg, file=sys.stderr)) if args.json else print
     runtime = make_runtime(cfg, log)
     if trace is not None:
         from schedulers.traces import replay_schedule
@@ -399,7 +411,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             runtime.replay_phases = ("rollout", "train")
     try:
         with hub_progress(_progress(args), diffusers=cfg.policy.kind == "dit"):
-            summary = Trainer(cfg, out, progress=_progress(args), log=log).build(runtime).train()
+            summary = trainer.build(runtime).train()
     except NonFiniteUpdate as err:  # not bad input: the run itself failed (exit 1), in one line too
         _say(str(err))
         return 1
@@ -432,7 +444,10 @@ def _kept(out: Path, cfg: RunConfig) -> str:
 
 def _dollars(summary: dict, cfg: RunConfig) -> str:
     """The run's cost and what it prices: the cost meter prices the fleet of the config's cloud
-    section (`cloud.gpu`), whatever device ran it — on a CPU that fleet is notional."""
+    section (`cloud.gpu`), whatever device ran it — on a CPU that fleet is notional, and priced for
+    the iterations' seconds alone (`spotlight.train.cost_control.notional_fleet`)."""
+    from spotlight.train.cost_control import notional_fleet
+
     text = f"${summary['cost_usd']:.2f}"
     price, fleet = summary.get("node_price"), summary.get("fleet")
     if price is None or fleet is None:
@@ -443,9 +458,9 @@ def _dollars(summary: dict, cfg: RunConfig) -> str:
     text += f" for {od} on-demand {unit[od != 1]} at ${price['ondemand_usd_h']:.2f}/h"
     if spot:
         text += f" + {spot} spot at ${price['spot_usd_h']:.2f}/h"
-    if not cfg.device.startswith("cuda"):
+    if notional_fleet(cfg):
         used = "the CPU" if cfg.device == "cpu" else cfg.device
-        text += f" (a notional fleet: this run used {used})"
+        text += f" for its iterations' seconds (a notional fleet: this run used {used})"
     return text
 
 
@@ -477,13 +492,22 @@ def cmd_prices(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([r.to_dict() for r in rows]))
         return 0
-    head = ("provider", "instance_type", "gpu", "gpus", "on-demand $/h", "spot $/h", "date", "source")
-    cells = [head] + [(r.provider, r.instance_type, r.gpu, str(r.gpus), f"{r.ondemand_usd_h:.4f}",
+    # A row without a region (a table from before the column) holds in its provider's default
+    # region (cloud/prices.py): shown in brackets, as assumed rather than read.
+    def region(r: prices.PriceRow) -> str:
+        return r.region or f"({prices.DEFAULT_REGION.get(r.provider, 'unknown')})"
+
+    head = ("provider", "instance_type", "region", "gpu", "gpus", "on-demand $/h", "spot $/h", "date", "source")
+    cells = [head] + [(r.provider, r.instance_type, region(r), r.gpu, str(r.gpus), f"{r.ondemand_usd_h:.4f}",
                        f"{r.spot_usd_h:.4f}", r.date, r.source) for r in rows]
     widths = [max(len(c[i]) for c in cells) for i in range(len(head) - 1)]
     for c in cells:  # numbers right-aligned, the source (long) last and unpadded
-        print("  ".join(v.rjust(w) if 3 <= i <= 5 else v.ljust(w) for i, (v, w) in enumerate(zip(c, widths)))
+        print("  ".join(v.rjust(w) if 4 <= i <= 6 else v.ljust(w) for i, (v, w) in enumerate(zip(c, widths)))
               + "  " + c[-1])
+    if any(not r.region for r in rows):
+        unknown = any(not r.region and r.provider not in prices.DEFAULT_REGION for r in rows)
+        print("(region): the table names no region for the row; its provider's default region is assumed"
+              + (" ((unknown): the provider has none)" if unknown else ""))
     return 0
 
 
@@ -564,35 +588,36 @@ def cmd_launch(args: argparse.Namespace) -> int:
     for note in store.notes:
         print(note)
     print(f"wrote {out}/: run.yaml, " + ", ".join(p.name for p in paths))
-    launch = ["spotlight", "launch", args.config, "--name", name, "--checkpoint-uri", cfg.cloud.checkpoint_uri,
-              *(["--out", args.out] if args.out else [])]
-    for line in lines(fleet_bill, launch, ["sky", "jobs", "cancel", "-y", "-n", name]):
+    for line in lines(fleet_bill):
         print(line)
     if toy is not None:
         print(toy)
+    launch = ["spotlight", "launch", args.config, "--name", name, "--checkpoint-uri", cfg.cloud.checkpoint_uri,
+              *(["--out", args.out] if args.out else [])]
+    executable = python.parent / "sky" if python is not None else None
     if python is None:
         _say(why, "spotlight: SkyPilot validation skipped: ")
-        return 0
-    try:
-        checked = sky.validate(paths, python)
-        for path, error in checked.errors.items():
-            _say(f"{out / path.name}: SkyPilot rejects this task: {error}")
-        if not checked.ok:
+    else:
+        try:
+            checked = sky.validate(paths, python)
+            for path, error in checked.errors.items():
+                _say(f"{out / path.name}: SkyPilot rejects this task: {error}")
+            if not checked.ok:
+                return 2
+            print(f"validated with SkyPilot {checked.version} ({python})")
+            if not args.dryrun:
+                sky.launch_tasks(paths, name, executable, store_secrets=store.secrets)
+        except sky.SkyError as err:
+            _say(str(err))
             return 2
-        print(f"validated with SkyPilot {checked.version} ({python})")
-        if args.dryrun:
-            return 0
-        sky.launch_tasks(paths, name, python.parent / "sky", store_secrets=store.secrets)
-    except sky.SkyError as err:
-        _say(str(err))
-        return 2
-    print(f"submitted the fleet as the managed job group {name}: the head (on demand) and "
-          f"{cfg.runtime.spot_workers} spot node{'s' * (cfg.runtime.spot_workers != 1)}, each recovered on its own; "
-          f"follow it with `spotlight status {cfg.cloud.checkpoint_uri}` (from the store) or `sky jobs queue`")
-    print(f"its results (metrics, TensorBoard, final/) reach the store as it runs: "
-          f"spotlight pull {cfg.cloud.checkpoint_uri} --out runs/{name}")
-    print(f"the fleet goes down by itself when the run ends (done, failed or out of budget); to stop it now: "
-          f"sky jobs cancel -y -n {name}")
+    if not args.dryrun:
+        spot = cfg.runtime.spot_workers
+        print(f"submitted the fleet as the managed job group {name}: the head (on demand) and {spot} spot "
+              f"node{'s' * (spot != 1)}, each recovered on its own; it goes down by itself when the run ends "
+              f"(done, failed or out of budget)")
+    for line in sky.next_steps(name, cfg.cloud.checkpoint_uri, executable, paths[0],
+                               launch if args.dryrun else None):
+        print(line)
     return 0
 
 
@@ -666,6 +691,36 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+def policy_help() -> str:
+    """`simulate --policy`'s help: the names `--policy all` runs (`POLICIES`, in the order it runs
+    them) and the baselines (`BASELINES`), from the simulator itself, so the help cannot drift from
+    it (tests/test_docs_agree.py runs both)."""
+    from spotlight.sim.simulator import BASELINES, POLICIES
+
+    return (f"all (the default: all {len(POLICIES)} policies), or comma-separated names of them: "
+            f"{', '.join(POLICIES)} (the baselines every policy is compared with: {', '.join(BASELINES)}; "
+            f"docs/simulator.md#policies)")
+
+
+class _HelpNamingPolicies(argparse.Action):
+    """`simulate -h`: fills `--policy`'s help in with `policy_help()`, then prints the help and exits
+    as argparse's own -h does. Only then: the simulator's module imports torch (~1.3 s here), which
+    parsing any other command line must not pay for (the module docstring)."""
+
+    def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS, default: str = argparse.SUPPRESS,
+                 help: str | None = None) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=default, help=help)
+        self.policy: argparse.Action | None = None
+        """`--policy`'s action, set once it is added (after this one: -h comes first in the usage)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object,
+                 option_string: str | None = None) -> None:
+        if self.policy is not None:
+            self.policy.help = policy_help()
+        parser.print_help()
+        parser.exit()
+
+
 def _simulate_run(args: argparse.Namespace) -> int:
     """`simulate --config RUN.yaml`: the run as `spotlight train` would run it (`spotlight.sim.run_config`),
     read by train's loader, so refused with train's line; its iterations' phases and update placement."""
@@ -728,7 +783,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     train = sub.add_parser("train", help="train a policy with GRPO",
                            description="Train a policy with GRPO. Without CONFIG, runs the embedded tiny DiT config. "
-                                       "An --out folder with checkpoints of the same config is resumed.")
+                                       "An --out folder with checkpoints of the same config is resumed; one that holds "
+                                       "the whole run says so in one line (nothing starts, nothing is billed), and "
+                                       "a larger --steps trains on from its last checkpoint.")
     train.add_argument("config", nargs="?", help="run config YAML (e.g. experiments/tiny_dit.yaml)")
     train.add_argument("--out", help="output folder (default: runs/<config name>)")
     train.add_argument("--steps", type=_int(), help="GRPO iterations (overrides train.steps)")
@@ -762,13 +819,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     prices = sub.add_parser("prices", help="the GPU price table (on-demand and spot $/hour)",
                             description="Print the price table the cost meter uses: GPU instance types with "
-                                        "on-demand and spot dollars per hour, each with its source and date. "
+                                        "on-demand and spot dollars per hour in a region, each with its source "
+                                        "and date. "
                                         "The shipped table is a snapshot; --refresh updates it from AWS's spot "
                                         "price history or SkyPilot's catalog.")
     prices.add_argument("--gpu", help="only this GPU's rows (e.g. H100, A100-80GB, L4)")
     prices.add_argument("--json", action="store_true",
-                        help="print the rows as a JSON list (instance_type, gpu, gpus, ondemand_usd_h, spot_usd_h, "
-                             "provider, source, date)")
+                        help="print the rows as a JSON list (provider, instance_type, region, gpu, gpus, "
+                             "ondemand_usd_h, spot_usd_h, ondemand_basis, source, date; region \"\" where the "
+                             "table names none: the provider's default region)")
     prices.add_argument("--table", metavar="CSV", help="read this price table instead of the shipped one")
     prices.add_argument("--refresh", choices=["aws", "sky"],
                         help="aws: spot prices of the aws rows from EC2's spot price history (boto3 credentials); "
@@ -826,11 +885,14 @@ def build_parser() -> argparse.ArgumentParser:
                                         "its Ray cluster with a token - check it with SkyPilot, and submit it "
                                         "(`sky jobs launch`); the store's credentials go to every node as SkyPilot "
                                         "secrets. SkyPilot runs from its own virtualenv: $SPOTLIGHT_SKY_PYTHON, "
-                                        "else .venv-sky (`make sky-venv`). See docs/launch-on-aws-gcp.md.")
+                                        "else .venv-sky (`make sky-venv`). Ends with the next steps: the "
+                                        "commands that follow the run (status, queue, logs), cancel it and pull "
+                                        "its results. See docs/launch-on-aws-gcp.md.")
     launch.add_argument("config", help="run config YAML with a `cloud:` section (e.g. experiments/tiny_dit.yaml)")
     launch.add_argument("--dryrun", action="store_true",
-                        help="write and validate the task YAMLs and print the bill (nodes, $/h, the budget's "
-                             "cap, the launch and cancel commands) only (no cloud account needed)")
+                        help="write and validate the task YAMLs, print the bill (nodes, $/h, the budget's cap) "
+                             "and the next steps (the command that launches them, then how to follow, cancel and "
+                             "pull the run) only (no cloud account needed)")
     launch.add_argument("--out", metavar="DIR", help="folder for the task YAMLs (default: sky/<config name>)")
     launch.add_argument("--strict", action="store_true",
                         help="with --dryrun: fail (exit 2) when no SkyPilot environment is there to validate")
@@ -869,15 +931,16 @@ def build_parser() -> argparse.ArgumentParser:
     sim = sub.add_parser("simulate", help="how long and how much a run takes on a spot fleet, per policy",
                          description="Replay a preemption trace against the real pull scheduler, exploration "
                                      "planner, regroup policy and cost meter, with step times from a model, and "
-                                     "compare policies: time to the target validation score and its cost.")
+                                     "compare policies: time to the target validation score and its cost.",
+                         add_help=False)
+    sim_help = sim.add_argument("-h", "--help", action=_HelpNamingPolicies, help="show this help message and exit")
     sim.add_argument("--trace", required=True, metavar="TRACE",
                      help="Bamboo CSV, GCP counts, SkyPilot spot-trace JSON, `t_s,nodes` counts CSV, or a synthetic "
                           "spec such as synth:poisson?nodes=32&rate_h=15&burst_rate_h=0.5&burst_size=8&return_s=900")
-    sim.add_argument("--policy", default="all",
-                     help="all, or comma-separated names: ondemand, ondemand_total, spot_restart, managed_restart, "
-                          "spotlight_noexplore, sync_explore, spotlight_learner_update, near_all_spot, spotlight, "
-                          "oracle (the baselines every policy is compared with: ondemand, ondemand_total, "
-                          "near_all_spot, managed_restart)")
+    policy = sim.add_argument("--policy", default="all", metavar="all|NAME[,NAME]",
+                              help="all (the default: every policy), or comma-separated policy names "
+                                   "(`spotlight simulate --help` lists them)")
+    sim_help.policy = policy
     sim.add_argument("--config", metavar="RUN.yaml",
                      help="simulate this run config as `spotlight train` would run it (its phases, update "
                           "placement, workers and steps; the other flags but --trace and --json are ignored)")

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from spotlight import cli
-from spotlight.config import to_yaml
+from spotlight.config import load_config, to_yaml
 from spotlight.runtime.learner import Learner
 from spotlight.runtime.local import LocalRuntime
 from spotlight.train.trainer import Trainer
@@ -120,15 +120,61 @@ def test_on_ray_the_controller_trains_the_warm_start_with_a_bar_and_the_learner_
     assert theirs.keys() == mine.keys() and all(torch.equal(theirs[k], mine[k]) for k in theirs)
 
 
+def _in_terminal(*args, env=None, timeout=300):
+    """The CLI run as a user sees it, in a pseudo-terminal of 120 columns (tqdm draws its bars to
+    the width it is given): its exit status and every line or bar update, stdout and stderr as the
+    terminal interleaves them, each with the monotonic seconds it arrived at."""
+    import fcntl
+    import pty
+    import select
+    import struct
+    import termios
+
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: the CLI, with the terminal as its stdin, stdout and stderr
+        os.chdir(ROOT)
+        os.execve(sys.executable, [sys.executable, "-m", "spotlight.cli", *map(str, args)], {**os.environ, **(env or {})})
+    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 120, 0, 0))
+    lines, pending, end = [], b"", time.monotonic() + timeout
+    try:
+        while time.monotonic() < end:
+            if not select.select([fd], [], [], 1.0)[0]:
+                continue
+            try:
+                data = os.read(fd, 65536)
+            except OSError:  # the child closed the terminal
+                break
+            if not data:
+                break
+            *done, pending = (pending + data).replace(b"\r", b"\n").split(b"\n")
+            lines += [(time.monotonic(), line.decode(errors="replace")) for line in done if line.strip()]
+        else:
+            os.kill(pid, signal.SIGKILL)
+    finally:
+        os.close(fd)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), lines
+
+
 @pytest.mark.slow
-def test_first_ray_run_shows_its_warm_start(tmp_path):
+def test_first_ray_run_shows_its_warm_start_and_is_never_silent_for_15_s(tmp_path):
+    """A new user's first run on Ray (issue 29): the warm start trains with a bar before the cluster
+    starts, each wait after it (Ray, the learner's actor, the workers) is named when it begins and
+    reminded every 10 s, so the terminal is never silent for 15 s (the first run used to sit 18 s
+    silent while the actors started)."""
     cfg = small_dit_config(runtime={"kind": "ray", "spot_workers": 1, "ondemand_workers": 1},
                            train={"steps": 1, "checkpoint_every": 1})
-    proc = _cli("train", _config(tmp_path, cfg), "--out", tmp_path / "out", env={"SPOTLIGHT_CACHE": str(tmp_path)})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert re.search(r"warm start: +100%\|", proc.stderr) and re.search(r"train: +100%\|", proc.stderr)
+    start = time.monotonic()
+    code, lines = _in_terminal("train", _config(tmp_path, cfg), "--out", tmp_path / "out",
+                               env={"SPOTLIGHT_CACHE": str(tmp_path)})
+    text = "\n".join(line for _, line in lines)
+    assert code == 0, text[-3000:]
+    assert re.search(r"warm start: +100%\|", text) and re.search(r"train: +100%\|", text)
     # The bar comes before the cluster starts: nothing of it is lost in an actor.
-    assert proc.stderr.index("warm start:") < proc.stderr.index("Started a local Ray instance")
+    assert text.index("warm start:") < text.index("starting a local Ray cluster ...") < text.index(
+        "Started a local Ray instance") < text.index("starting the learner") < text.index("starting the rollout workers")
+    times = [start] + [t for t, _ in lines]
+    gaps = [(b - a, line) for a, b, (_, line) in zip(times, times[1:], lines)]
+    assert max(gaps)[0] < 15, max(gaps)
 
 
 def test_simulate_draws_a_bar_per_policy_unless_told_not_to(tmp_path, capsys):
@@ -277,7 +323,7 @@ def test_the_summary_line_counts_in_words_and_says_its_dollars_are_a_notional_fl
     summary = json.loads((out / "summary.json").read_text())
     assert last.startswith(f"2 iterations: reward {summary['reward_first']:.3f} -> {summary['reward_last']:.3f}; "
                            f"${summary['cost_usd']:.2f} for 2 on-demand H100s at $6.88/h + 2 spot at $3.35/h "
-                           "(a notional fleet: this run used the CPU); outputs in ")
+                           "for its iterations' seconds (a notional fleet: this run used the CPU); outputs in ")
 
 
 def test_one_is_singular(tmp_path, monkeypatch, capsys):
@@ -305,6 +351,37 @@ def test_fewer_steps_than_the_folder_holds_is_one_error_line_and_changes_nothing
         f"spotlight: error: {out}: already holds 2 iterations, more than the 1 asked for (--steps or train.steps), "
         "so nothing was trained: ask for 2 or more to train on from there, or use a new --out folder"]
     assert state() == before
+
+
+def test_a_finished_run_rerun_says_so_in_one_line_without_ray_or_cost(first_run, tmp_path):
+    """Issue 29: the same command on a complete run answers at once, from the run folder alone. The
+    re-run asks for the Ray runtime (`runtime` does not change a run's identity) with a `ray`
+    package on its path that fails on import: starting Ray, or merely importing it, fails the run."""
+    out, _ = first_run
+    def state():
+        return {p: (p.stat().st_mtime_ns, p.read_bytes() if p.is_file() else None) for p in sorted(out.rglob("*"))}
+
+    fake = tmp_path / "no-ray" / "ray"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ImportError('a finished run must not import Ray')\n")
+    config = tmp_path / "ray.yaml"
+    config.write_text((out / "config.yaml").read_text().replace("kind: local", "kind: ray"))
+    assert "kind: ray" in config.read_text()
+    before, cost = state(), (out / "cost.json").read_bytes()
+    start = time.monotonic()
+    proc = _cli("train", config, "--out", out, env={"PYTHONPATH": str(fake.parent)})
+    seconds = time.monotonic() - start
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert proc.stdout.splitlines() == [
+        f"complete: 2 iterations, reward {summary['reward_first']:.3f} -> {summary['reward_last']:.3f}; "
+        f"outputs in {out}/ (--steps N for more)"]
+    assert proc.stderr == "" and seconds < 10, (seconds, proc.stderr[-2000:])
+    assert (out / "cost.json").read_bytes() == cost and state() == before
+    # Asked for more (--steps 3), the folder is not complete: the run trains on from its checkpoint.
+    cfg = load_config(out / "config.yaml")
+    assert Trainer(cfg, out).completed() == summary
+    assert Trainer(load_config(out / "config.yaml", {"train": {"steps": 3}}), out).completed() is None
 
 
 # ---- 6. the simulator's table and plot -------------------------------------------------------------

@@ -119,7 +119,7 @@ def test_cli_prices_json_rows_and_refresh(s3, capsys):
     assert {r["gpu"] for r in json.loads(capsys.readouterr().out)} == {"H100"}
     assert main(["prices", "--gpu", "L4"]) == 0  # the readable table
     out = capsys.readouterr().out.splitlines()
-    assert out[0].split()[:4] == ["provider", "instance_type", "gpu", "gpus"] and "g2-standard-4" in out[-1]
+    assert out[0].split()[:5] == ["provider", "instance_type", "region", "gpu", "gpus"] and "g2-standard-4" in out[-1]
     assert main(["prices", "--refresh", "aws", "--gpu", "T4", "--json"]) == 0
     assert all(r["spot_usd_h"] == pytest.approx(1e-05) or r["provider"] == "gcp"
                for r in json.loads(capsys.readouterr().out))

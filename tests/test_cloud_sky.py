@@ -315,11 +315,16 @@ def test_launch_says_the_fleet_stops_by_itself_and_how_to_stop_it_now(tmp_path, 
     config = _config_file(tmp_path, _fleet(provider="aws", region="us-east-1"))
     assert main(["launch", str(config), "--out", str(tmp_path / "tasks"), "--name", "fleet", *STORE]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[-3].startswith("submitted the fleet as the managed job group fleet: the head (on demand) and 3 spot nodes")
-    assert out[-3].endswith(f"follow it with `spotlight status {STORE[1]}` (from the store) or `sky jobs queue`")
-    assert out[-2].endswith(f"spotlight pull {STORE[1]} --out runs/fleet")
-    assert out[-1] == ("the fleet goes down by itself when the run ends (done, failed or out of budget); to stop it "
-                       "now: sky jobs cancel -y -n fleet")
+    at = next(i for i, line in enumerate(out) if line.startswith("submitted the fleet"))
+    assert out[at] == ("submitted the fleet as the managed job group fleet: the head (on demand) and 3 spot nodes, "
+                       "each recovered on its own; it goes down by itself when the run ends (done, failed or out of "
+                       "budget)")
+    assert out[at + 1] == "next steps (the walkthrough: docs/launch-on-aws-gcp.md):"
+    commands = {line[2:10].strip(): line[10:].partition("  # ")[0].rstrip() for line in out[at + 2:]}
+    exe = sky.shown(exe)  # the `sky` launch ran, beside SkyPilot's Python
+    assert commands == {"status": f"spotlight status {STORE[1]}", "queue": f"{exe} jobs queue",
+                        "logs": f"{exe} jobs logs -n fleet", "cancel": f"{exe} jobs cancel -y -n fleet",
+                        "pull": f"spotlight pull {STORE[1]} --out runs/fleet"}  # no launch line: it is launched
     assert [json.loads(line)[:2] for line in log.read_text().splitlines()] == [["jobs", "launch"]]
 
 
@@ -447,7 +452,11 @@ def test_the_smoke_run_of_the_aws_gcp_page_launches_as_the_page_says(tmp_path, c
     page = (sky.REPO_ROOT / "docs" / "launch-on-aws-gcp.md").read_text()
     for line in printed[:4]:
         assert line in page, line
-    assert printed[-1].startswith("validated with SkyPilot 0.14.1")
+    steps = printed.index("next steps (the walkthrough: docs/launch-on-aws-gcp.md):")
+    assert printed[steps - 1].startswith("validated with SkyPilot 0.14.1")
+    for line in printed[steps:]:  # the page shows them too (`sky` where .venv-sky is, --out the default)
+        if line.startswith(("  status", "  pull")) or line == printed[steps]:
+            assert line in page, line
     docs = _group(out / "fleet.yaml")
     assert [d["name"] for d in docs[1:]] == ["head", "spot-0", "spot-1"]
     assert docs[1]["resources"]["accelerators"] == "T4:1" and docs[1]["resources"]["infra"] == "aws/us-east-1"

@@ -48,6 +48,8 @@ from spotlight.runtime.rollout_worker import RolloutWorker
 from spotlight.runtime import ray_cluster
 from spotlight.runtime.local import Progress, gradient_split, scheduler_stats
 from spotlight.runtime.ray_fleet import ClusterFleet, placement
+from spotlight.sim.report import plural
+from spotlight.waiting import waiting
 from schedulers.traces import ReplayAction
 
 _POLL_S = 0.01
@@ -272,7 +274,9 @@ class RayRuntime:
 
     def build(self, checkpoints: Path) -> dict[str, Any]:
         rt = self.cfg.runtime
-        self._started_ray = ray_cluster.connect(rt)
+        with waiting(self.log, f"joining the Ray cluster at {rt.address}" if rt.address
+                     else "starting a local Ray cluster"):
+            self._started_ray = ray_cluster.connect(rt)
         self.clock = WallClock()
         # The on-demand roles run where this controller runs: the learner's checkpoints land on the
         # disk the run folder is on, and a spot node's loss never takes a role the run needs.
@@ -288,8 +292,10 @@ class RayRuntime:
         home_gpus = self.cluster.gpus(home) if self.cluster else ray.cluster_resources().get("GPU", 0)
         self.reward = RewardPool(self.cfg, pinned, home_gpus - learner_gpus, self.metadata)
         info = self.learner.build.remote(checkpoints)
-        self.reward.build()  # a bad reward spec fails here, while the learner builds
-        info = ray.get(info)
+        with waiting(self.log, f"starting the learner (it loads the model and the newest checkpoint) and "
+                     f"{plural(self.cfg.reward.workers, 'reward worker')} as Ray actors"):
+            self.reward.build()  # a bad reward spec fails here, while the learner builds
+            info = ray.get(info)
         self.version = info["step"]
         if rt.sp_degree > 1:  # elastic SP groups serve the requests (spotlight/runtime/ray_sp.py)
             from spotlight.runtime.ray_sp import RaySPExecutor
@@ -307,7 +313,8 @@ class RayRuntime:
         if self.cluster:
             self.engine.sources.append(self.cluster)
         # The first fleet is up before the replay clock starts, so it starts with workers ready to pull.
-        self.engine.start()
+        with waiting(self.log, f"starting the rollout workers on {plural(len(nodes), 'node')}"):
+            self.engine.start()
         return info
 
     def use_ondemand(self) -> None:

@@ -24,6 +24,23 @@ def fleet_of(cfg: RunConfig, ondemand_workers: bool = False) -> Fleet:
     return Fleet(1 + rt.ondemand_workers, rt.spot_workers)
 
 
+def notional_fleet(cfg: RunConfig) -> bool:
+    """Whether the fleet the meter prices (`cloud.gpu`) is notional: the run computes on a CPU or
+    another non-CUDA device, so its dollars are what the same seconds would cost on that fleet.
+    Such a run is priced for its iterations' seconds alone (`COUNTS`): its start-up — Ray, the
+    actors, a warm start trained here — is this machine's, and varied from run to run (a re-run of
+    the same config was priced $0.81 and $1.18)."""
+    return not cfg.device.startswith("cuda")
+
+
+COUNTS = {
+    True: "the iterations' seconds on the notional fleet of cloud.gpu (this run used no GPU: its start-up, "
+          "warm start and shutdown are not counted)",
+    False: "every second since this session started its fleet, start-up included (instances are paid from launch)",
+}
+"""summary.json's `cost_counts`, by `notional_fleet`: what `cost_usd` counts."""
+
+
 def cost_control(cfg: RunConfig, clock: Clock, spent: Spent | None = None, table: Any = None) -> CostControl:
     """The meter for `cfg`'s fleet (`fleet_of`), priced from `table` (None: the table at
     `cloud.prices`, else the shipped one) x `cloud.price_scale`, with a budget and a deadline when

@@ -40,9 +40,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
-from cloud.bounded_json import loads
+from cloud.bounded_json import load_file, loads
 from cloud.cost import CostControl, Spent, load_spent, save_spent
-from spotlight.train.cost_control import cost_control
+from spotlight.train.cost_control import COUNTS, cost_control, notional_fleet
 from cloud.store import Store, StoreError
 from cloud.open_store import open_store
 from schedulers.clock import WallClock
@@ -65,11 +65,14 @@ from spotlight.rl.prompt_file import evaluation_prompts, prompt_metadata, run_pr
 from spotlight.rl.prompts import draw_prompts
 from spotlight.runtime.local import LocalRuntime, Runtime
 from spotlight.sim.report import plural
+from spotlight.waiting import waiting
 from spotlight.rl.warm_start import apply_warm_start, cache_path
 
 
 ROW_BYTES = 1 << 20
 """The longest metrics or evaluation row read back (a row is ~1 KB; a planted one is refused, not parsed)."""
+SUMMARY_BYTES = 1 << 20
+"""The largest summary.json read back (`Trainer.completed`; one is ~2 KB)."""
 EVAL_SEED0 = 10**9
 """Evaluation seeds start here: no training iteration's seeds come near."""
 
@@ -170,8 +173,13 @@ class Trainer:
         self.runtime = runtime if runtime is not None else make_runtime(cfg, self.log)
         trained = self._warm_start()
         roles = time.perf_counter()
+        # The Ray runtime names its own waits (the cluster, the actors); in this process, loading a
+        # real model folder is minutes of nothing on the terminal otherwise.
+        starting = (waiting(self.log, "loading the model for the learner and the workers (in this process)")
+                    if isinstance(self.runtime, LocalRuntime) else contextlib.nullcontext())
         try:
-            info = self.runtime.build(self.out / "checkpoints")
+            with starting:
+                info = self.runtime.build(self.out / "checkpoints")
         except checkpoint.CheckpointMismatch as err:  # on Ray, raised in the learner: its cause is the line
             self.runtime.shutdown()
             raise ConfigError(f"{getattr(err, 'cause', None) or err}; use a new --out folder") from None
@@ -238,6 +246,27 @@ class Trainer:
                 return apply_warm_start(policy, cfg, self.prompts, progress=self.progress)
             finally:
                 torch.set_num_threads(threads)
+
+    def completed(self) -> dict[str, Any] | None:
+        """The stored summary when --out already holds this whole run: its newest sound checkpoint
+        is this run's (`_not_this_run`) at exactly `train.steps`, summary.json says every iteration
+        ran (not a budget or deadline stop), and final/ is there. Then there is nothing to train, and
+        `spotlight train` says so without starting Ray or the meter (a re-run used to start the
+        cluster and its actors, do nothing, and bill their seconds). None otherwise: a new run, a
+        resumable one, one asked for more iterations (`--steps`), or another run's folder, which
+        `build` refuses with its reason. Reads only: no lock, no folder made."""
+        steps = self.cfg.train.steps
+        found = checkpoint.newest_sound(self.out / "checkpoints") if self.out.is_dir() else None
+        if found is None or found[0].step != steps or not (self.out / "final").is_dir():
+            return None
+        try:
+            if self._not_this_run(found[1], self.out / "config.yaml") is not None:
+                return None
+            summary = load_file(self.out / "summary.json", max_bytes=SUMMARY_BYTES)
+        except (OSError, ValueError, ConfigError):
+            return None  # unreadable or damaged: the full path says what is wrong, or redoes the end
+        done = isinstance(summary, dict) and summary.get("steps") == steps and summary.get("stop_reason") == "steps"
+        return summary if done else None
 
     def _more_than_asked(self, done: int) -> str:
         """The error of a run folder that already holds more iterations than train.steps asks for."""
@@ -398,7 +427,8 @@ class Trainer:
             summary = summarize(self.out / "metrics.jsonl", self.cfg.train.steps)
             summary.update({"final_dir": str(final), "warm_start": self.warm, "policy": self.cfg.policy.kind,
                             "runtime": self.cfg.runtime.kind, "resumed_from": self.start_step,
-                            **self.runtime.stats(), **self.cost.summary(), "stop_reason": self.stop_reason})
+                            **self.runtime.stats(), **self.cost.summary(), "cost_counts": COUNTS[notional_fleet(self.cfg)],
+                            "stop_reason": self.stop_reason})
         finally:
             save_spent(self.out, self._spent())  # a crashed session's dollars count too, saved first
             self.runtime.shutdown()
@@ -421,6 +451,8 @@ class Trainer:
                    unit="it", disable=not self.progress, file=sys.stderr)
         self.started = time.perf_counter()
         self.cost.start(self.start_step, self._restart_s)
+        if notional_fleet(self.cfg):  # priced for the iterations alone (`cost_control.COUNTS`)
+            self.cost.meter.restart()
         self._report(self.start_step, None)
         for step in bar:
             if not self._go_on(step, self.saved):
@@ -459,7 +491,8 @@ class Trainer:
         the folder holds none as new (a run restarted on a fresh machine resumes from the store)."""
         self.sync = CheckpointSync(store, self.log)
         local = checkpoint.latest(self.out / "checkpoints")
-        pulled = self.sync.pull(self.out, local.step if local else 0, accept=self._check_stored_config)
+        with waiting(self.log, f"looking for a newer checkpoint in {store.uri}"):
+            pulled = self.sync.pull(self.out, local.step if local else 0, accept=self._check_stored_config)
         if pulled is not None:
             self.log(f"checkpoint {pulled} pulled from {self.sync.store.uri}")
         newest = checkpoint.latest(self.out / "checkpoints")
