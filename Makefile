@@ -18,7 +18,8 @@ $(STAMP): pyproject.toml cloud/fleet.lock
 	@# a bare `torch` requirement with no torch present pulls several GB of CUDA wheels even without a GPU.
 	$(PY) spotlight/install_torch.py
 	@# The lock as constraints: the tests run on the versions a launched fleet's nodes install.
-	$(PY) -m pip install --quiet -c cloud/fleet.lock -e '.[dev]'
+	@# Not --quiet: pip's bars (installing N/M packages) keep a minute of unpacking from looking hung.
+	$(PY) -m pip install -c cloud/fleet.lock -e '.[dev]'
 	touch $(STAMP)
 
 # After changing a dependency: pin the fleet's environment to what this virtualenv has.

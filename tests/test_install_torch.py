@@ -71,7 +71,7 @@ class RecordingResolver:
 def test_a_gpu_gets_the_configured_registrys_build_without_a_dry_run():
     resolver = RecordingResolver(PYPI_CUDA_RESOLUTION)
     plan = choose_install(A_GPU, None, resolver)
-    assert plan.pip_args == ("install", "--quiet", TORCH_REQUIREMENT)
+    assert plan.pip_args == ("install", TORCH_REQUIREMENT)
     assert resolver.calls == 0
     assert plan.reason.startswith("torch: NVIDIA GPU found (nvidia-smi -L lists 1 GPU(s))")
 
@@ -79,7 +79,7 @@ def test_a_gpu_gets_the_configured_registrys_build_without_a_dry_run():
 def test_no_gpu_and_a_registry_serving_the_cpu_build_installs_exactly_that():
     resolver = RecordingResolver(CPU_RESOLUTION)
     plan = choose_install(NO_GPU, None, resolver)
-    assert plan.pip_args == ("install", "--quiet", TORCH_REQUIREMENT)
+    assert plan.pip_args == ("install", TORCH_REQUIREMENT)
     assert resolver.calls == 1
     assert "no NVIDIA GPU found (nvidia-smi absent)" in plan.reason
     assert "CPU build" in plan.reason and "configured registry" in plan.reason
@@ -87,7 +87,7 @@ def test_no_gpu_and_a_registry_serving_the_cpu_build_installs_exactly_that():
 
 def test_no_gpu_and_a_registry_serving_the_cuda_build_uses_the_cpu_index():
     plan = choose_install(NO_GPU, None, RecordingResolver(PYPI_CUDA_RESOLUTION))
-    assert plan.pip_args == ("install", "--quiet", TORCH_REQUIREMENT, "--index-url", DEFAULT_CPU_INDEX)
+    assert plan.pip_args == ("install", TORCH_REQUIREMENT, "--index-url", DEFAULT_CPU_INDEX)
     assert "would install the CUDA build (cuda-toolkit, nvidia-cudnn-cu13, nvidia-nccl-cu13, ...)" in plan.reason
     mirror = "https://mirror.example/torch-cpu"
     assert choose_install(NO_GPU, None, RecordingResolver(PYPI_CUDA_RESOLUTION), mirror).pip_args[-2:] == (
@@ -96,7 +96,7 @@ def test_no_gpu_and_a_registry_serving_the_cuda_build_uses_the_cpu_index():
 
 def test_forced_cpu_on_a_gpu_machine_still_honours_a_cpu_serving_registry():
     assert choose_install(A_GPU, "cpu", RecordingResolver(CPU_RESOLUTION)).pip_args == (
-        "install", "--quiet", TORCH_REQUIREMENT)
+        "install", TORCH_REQUIREMENT)
     plan = choose_install(A_GPU, "cpu", RecordingResolver(PYPI_CUDA_RESOLUTION))
     assert plan.pip_args[-2:] == ("--index-url", DEFAULT_CPU_INDEX)
     assert plan.reason.startswith("torch: SPOTLIGHT_TORCH=cpu;")
@@ -105,7 +105,7 @@ def test_forced_cpu_on_a_gpu_machine_still_honours_a_cpu_serving_registry():
 def test_forced_cuda_without_a_gpu_skips_the_dry_run():
     resolver = RecordingResolver(CPU_RESOLUTION)
     plan = choose_install(NO_GPU, "cuda", resolver)
-    assert plan.pip_args == ("install", "--quiet", TORCH_REQUIREMENT)
+    assert plan.pip_args == ("install", TORCH_REQUIREMENT)
     assert resolver.calls == 0
     assert plan.reason.startswith("torch: SPOTLIGHT_TORCH=cuda;")
 
@@ -202,7 +202,7 @@ def test_real_pip_resolves_the_local_cpu_wheel_to_no_cuda_package():
         ["--isolated", "--index-url", "file:///opt/pypi/simple", "--find-links", "/opt/wheels"])
     assert ResolvedPackage("torch", f"{install_torch.TORCH_VERSION}+cpu") in resolution
     assert cuda_packages(resolution) == []
-    assert choose_install(NO_GPU, None, lambda: resolution).pip_args == ("install", "--quiet", TORCH_REQUIREMENT)
+    assert choose_install(NO_GPU, None, lambda: resolution).pip_args == ("install", TORCH_REQUIREMENT)
 
 
 # The script `make` runs.
@@ -232,7 +232,7 @@ def test_the_script_explains_a_forced_cuda_install_without_installing(tmp_path):
     assert done.stdout.splitlines() == [
         f"torch: SPOTLIGHT_TORCH=cuda; installing {TORCH_REQUIREMENT} from your pip's configured registry "
         "(on Linux its default build is the CUDA one)",
-        f"would run: {sys.executable} -m pip install --quiet {TORCH_REQUIREMENT}",
+        f"would run: {sys.executable} -m pip install {TORCH_REQUIREMENT}",
     ]
 
 
