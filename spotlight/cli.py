@@ -489,13 +489,21 @@ def cmd_prices(args: argparse.Namespace) -> int:
         table.write(write)
         print(f"wrote {write} (use it with cloud.prices: {write})", file=sys.stderr)
     rows = table.rows(args.gpu)
-    if args.json:
-        print(json.dumps([r.to_dict() for r in rows]))
-        return 0
     # A row without a region (a table from before the column) holds in its provider's default
     # region (cloud/prices.py): shown in brackets, as assumed rather than read.
     def region(r: prices.PriceRow) -> str:
         return r.region or f"({prices.DEFAULT_REGION.get(r.provider, 'unknown')})"
+
+    if args.region:  # the rows of that region only (refreshed from it with --refresh)
+        shown = [r for r in rows if region(r).strip("()") == args.region]
+        if not shown:
+            known = sorted({region(r).strip("()") for r in rows})
+            raise ConfigError(f"--region {args.region}: no row{f' of {args.gpu}' if args.gpu else ''} of the table is "
+                              f"in it (its regions: {', '.join(known)})")
+        rows = shown
+    if args.json:
+        print(json.dumps([r.to_dict() for r in rows]))
+        return 0
 
     head = ("provider", "instance_type", "region", "gpu", "gpus", "on-demand $/h", "spot $/h", "date", "source")
     cells = [head] + [(r.provider, r.instance_type, region(r), r.gpu, str(r.gpus), f"{r.ondemand_usd_h:.4f}",
@@ -833,7 +841,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="aws: spot prices of the aws rows from EC2's spot price history (boto3 credentials); "
                              "sky: both prices from SkyPilot's catalog, asked through its API in its own "
                              "virtualenv ($SPOTLIGHT_SKY_PYTHON, else .venv-sky: `make sky-venv`)")
-    prices.add_argument("--region", help="region to refresh from (default: us-east-1 for aws, us-central1 for gcp)")
+    prices.add_argument("--region", help="show this region's rows only; with --refresh, the region refreshed from "
+                                         "(default: us-east-1 for aws, us-central1 for gcp)")
     prices.add_argument("--write", metavar="CSV", help="write the (refreshed) table here, for cloud.prices")
     prices.set_defaults(func=cmd_prices)
 

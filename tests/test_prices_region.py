@@ -49,3 +49,15 @@ def test_a_table_without_regions_shows_the_assumed_region_as_assumed(tmp_path, c
 def test_a_table_with_regions_has_no_note(capsys):
     assert main(["prices"]) == 0
     assert "(region)" not in capsys.readouterr().out
+
+
+def test_region_shows_that_regions_rows_and_an_unknown_one_names_the_known(capsys):
+    assert main(["prices", "--gpu", "H100", "--region", "us-west-2"]) == 0
+    head, *lines = capsys.readouterr().out.splitlines()
+    wanted = [r for r in PriceTable.load().rows("H100") if r.region == "us-west-2"]
+    assert wanted and [tuple(_columns(line)[:3]) for line in lines] == [
+        (r.provider, r.instance_type, "us-west-2") for r in wanted]
+    assert main(["prices", "--gpu", "H100", "--region", "mars-1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("spotlight: error: --region mars-1: no row of H100 of the table is in it (its regions: ")
+    assert "us-west-2" in err and "\n" not in err
