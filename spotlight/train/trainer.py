@@ -435,10 +435,13 @@ class Trainer:
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2))
         # A stop's checkpoint, or a push that failed in the loop: with the run folder complete, the
         # store must now hold the newest checkpoint and the results, or the command fails saying so.
-        self._push(must=True)
-        if self.results is not None:
-            self.results.push(final=True, stop_reason=self.stop_reason, must=True)
-            self._report(summary["steps"], summary.get("reward_last"), finished=True)
+        storing = (waiting(self.log, f"storing the newest checkpoint and the results in {self.sync.store.uri}")
+                   if self.sync is not None else contextlib.nullcontext())
+        with storing:
+            self._push(must=True)
+            if self.results is not None:
+                self.results.push(final=True, stop_reason=self.stop_reason, must=True)
+                self._report(summary["steps"], summary.get("reward_last"), finished=True)
         return summary
 
     def _loop(self) -> None:
