@@ -492,12 +492,15 @@ def cmd_prices(args: argparse.Namespace) -> int:
     # A row without a region (a table from before the column) holds in its provider's default
     # region (cloud/prices.py): shown in brackets, as assumed rather than read.
     def region(r: prices.PriceRow) -> str:
-        return r.region or f"({prices.DEFAULT_REGION.get(r.provider, 'unknown')})"
+        return r.region or prices.DEFAULT_REGION.get(r.provider, "unknown")
+
+    def shown_region(r: prices.PriceRow) -> str:
+        return r.region or f"({region(r)})"
 
     if args.region:  # the rows of that region only (refreshed from it with --refresh)
-        shown = [r for r in rows if region(r).strip("()") == args.region]
+        shown = [r for r in rows if region(r) == args.region]
         if not shown:
-            known = sorted({region(r).strip("()") for r in rows})
+            known = sorted({region(r) for r in rows})
             raise ConfigError(f"--region {args.region}: no row{f' of {args.gpu}' if args.gpu else ''} of the table is "
                               f"in it (its regions: {', '.join(known)})")
         rows = shown
@@ -506,7 +509,7 @@ def cmd_prices(args: argparse.Namespace) -> int:
         return 0
 
     head = ("provider", "instance_type", "region", "gpu", "gpus", "on-demand $/h", "spot $/h", "date", "source")
-    cells = [head] + [(r.provider, r.instance_type, region(r), r.gpu, str(r.gpus), f"{r.ondemand_usd_h:.4f}",
+    cells = [head] + [(r.provider, r.instance_type, shown_region(r), r.gpu, str(r.gpus), f"{r.ondemand_usd_h:.4f}",
                        f"{r.spot_usd_h:.4f}", r.date, r.source) for r in rows]
     widths = [max(len(c[i]) for c in cells) for i in range(len(head) - 1)]
     for c in cells:  # numbers right-aligned, the source (long) last and unpadded

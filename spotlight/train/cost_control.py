@@ -34,8 +34,8 @@ def notional_fleet(cfg: RunConfig) -> bool:
 
 
 COUNTS = {
-    True: "the iterations' seconds on the notional fleet of cloud.gpu (this run used no GPU: its start-up, "
-          "warm start and shutdown are not counted)",
+    True: "the seconds from the first iteration on, on the notional fleet of cloud.gpu (this run used no GPU: "
+          "its start-up and warm start are not counted; saving final/ at the end is)",
     False: "every second since this session started its fleet, start-up included (instances are paid from launch)",
 }
 """summary.json's `cost_counts`, by `notional_fleet`: what `cost_usd` counts."""
