@@ -63,6 +63,7 @@ from elastic_sp.coordinator import Coordinator, GroupPhase
 from schedulers.fleet import Died, Dissolved, Event, Node, Pending, Ready, Served, Worker
 from schedulers.preemption import PreemptionNotice
 from schedulers.request import Kind
+from schedulers.update_placement import SP_ROLLOUT_ONLY
 
 POLL_S = 0.05
 """Longest single wait on the members' pipes: how often `wait` re-checks its deadline and pendings."""
@@ -127,6 +128,9 @@ class SPExecutor:
         if worker.name not in self.coord.groups:
             return True  # dissolved since: its Died / Dissolved is on its way and ends it
         return self.coord.serve(worker.name, sorted(kinds), version)
+
+    def serve_crew(self, workers: Sequence[Worker], version: int) -> bool:
+        raise RuntimeError(f"SP groups cannot serve the update's gradient work: {SP_ROLLOUT_ONLY}")
 
     def changed(self, nodes: Collection[Node]) -> None:
         """Members the engine's notices and deaths have not reached through a group (free ones,

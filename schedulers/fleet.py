@@ -10,7 +10,12 @@ and the simulator (a modelled executor on a `ManualClock`) run this same code.
 
 What the engine does, and only here:
 - dispatch: every idle worker allowed in the phase is told to serve the phase's request kinds at
-  the weight version it holds (workers then pull; `schedulers.queue.PullQueue` balances);
+  the weight version it holds (workers then pull; `schedulers.queue.PullQueue` balances). The
+  update's gradient work (`Kind.TRAIN`) is served by nodes, not single workers: a node's idle
+  workers, at most the update's `per_request` of them, form a *crew* (`Executor.serve_crew`) whose
+  lead pulls each request and whose members compute its micro-batches together; the lead sends the
+  one gradient. Nothing else is served by a crew, and a worker serving other kinds pulls no
+  exploration while gradient work waits (the queue's rule), so it comes back to join its node's crew;
 - a notice on a node: every worker touching the node is told (it gives its request back at the
   next step boundary and pulls nothing more), counted once per node in `notices`;
 - a node's death: its workers are lost, their requests re-queued from the last commit
@@ -181,10 +186,19 @@ class Executor(Protocol):
         ...
 
     def serve(self, worker: Worker, kinds: Collection[Kind], version: int) -> bool:
-        """Make idle `worker` pull and compute requests of `kinds` at weight `version` until the
-        queue has nothing for it (then `Served`) or it is told of a notice. False when it found
-        nothing to pull at once (it stays idle; no `Served` follows): the engine then stops
-        dispatching, as every idle worker would find the same nothing."""
+        """Make idle `worker` pull and compute requests of `kinds` (never `Kind.TRAIN`: see
+        `serve_crew`) at weight `version` until the queue has nothing for it (then `Served`) or it is
+        told of a notice. False when it found nothing to pull at once (it stays idle; no `Served`
+        follows): the engine then stops dispatching, as every idle worker would find the same nothing."""
+        ...
+
+    def serve_crew(self, workers: Sequence[Worker], version: int) -> bool:
+        """Make idle `workers` — of one node, the first the lead — a crew that pulls `Kind.TRAIN`
+        requests at weight `version` until the queue has none for it (then `Served` for each) or the
+        lead is told of a notice: the lead pulls a request, every member computes a share of its
+        micro-batches, the lead folds them in micro-batch order and completes it with one gradient.
+        False when it found nothing to pull at once (they stay idle; no `Served` follows). An
+        executor whose workers cannot compute gradients (SP groups) raises."""
         ...
 
     def changed(self, nodes: Collection[Node]) -> None:
@@ -281,6 +295,16 @@ class ExplorationRate:
     def explored(self, samples: int, seconds: float) -> None:
         if samples > 0 and seconds > 0:
             self.samples_per_s = samples / seconds
+
+
+_GRADIENT = (Kind.TRAIN,)
+
+
+def crew_size(update: Pending | None) -> int:
+    """The most workers of a node that compute one request of `update` together: its requests'
+    micro-batches (`schedulers.update.FleetUpdate.per_request`); 1 for an update the fleet does not
+    compute."""
+    return getattr(update, "per_request", 1)
 
 
 def exploration_stats(session: Session, seconds: float) -> dict[str, float]:
@@ -612,11 +636,25 @@ class FleetEngine:
         for source in self.sources:
             source.poll(self)
 
-    def _dispatch(self, kinds: Collection[Kind], ondemand_kinds: Collection[Kind], version: int) -> None:
+    def _dispatch(self, kinds: Collection[Kind], ondemand_kinds: Collection[Kind], version: int,
+                  crew_size: int = 1) -> None:
         """Every idle worker (on-demand ones first) serves its kinds — `kinds` on a spot worker,
-        `ondemand_kinds` on an on-demand one — while there is work of them to pull."""
+        `ondemand_kinds` on an on-demand one — while there is work of them to pull: gradient work
+        (`Kind.TRAIN`) first, by crews of at most `crew_size` of a node's idle workers (`_crews`),
+        then the other kinds by whichever workers are left."""
         for spot, ks in ((False, ondemand_kinds), (True, kinds)):
             idle = self._idle[spot]
+            if not idle or not ks:
+                continue
+            if Kind.TRAIN in ks:
+                if self.queue.queued(_GRADIENT):
+                    for crew in self._crews(idle, crew_size):
+                        if not self.executor.serve_crew(crew, version):
+                            break  # the gradient work is all taken: the rest may serve other kinds
+                        for w in crew:
+                            del idle[w.name]
+                            w.phase = WorkerPhase.SERVING
+                ks = tuple(k for k in ks if k is not Kind.TRAIN)
             if not idle or not ks or not self.queue.queued(ks):
                 continue
             while idle:
@@ -627,13 +665,25 @@ class FleetEngine:
                 del idle[name]
                 w.phase = WorkerPhase.SERVING
 
+    def _crews(self, idle: dict[str, None], size: int) -> list[list[Worker]]:
+        """The crews `idle` workers form, in the order their nodes' first idle worker became idle: a
+        node's idle workers in groups of at most `size`, the first of each its lead. A worker that
+        spans nodes (an SP group) is no crew's: it computes no gradient."""
+        by_node: dict[str, list[Worker]] = {}
+        for name in idle:
+            w = self.workers[name]
+            if len(w.nodes) == 1:
+                by_node.setdefault(w.nodes[0], []).append(w)
+        return [ws[i:i + size] for ws in by_node.values() for i in range(0, len(ws), max(1, size))]
+
     def _step(self, done: Callable[[], bool], kinds: Collection[Kind] = (), version: int = 0,
               spot_only: bool = False, pending: Sequence[Pending] = (),
-              ondemand_kinds: Collection[Kind] | None = None) -> bool:
+              ondemand_kinds: Collection[Kind] | None = None, crew_size: int = 1) -> bool:
         """One turn of every phase: apply the actions due; return True if `done()` then holds;
         else let idle workers serve `kinds` (none: only wait; on-demand workers serve
-        `ondemand_kinds` where given, else `kinds` unless `spot_only`) and wait for the next thing
-        to happen — a worker's report, a `pending` done, an action due — and return False."""
+        `ondemand_kinds` where given, else `kinds` unless `spot_only`; gradient work by crews of at
+        most `crew_size`) and wait for the next thing to happen — a worker's report, a `pending`
+        done, an action due — and return False."""
         # The simulator turns this loop about once per request (4,096 GPUs x 1,000 iterations: ~2M
         # times), so the next action's time is computed once per turn.
         clock = self.clock
@@ -648,7 +698,7 @@ class FleetEngine:
         if ondemand_kinds is None:
             ondemand_kinds = () if spot_only else kinds
         if kinds or ondemand_kinds:
-            self._dispatch(kinds, ondemand_kinds, version)
+            self._dispatch(kinds, ondemand_kinds, version, crew_size)
             if not self.workers and not self._more_capacity_coming():
                 # An executor may report workers late (an SP re-plan's groups form after a death
                 # ended the old ones): take in what it has before giving up, then dispatch them.
@@ -745,18 +795,20 @@ class FleetEngine:
                     if not self.workers:
                         raise NoCapacity("no worker left to finish exploration (exploration.budget_source: samples)")
                 # While the update runs, its own work (a fleet update's gradients) goes to every
-                # worker, and exploration only to spot ones (the on-demand ones are the learner's;
-                # every worker explores on a fleet without spot nodes) and only while no gradient
-                # work is open: a gradient micro-batch shortens the critical path for sure, and one
-                # re-queued after a death must not wait behind a long exploration request (measured
-                # in the simulator: exploring beside the gradients cost 8% of the time to target
-                # and saved no iteration). Exploration fills the learner's step.
+                # node's crews, and exploration only to spot workers (the on-demand ones are the
+                # learner's; every worker explores on a fleet without spot nodes) and only while no
+                # gradient work waits to be pulled: a request shortens the critical path for sure,
+                # and one re-queued after a death must not wait behind exploration (the queue's
+                # rule stops exploring workers pulling more while one waits, so they come back
+                # to their node's crew). Once every request is taken, nodes whose crews are done
+                # explore while the others finish theirs and the learner gathers and steps.
                 work = tuple(getattr(update, "kinds", ())) if updating else ()
-                busy = any(self.queue.open(k) for k in work)
+                busy = self.queue.queued(work) > 0 if work else False
                 explorers = work if busy else (*work, Kind.EXPLORATION)
                 self._step(lambda: not self.queue.open(Kind.EXPLORATION) or (updating and update.done()),
                            explorers, version, pending=[update] if updating else (),
-                           ondemand_kinds=work if updating and spot_fleet else explorers)
+                           ondemand_kinds=work if updating and spot_fleet else explorers,
+                           crew_size=crew_size(update))
         finally:
             self._phase("idle")
         seconds = self.clock.now() - start
@@ -777,7 +829,8 @@ class FleetEngine:
         update's gradients at weight `version`) or idle."""
         self._phase("train")
         try:
-            while not self._step(pending.done, tuple(getattr(pending, "kinds", ())), version, pending=[pending]):
+            while not self._step(pending.done, tuple(getattr(pending, "kinds", ())), version, pending=[pending],
+                                 crew_size=crew_size(pending)):
                 pass
         finally:
             self._phase("idle")

@@ -140,7 +140,10 @@ class PullQueue:
              weight_version: int | None = None) -> list[Lease]:
         """Lease up to `max_requests` of the best queued requests (of `kinds`, default all; of
         `weight_version` only, when given: a worker computes nothing with weights other than the
-        ones a request names) to `worker`; nothing for a worker with a pending preemption notice."""
+        ones a request names) to `worker`; nothing for a worker with a pending preemption notice.
+        Exploration fills what is left: a pull that does not take gradient work (`Kind.TRAIN`, which
+        a node's crew serves: `schedulers.fleet`) gets no exploration while gradient work is queued,
+        so its worker comes back idle and joins its node's crew (tests/test_node_crews.py)."""
         if max_requests < 1:
             raise ValueError(f"max_requests must be >= 1, got {max_requests}")
         with self._lock:
@@ -149,7 +152,10 @@ class PullQueue:
                 return []
             deadline = self._clock.now() + self._lease_s
             leases: list[Lease] = []
+            yields = kinds is not None and Kind.TRAIN not in kinds and self._queued[Kind.TRAIN] > 0
             for kind in _ALL_KINDS if kinds is None else _by_rank(kinds):
+                if yields and kind is Kind.EXPLORATION:
+                    continue
                 heap = self._heaps[kind]
                 skipped: list[tuple[int, int, str]] = []
                 while heap and len(leases) < max_requests:

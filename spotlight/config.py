@@ -541,6 +541,10 @@ class GRPOConfig:
         at_most(self, ("adv_eps",), 1)
 
 
+PARTS_PER_REQUEST = 8
+"""`train.parts_per_request`'s default (`TrainConfig.parts_per_request`)."""
+
+
 @dataclass
 class TrainConfig:
     """The iteration loop and the optimiser."""
@@ -587,14 +591,18 @@ class TrainConfig:
     requests, gradient work before exploration; the learner sums them in micro-batch order and
     steps — the same weights as "learner", bit for bit), or "auto" (each update where the run's
     own updates measured faster: `schedulers/update_placement.py`). docs/training.md."""
-    parts_per_request: int = 1
-    """k: consecutive micro-batches summed into one gradient before it travels, 1..4,096. An update
-    round of P micro-batches is ceil(P / k) chunks, chunk c covering micro-batches [c*k, min((c+1)*k, P)):
-    on the fleet one `TRAIN` request each (its worker sums them in index order and sends one
-    gradient: k times fewer, as large, transfers to the learner), and the learner folds the chunk
-    sums in chunk order. The learner alone sums in the same tree, so `update_on` still changes no
-    bit; k changes only float rounding, like `micro_batch`, so it may change when a run resumes
-    (`spotlight.train.resume_identity.NEUTRAL`). 1: one gradient per micro-batch. docs/training.md."""
+    parts_per_request: int = PARTS_PER_REQUEST
+    """k: consecutive micro-batches summed into one gradient before it travels, 1..4,096; fixed by
+    the config, never by who is live. An update round of P micro-batches is ceil(P / k) chunks,
+    chunk c covering micro-batches [c*k, min((c+1)*k, P)): on the fleet one `TRAIN` request each,
+    served by a node (a crew of up to k of its idle workers computes its micro-batches, its lead
+    folds them in index order and sends one gradient: k times fewer, as large, transfers to the
+    learner), and the learner folds the chunk sums in chunk order. The learner alone sums in the
+    same tree, so `update_on` still changes no bit; k changes only float rounding (none at all
+    where P <= k: one chunk is the plain fold), like `micro_batch`, so it may change when a run
+    resumes (`spotlight.train.resume_identity.NEUTRAL`). Default 8: the GPUs of an 8-GPU node
+    (p4d/p5, a2/a3), so a node of the usual size computes a request in one micro-batch's time.
+    docs/training.md."""
 
     def __post_init__(self) -> None:
         check(self.update_on in PLACES, "update_on", f"{', '.join(PLACES[:-1])} or {PLACES[-1]}", self.update_on)

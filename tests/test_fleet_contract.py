@@ -454,3 +454,61 @@ def test_sp_groups_drop_cancelled_exploration_and_serve_on(weights, tmp_path) ->
                 assert torch.equal(tensor, expected), r.id
     finally:
         fleet.close()
+
+
+# ---- the update's gradient work: node-served requests on every executor that computes it ----------------
+
+GRADIENT = small_dit_config(train={"micro_batch": 4})
+"""8 samples x 4 SDE steps in micro-batches of 4 rows: 8 micro-batches, in requests of 3 (the last of 2)."""
+PER_REQUEST = 3
+
+
+@pytest.mark.parametrize("name", ["in_process", "ray", "modelled"])
+def test_node_crews_send_one_gradient_per_request_the_learners_own_sum(request, name, weights, tmp_path) -> None:
+    """The scenario's fleet computes an update round: every request is served by one node's crew —
+    ondemand0's two devices together where the executor has a worker per device (Ray; the modelled
+    groups), the crew's lead sending one gradient — and (where computed) each is the chunk's sum as
+    the learner folds it on one device, bit for bit (`chunk_gradient`); none is computed by a crew
+    spanning nodes."""
+    from schedulers.update import Done, FleetUpdate
+    from spotlight.rl.gradient import chunk_gradient
+
+    fleet = make_fleet(request, name, GRADIENT, nodes(), weights, tmp_path)
+    engine, queue = fleet.engine, fleet.queue
+    try:
+        engine.start()
+        engine.rollout(rollout_requests(0), 0)
+        ids = [r.id for r in rollout_requests(0)]
+        parts = queue.results(ids)
+        advantages = torch.linspace(-1.0, 1.0, 2 * ROLLOUT_REQUESTS)
+        computing = name in COMPUTING
+        data = (parts, advantages) if computing else 0.5  # the modelled executor: seconds per micro-batch
+        update = FleetUpdate(queue, 0, 1, 8, data, lambda r, done: Done(queue.results(done)), weights=lambda: None,
+                             per_request=PER_REQUEST)
+        crews, serve_crew = [], engine.executor.serve_crew
+
+        def spy(workers, version):
+            crews.append(sorted(n for w in workers for n in w.nodes))
+            return serve_crew(workers, version)
+
+        engine.executor.serve_crew = spy
+        engine.wait(update, 0)
+        # ondemand0's two devices form one crew where the executor runs a worker on each; the
+        # in-process executor runs one worker per node.
+        assert (["ondemand0", "ondemand0"] in crews) == (name != "in_process"), crews
+        assert update.ids == ["it0/u0/m0-2", "it0/u0/m3-5", "it0/u0/m6-7"]
+        by_worker = queue.completions_by_worker(Kind.TRAIN)
+        assert sum(by_worker.values()) == 3 and queue.stats()["requests_duplicated"] == 0
+        results = update.last_step.value
+        if not computing:
+            assert results == [None] * 3
+            return
+        policy = build_policy(GRADIENT)
+        policy.model.load_state_dict(weights)
+        rollout = policy.merge(parts)
+        for (grads, stats), indices in zip(results, (range(0, 3), range(3, 6), range(6, 8))):
+            want_grads, want_stats = chunk_gradient(policy, rollout, advantages, indices, device="cpu")
+            assert grads.keys() == want_grads.keys() and stats == want_stats
+            assert all(torch.equal(grads[k], want_grads[k]) for k in grads), indices
+    finally:
+        fleet.close()

@@ -191,8 +191,10 @@ def _preemptions_in_updates():
 def test_spot_workers_killed_during_updates_change_no_weight(tmp_path, kind):
     from spotlight.runtime.ray_runtime import RayRuntime
 
-    _, alone, _ = _run(_config(kind, "learner"), tmp_path / "learner")
-    cfg = _config(kind, "fleet", runtime="ray")
+    # Requests of 2 micro-batches (8 a round for the DiT): enough that every node's crew takes some
+    # while the trace kills and brings back the spot nodes.
+    _, alone, _ = _run(_config(kind, "learner", parts_per_request=2), tmp_path / "learner")
+    cfg = _config(kind, "fleet", runtime="ray", parts_per_request=2)
     runtime = RayRuntime(cfg, actions=_preemptions_in_updates(), replay_phases=("train",))
     summary, weights, rows = _run(cfg, tmp_path / "ray", runtime)
     assert summary["preemptions"] >= 1 and summary["workers_lost"] >= 1, summary

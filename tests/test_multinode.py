@@ -188,10 +188,13 @@ def test_no_spot_capacity_is_said_in_one_line_then_falls_back_or_waits_visibly(t
 
 @pytest.mark.slow
 def test_a_spot_node_sigkilled_while_it_computes_the_update_changes_no_weight(tmp_path):
-    """`train.update_on: fleet` on the cluster: once a worker of spot-b has computed a gradient part
-    of the second update and parts are still open, spot-b's processes are SIGKILLed. Its part in
-    flight is re-queued and computed by another worker; the run ends bit-identical to a local run
-    whose learner computes every update alone."""
+    """`train.update_on: fleet` on the cluster, spot nodes of two executors each: a request is served
+    by a node's crew (both executors compute its micro-batches, the lead sends one gradient). Once
+    spot-b's crew has computed a request of the second update and holds another, spot-b's processes
+    are SIGKILLed: the request in flight is re-queued whole and computed by another crew. In the
+    third update spot-a is drained (a notice) while its crew holds a request: the crew finishes it
+    and pulls no more. The run ends bit-identical to a local run whose learner computes every
+    update alone (the same micro-batches and requests of k = 8: the same tree)."""
     from schedulers.request import Kind
     from spotlight.runtime.ray_runtime import RayRuntime
     from spotlight.train.trainer import Trainer
@@ -201,27 +204,27 @@ def test_a_spot_node_sigkilled_while_it_computes_the_update_changes_no_weight(tm
     assert local_cfg.train.update_on == "learner"
 
     with LoopbackCluster() as cluster:
-        spot_a = cluster.add_node({"spot": 1}, name="spot-a")
-        spot_b = cluster.add_node({"spot": 1}, name="spot-b")
+        spot_a = cluster.add_node({"spot": 2}, name="spot-a")
+        spot_b = cluster.add_node({"spot": 2}, name="spot-b")
         cfg = _config({"micro_batch": 2, "update_on": "fleet"}, address=cluster.address)
         logs: list[str] = []
         runtime = RayRuntime(cfg, log=logs.append)
-        update, calls, seen = runtime.update, [], {}
+        update, calls, seen, crews = runtime.update, [], {}, []
 
-        def on_spot_b(workers) -> list[str]:
-            return [w for w in workers if w in runtime.engine.workers and spot_b.ip in runtime.engine.workers[w].nodes[0]]
+        def on(node, workers) -> list[str]:
+            return [w for w in workers if w in runtime.engine.workers and node.ip in runtime.engine.workers[w].nodes[0]]
 
         def kill_when_spot_b_computes():
-            """Once a worker of spot-b has computed a part of this update and holds another. Its
+            """Once a crew of spot-b has computed a request of this update and holds another. Its
             processes are known before the decision, so the kill lands right after it, while the
-            part in hand still computes (a scan of /proc between them gave a part time to finish:
+            request in hand still computes (a scan of /proc between them gave a part time to finish:
             once in CI nothing was left in flight to re-queue)."""
             deadline = time.monotonic() + 60
-            before = sum(runtime.queue.completions_by_worker(Kind.TRAIN).get(w, 0) for w in on_spot_b(runtime.engine.workers))
+            before = sum(runtime.queue.completions_by_worker(Kind.TRAIN).get(w, 0) for w in on(spot_b, runtime.engine.workers))
             while time.monotonic() < deadline:
                 pids = descendants(spot_b.process.pid)
                 done = runtime.queue.completions_by_worker(Kind.TRAIN)
-                if sum(done.get(w, 0) for w in on_spot_b(done)) > before and on_spot_b(runtime.queue.held(Kind.TRAIN)):
+                if sum(done.get(w, 0) for w in on(spot_b, done)) > before and on(spot_b, runtime.queue.held(Kind.TRAIN)):
                     for pid in pids:
                         with contextlib.suppress(ProcessLookupError):
                             os.kill(pid, signal.SIGKILL)
@@ -230,30 +233,51 @@ def test_a_spot_node_sigkilled_while_it_computes_the_update_changes_no_weight(tm
                     return
                 time.sleep(0.002)
 
+        def drain_when_spot_a_holds():
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                if on(spot_a, runtime.queue.held(Kind.TRAIN)):
+                    (nid,) = [n["NodeID"] for n in ray.nodes() if n["Alive"] and n["NodeManagerAddress"] == spot_a.ip]
+                    _drain(cluster.address, nid)
+                    seen["drained"] = True
+                    return
+                time.sleep(0.002)
+
         def disturbed_update(*args, **kwargs):
             calls.append(len(calls))
-            if len(calls) == 2:
-                seen["thread"] = threading.Thread(target=kill_when_spot_b_computes, daemon=True)
-                seen["thread"].start()
+            if len(calls) == 1:  # see every crew the engine forms
+                serve_crew = runtime.executor.serve_crew
+                runtime.executor.serve_crew = lambda workers, version: (
+                    crews.append([w.nodes[0] for w in workers]) or serve_crew(workers, version))
+            if len(calls) in (2, 3):
+                act = kill_when_spot_b_computes if len(calls) == 2 else drain_when_spot_a_holds
+                seen[len(calls)] = threading.Thread(target=act, daemon=True)
+                seen[len(calls)].start()
             return update(*args, **kwargs)
 
         runtime.update = disturbed_update
         summary = Trainer(cfg, tmp_path / "cluster", progress=False, log=logs.append).build(runtime).train()
-        seen["thread"].join()
+        seen[2].join()
+        seen[3].join()
         rows = [json.loads(line) for line in (tmp_path / "cluster" / "metrics.jsonl").read_text().splitlines()]
 
-    assert seen.get("killed"), logs
+    assert seen.get("killed") and seen.get("drained"), logs
+    assert any(len(c) == 2 and spot_a.ip in c[0] for c in crews), crews  # both executors of a spot node
     assert summary["requests_lost"] == 0 and summary["requests_duplicated"] == 0, summary
     assert summary["workers_lost"] >= 1 and summary["requests_interrupted"] >= 1, (summary, logs)
+    assert summary["preemptions"] >= 1 and any("drained" in line for line in logs), (summary, logs)
     assert sum(r["gradient_parts_spot"] for r in rows) > 0, rows
-    assert len({r["gradient_parts"] for r in rows}) == 1, rows  # every update had all its parts
+    # Every update had all its requests: 2 rounds of ceil(16 samples (the 4 prompts there are x 4) x
+    # 12 SDE steps / 2 rows) = 96 micro-batches in requests of 8.
+    parts = -(-min(cfg.train.prompts_per_step, cfg.prompts.count) * cfg.train.group_size * len(cfg.sampler.sde_steps) // 2)
+    assert {r["gradient_parts"] for r in rows} == {2 * -(-parts // 8)}, rows
     # What reached the learner from the other nodes is the byte model's (spotlight.sim.transfers),
-    # the SIGKILL notwithstanding: one gradient of the model's part size per part (the killed
-    # worker's part once, from the worker that computed it again), and every publication is the
-    # whole float32 model.
+    # the SIGKILL notwithstanding: one gradient of the model's part size per request (the killed
+    # crew's once, from the crew that computed it again), and every publication is the whole
+    # float32 model.
     shape = DiTShape.from_arch(transformer_arch(cfg.policy.dit))
     part, publication = transfers.part_bytes(shape, 0, 4, 4), transfers.publication_bytes(shape, 0, 4, 4)
-    for r in rows:  # gradient_parts: the parts the learner folded (every one, checked above)
+    for r in rows:  # gradient_parts: the requests the learner folded (every one, checked above)
         assert r["update_gradient_bytes"] == r["gradient_parts"] * part and r["publish_bytes"] == publication, r
     a, b = _weights(tmp_path / "local"), _weights(tmp_path / "cluster")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

@@ -120,19 +120,25 @@ def run(cfg, name, prices, trace=None):
 
 def test_cost_releases_spot_nodes_that_do_not_pay_and_pays_only_for_those_held():
     # Spot at the on-demand price never pays (C(x) = p (R + K x) rises with x): every node goes at
-    # t = 0, planned (no preemption), and the run is the on-demand one to the cent.
-    ondemand = run(small(), "ondemand", (8.0, 8.0))
+    # t = 0, planned (no preemption), and the run is the on-demand one, with the on-demand GPUs the
+    # objective chose, to the cent. Fewer is cheaper here: C(G) = p (R + W + G F) on the on-demand
+    # GPUs alone, so both choose 1 of the 4.
     for name in ("spotlight_noexplore", "oracle"):
         r = run(small(objective="cost"), name, (8.0, 8.0))
         assert r["objective"] == "cost" and r["spot_gpus_held_mean"] == 0.0, name
-        assert r["preemptions"] == 0, name
+        assert r["preemptions"] == 0 and r["ondemand_gpus_held"] == 1, name
+        ondemand = run(small(gpus=r["ondemand_gpus_held"]), "ondemand", (8.0, 8.0))
         assert r["total_cost_usd"] == pytest.approx(ondemand["total_cost_usd"], rel=1e-9), name
+    assert run(small(), "spotlight_noexplore", (8.0, 8.0))["ondemand_gpus_held"] == 4  # `time` keeps --gpus
     assert run(small(objective="cost"), "spotlight_noexplore", (8.0, 8.0))["spot_releases"] == 4
-    # Nearly free spot pays for every node: the same run as `time`.
+    # Nearly free spot pays for every node: `cost` holds all of them, as `time` does, and of the
+    # on-demand GPUs the fewest (they cost 800x a spot one here), so it is cheaper and later.
     time = run(small(), "spotlight_noexplore", (8.0, 0.01))
     cost = run(small(objective="cost"), "spotlight_noexplore", (8.0, 0.01))
     assert time["objective"] == "time" and time["spot_releases"] == 0 and time["spot_gpus_held_mean"] == 4.0
-    assert cost["wall_h"] == time["wall_h"] and cost["spot_releases"] == 0
+    assert cost["spot_releases"] == 0 and cost["spot_gpus_held_mean"] == pytest.approx(4.0)
+    assert cost["ondemand_gpus_held"] == 1 and cost["total_cost_usd"] < time["total_cost_usd"] < 4 * cost["total_cost_usd"]
+    assert cost["wall_h"] > time["wall_h"]
     assert run(small(), "ondemand", (8.0, 8.0))["objective"] is None
 
 
@@ -170,3 +176,24 @@ def test_simulate_cli_objective(tmp_path, capsys):
     assert "--deadline-h: only with --objective deadline" in capsys.readouterr().err
     with pytest.raises(ConfigError, match="objective: expected time, cost or deadline"):
         SimConfig(objective="fast")
+
+
+def test_the_ondemand_gpus_are_chosen_by_the_closed_form():
+    from spotlight.sim.rental import choose_ondemand, ondemand_candidates
+
+    assert ondemand_candidates(16) == [1, 2, 4, 8, 16] and ondemand_candidates(12) == [1, 2, 4, 8, 12]
+    assert ondemand_candidates(1) == [1]
+
+    def rules(fixed_s, objective="cost", spot=P_OD):
+        return {g: RentalRule(objective, IterationModel(g, R, W, fixed_s), 1, P_OD, spot) for g in (1, 2, 4, 8)}
+
+    # Spot at the on-demand price holds no spot node; on the on-demand GPUs alone C(G) = p (R + W + G F):
+    # the fewest GPUs, unless nothing is fixed (F = 0), when every count costs the same and the
+    # tie goes to the most (sooner).
+    assert choose_ondemand("cost", rules(F), offered=4) == 1
+    assert choose_ondemand("cost", rules(0.0), offered=4) == 8
+    assert choose_ondemand("time", rules(F), offered=4) == 8
+    # A deadline: the cheapest count whose forecast fits — T(G) = (R + W) / G + F over 10 iterations.
+    fits = {g: 10 * ((R + W) / g + F) for g in (1, 2, 4, 8)}
+    assert choose_ondemand("deadline", rules(F, "deadline"), 4, horizon=10, seconds_left=fits[4]) == 4
+    assert choose_ondemand("deadline", rules(F, "deadline"), 4, horizon=10, seconds_left=1.0) == 8  # none fits

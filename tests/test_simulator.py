@@ -20,8 +20,10 @@ def fleet(nodes: int, remove_at: float | None = None) -> Trace:
 
 
 def small(**kw) -> SimConfig:
+    # The update's grain: micro-batches of 8 rows (4 samples x 2 SDE steps), one per request, so 32
+    # samples make 8 single-part requests (test_node_crews.py covers requests of several parts).
     base = dict(gpus=4, spot_gpus=4, prompts=8, group_size=4, samples_per_request=4, iterations=3,
-                candidates_per_prompt=8, plan_prompts=4, stop_at_target=False)
+                candidates_per_prompt=8, plan_prompts=4, stop_at_target=False, micro_batch=8, parts_per_request=1)
     return SimConfig(**{**base, **kw})
 
 
@@ -50,16 +52,16 @@ def test_no_preemptions_takes_the_time_the_step_model_gives_by_hand():
 
 @pytest.mark.parametrize("notice_s", [120.0, 0.0])
 def test_every_spot_node_dying_at_once_still_finishes_on_ondemand(notice_s):
-    cfg = small(iterations=12, spot_gpus=8, notice_s=notice_s)
-    out = simulate(cfg, fleet(4, remove_at=150.0))["policies"]  # mid-run (an iteration takes ~20-30 s)
+    cfg = small(iterations=20, spot_gpus=8, notice_s=notice_s)
+    out = simulate(cfg, fleet(4, remove_at=150.0))["policies"]  # mid-run (an iteration takes ~8-30 s)
     for name, r in out.items():
         assert r["requests_duplicated"] == 0, name
         if POLICIES[name].spot:
             assert r["preemptions"] == 4, name
         if POLICIES[name].ondemand_gpus == 0:  # all spot (managed_restart): nothing left to finish on
-            assert r["stop_reason"] == "no_capacity" and 0 < r["iterations"] < 12, name
+            assert r["stop_reason"] == "no_capacity" and 0 < r["iterations"] < 20, name
             continue
-        assert r["iterations"] == 12, name
+        assert r["iterations"] == 20, name
     assert out["spotlight"]["wall_h"] < out["ondemand"]["wall_h"] * 1.01
     if notice_s > 0:  # work in flight at the notice is given back at a step boundary: nothing redone
         assert out["spotlight_noexplore"]["steps_recomputed"] == 0
@@ -243,9 +245,12 @@ def test_spot_gpus_computing_the_update_shorten_every_iteration_and_the_oracle_b
 
 
 def test_the_fleet_computes_the_update_only_where_that_is_sooner():
-    # A short update next to the learner's gather-and-step (update_round_s: 10 s): the on-demand
-    # GPUs alone are sooner, so every iteration trains as spotlight_learner_update does.
-    out = simulate(small(iterations=4, spot_gpus=12), fleet(4), ["spotlight_learner_update", "spotlight"])
+    from dataclasses import replace
+
+    # A short update next to the learner's gather-and-step (given: 10 s after a round's compute): the
+    # on-demand GPUs alone are sooner, so every iteration trains as spotlight_learner_update does.
+    slow = small(iterations=4, spot_gpus=12, step_times=replace(StepTimes(), update_round_s=10.0))
+    out = simulate(slow, fleet(4), ["spotlight_learner_update", "spotlight"])
     alone, fleet_update = out["policies"]["spotlight_learner_update"], out["policies"]["spotlight"]
     assert fleet_update["wall_h"] == pytest.approx(alone["wall_h"], rel=1e-9)
 
@@ -274,9 +279,9 @@ def test_a_run_reports_how_many_updates_the_fleet_computed():
     from dataclasses import replace
 
     names = ["spotlight_noexplore", "ondemand", "oracle"]
-    # this small update takes ~6 s on the on-demand GPUs: the learner's 10 s gather-and-step makes
-    # the fleet's slower, half a second makes it sooner
-    slow = simulate(small(), fleet(4), names)["policies"]
+    # this small update takes ~6 s on the on-demand GPUs: a 10 s gather-and-step makes the fleet's
+    # slower, half a second makes it sooner
+    slow = simulate(small(step_times=replace(StepTimes(), update_round_s=10.0)), fleet(4), names)["policies"]
     fast = simulate(small(step_times=replace(StepTimes(), update_round_s=0.5)), fleet(4), names)["policies"]
     assert [slow[n]["fleet_update_iterations"] for n in names] == [0, 0, 0]
     assert [fast[n]["fleet_update_iterations"] for n in names] == [3, 0, 3]

@@ -48,7 +48,9 @@ def test_the_parameter_counts_are_the_real_modules():
 def test_seconds_are_bytes_over_links():
     # 1 GB over 80 Gbit/s at half its bandwidth: 0.2 s
     assert transfers.transfer_s(1e9, 80.0, 0.5) == pytest.approx(0.2)
-    st = StepTimes()
+    # The default grain: 512 micro-batches (1,024 samples x 2 SDE steps / 4 rows) in requests of 8: 64 gradients.
+    assert StepTimes().gradient_requests == 64 and StepTimes().ingress_bytes == 64 * StepTimes().part_bytes
+    st = StepTimes(gradient_parts=32, parts_per_request=1)
     assert st.publication_bytes == 1_698_693_120 and st.ingress_bytes == 32 * st.part_bytes
     assert st.weight_sync_s == pytest.approx(1_698_693_120 * 8 / (100e9 * 0.5) + 1_698_693_120 * 8 / 200e9)
     assert st.part_bytes == (424_673_280 - 2_359_296) * 4  # the last block's text tail gets no gradient
@@ -58,9 +60,9 @@ def test_seconds_are_bytes_over_links():
     assert [replace(st, parts_per_request=k).gradient_requests for k in (1, 2, 3, 32, 64)] == [32, 16, 11, 1, 1]
     assert replace(st, parts_per_request=3).ingress_bytes == 11 * st.part_bytes
     assert replace(st, parts_per_request=2).update_round_s == pytest.approx(16 * st.part_bytes * 8 / 50e9 + 1.0)
-    full = StepTimes.profile("qwen-image-full")
+    full = replace(StepTimes.profile("qwen-image-full"), gradient_parts=32, parts_per_request=1)
     assert full.weight_sync_s == pytest.approx(8.17, abs=0.01) and full.update_round_s == pytest.approx(209.3, abs=0.1)
-    assert StepTimes.profile("qwen-image") == full
+    assert StepTimes.profile("qwen-image") == StepTimes.profile("qwen-image-full")
 
 
 def test_a_given_figure_wins_and_a_derived_one_follows_its_fields(tmp_path):
@@ -89,9 +91,11 @@ def test_a_given_figure_wins_and_a_derived_one_follows_its_fields(tmp_path):
 
 
 def test_a_full_fine_tune_does_not_fit_a_spot_h100_and_lora_does():
-    line = update_memory_refusal(StepTimes.profile("qwen-image-full"))
+    line = update_memory_refusal(replace(StepTimes.profile("qwen-image-full"), parts_per_request=1))
     assert line == ("qwen-image full fine-tune: a spot H100 (80 GiB) cannot hold 38 GiB of weights, 38 GiB of "
                     "gradients and 7.2 GiB of activations and runtime (83 GiB); the update runs on the learner's GPUs")
+    # Requests of several micro-batches (the default 8): a crew's lead holds the running sum beside a part.
+    assert "76 GiB of gradients" in update_memory_refusal(StepTimes.profile("qwen-image-full"))
     assert update_memory_refusal(StepTimes()) is None
     assert update_memory_refusal(StepTimes(lora_rank=0, gpu="H200")) is None  # 141 GiB holds both
     assert update_memory_refusal(StepTimes(gpu="A100")) is not None  # 40 GiB: not even the bf16 base
@@ -133,7 +137,11 @@ def ray_cluster_here():
 
 @pytest.mark.parametrize("rank, per_request", [(0, 1), (4, 2)])
 def test_the_live_fleet_update_moves_the_bytes_the_model_counts(tmp_path, ray_cluster_here, rank, per_request):
+    """One grain: the live Ray runtime's update moves the requests, gradients and bytes the byte model
+    counts, and `spotlight simulate --config` of the same config simulates the same ones."""
+    from schedulers.traces import Trace, TraceEvent
     from spotlight.runtime.ray_runtime import RayRuntime
+    from spotlight.sim.run_config import POLICY, simulate_run
     from spotlight.train.trainer import Trainer
 
     rounds, micro_batch = 2, 4
@@ -158,3 +166,7 @@ def test_the_live_fleet_update_moves_the_bytes_the_model_counts(tmp_path, ray_cl
     # (9,408 and 1,536 of them) gets no gradient, so a part is smaller than a publication.
     assert rows[0]["publish_bytes"] == (9_216 if rank == 4 else 89_328) * TINY_DTYPE_BYTES
     assert part == ((9_216 - 1_536) if rank == 4 else (89_328 - 9_408)) * TINY_DTYPE_BYTES
+    # The simulator at the same grain: its TRAIN requests, one gradient each, are the runtime's.
+    simulated = simulate_run(cfg, Trace([TraceEvent(0.0, "add", "n0")], "one spot node"))["policies"][POLICY]
+    keys = ("update_on_fleet", "gradient_parts", "update_gradient_bytes")
+    assert [{k: r[k] for k in keys} for r in simulated["iterations_log"]] == [{k: r[k] for k in keys} for r in rows]

@@ -4,8 +4,9 @@ Whoever computes micro-batch i — the learner itself, or a spot worker that pul
 `Kind.TRAIN` request — computes it the same way (`part_gradient`: gradients zeroed, one
 `Policy.backward_part`, the gradients taken out). The micro-batches are summed in one fixed tree
 (`GradientSum`): consecutive chunks of k = `train.parts_per_request` (`schedulers.update.chunks`),
-each folded left in index order (`chunk_gradient`: first + second + ...), then the chunk sums
-folded in chunk order, whatever order they arrive in. On the fleet a worker computes a chunk and
+each folded left in index order (`fold_parts`: first + second + ...), then the chunk sums
+folded in chunk order, whatever order they arrive in. On the fleet a node computes a chunk — its
+crew of GPUs a share of the micro-batches each, the crew's lead folding them in index order — and
 sends its sum (one transfer per chunk); the learner alone computes the same chunks in the same
 tree. Floating-point addition is not associative, so a fixed tree is what makes the sum, hence the
 weights, independent of who computed what: an update spread over a fleet with preemptions ends
@@ -15,7 +16,7 @@ With k = 1 every chunk is one micro-batch and the tree is the plain fold in inde
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import torch
 
@@ -39,19 +40,20 @@ def part_gradient(policy: Policy, rollout: Rollout, advantages: torch.Tensor, in
     return grads, stats
 
 
-def chunk_gradient(policy: Policy, rollout: Rollout, advantages: torch.Tensor, indices: Sequence[int],
-                   device: str | None = None) -> tuple[Gradients, dict[str, float]]:
-    """The sum of micro-batches `indices`' gradients, folded left in the order given (first +
-    second + ...) where the parameters are, then moved to `device` (one transfer: what a worker
-    sends), and their stats summed in the same order. One index: `part_gradient`'s, unchanged.
-    Holds one gradient besides the model's: the running sum."""
+def fold_parts(parts: Iterable[tuple[Gradients, dict[str, float]]],
+               device: str | None = None) -> tuple[Gradients, dict[str, float]]:
+    """Micro-batch gradients folded left in the order given (first + second + ...), where the first
+    part's tensors are, then moved to `device` (one transfer: what a node sends), and their stats
+    summed in the same order; one part's are returned unchanged. A part's tensors are its own
+    (`part_gradient` makes fresh ones): the first is added into, not copied. Addition is the same
+    correctly rounded operation on every device, so where a part was computed or is added never
+    changes a bit; only the order does. Holds one gradient besides the part in hand: the running sum."""
     total: Gradients = {}
     stats = []
-    for i in indices:
-        grads, part_stats = part_gradient(policy, rollout, advantages, i)
-        for name, g in grads.items():  # `g` is this call's own tensor: the first is kept, not copied
+    for grads, part_stats in parts:
+        for name, g in grads.items():
             if name in total:
-                total[name] += g
+                total[name] += g.to(total[name].device)
             else:
                 total[name] = g
         stats.append(part_stats)
@@ -60,6 +62,15 @@ def chunk_gradient(policy: Policy, rollout: Rollout, advantages: torch.Tensor, i
     if device:
         total = {name: g.to(device) for name, g in total.items()}
     return total, stats[0] if len(stats) == 1 else sum_stats(stats)
+
+
+def chunk_gradient(policy: Policy, rollout: Rollout, advantages: torch.Tensor, indices: Sequence[int],
+                   device: str | None = None) -> tuple[Gradients, dict[str, float]]:
+    """The sum of micro-batches `indices`' gradients, each computed here in turn and folded left in
+    the order given where the parameters are (`fold_parts`), then moved to `device`. One index:
+    `part_gradient`'s, unchanged. A node's crew folds the same parts, computed by several of its
+    GPUs, in the same order (`spotlight.runtime.rollout_worker`): the same bits."""
+    return fold_parts((part_gradient(policy, rollout, advantages, i) for i in indices), device)
 
 
 class GradientSum:

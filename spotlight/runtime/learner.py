@@ -73,7 +73,9 @@ class Learner:
         self.ema: dict[str, torch.Tensor] | None = None
         """With `train.ema_decay`: the EMA of `trained_state`, float32, on the model's device."""
         self.gradient_bytes = 0
-        """Bytes of the gradients received for the update in progress (`step_with`), every round's."""
+        """Bytes of the gradients received for the update in progress (`step_added`), every round's."""
+        self._incoming: tuple[int, GradientSum, int] | None = None
+        """(round, its sum so far, bytes received for it) while a fleet update's chunks arrive."""
 
     def build(self, checkpoints: Path | None = None) -> dict[str, Any]:
         """Make the policy, warm-start it (cached), freeze the KL reference, and resume from the
@@ -175,14 +177,33 @@ class Learner:
 
     def step_with(self, round: int, results: list[tuple[Gradients, dict[str, float]]]) -> dict[str, float]:
         """`step` with the fleet's results, one per `TRAIN` request in chunk order: each is a chunk's
-        sum (`chunk_gradient`), so adding them in that order is the tree's last level. Its stats
-        carry `update_gradient_bytes`: the bytes of the gradients received for this update so far
-        (this round and the ones before it), as they arrived."""
-        received = sum(tensor_bytes(grads.values()) for grads, _ in results)
+        sum (`chunk_gradient`), so adding them in that order is the tree's last level
+        (`add_part` each, then `step_added`)."""
+        for i, result in enumerate(results):
+            self.add_part(round, i, len(results), [result])
+        return self.step_added(round)
+
+    def add_part(self, round: int, chunk: int, chunks: int, results: list[tuple[Gradients, dict[str, float]]]) -> None:
+        """Round `round`'s chunk `chunk` of `chunks` (`results`: the one request's result, as the
+        queue gives it), folded into the round's sum in chunk order as it arrives — while the
+        fleet computes the rest (`schedulers.update.FleetUpdate`'s `add`); `step_added` steps once
+        every chunk is in."""
+        if self._incoming is None or self._incoming[0] != round:
+            self._incoming = (round, GradientSum(chunks), 0)
+        (grads, stats), = results
+        _, total, received = self._incoming
+        total.add(chunk, grads, stats)
+        self._incoming = (round, total, received + tensor_bytes(grads.values()))
+
+    def step_added(self, round: int) -> dict[str, float]:
+        """`step` with the sum of the chunks `add_part` took for round `round`. Its stats carry
+        `update_gradient_bytes`: the bytes of the gradients received for this update so far (this
+        round and the ones before it), as they arrived."""
+        if self._incoming is None or self._incoming[0] != round:
+            raise RuntimeError(f"round {round} of the update has no gradient yet")
+        _, total, received = self._incoming
+        self._incoming = None
         self.gradient_bytes = received + (self.gradient_bytes if round > 0 else 0)
-        total = GradientSum(len(results))
-        for i, (grads, stats) in enumerate(results):
-            total.add(i, grads, stats)
         return {**self.step(round, total), "update_gradient_bytes": self.gradient_bytes}
 
     def evaluate(self, requests: list[Request]) -> list[Rollout]:

@@ -15,7 +15,7 @@ previous update did.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -31,7 +31,7 @@ from spotlight.config import RunConfig
 from spotlight.runtime.learner import Learner
 from spotlight.rl.policy import Rollout
 from spotlight.rl.rewards import RewardWorker, Scores
-from spotlight.runtime.rollout_worker import RolloutWorker
+from spotlight.runtime.rollout_worker import LocalCrewMember, RolloutWorker
 
 if TYPE_CHECKING:
     from spotlight.train.exploration import ExplorationSession
@@ -180,6 +180,12 @@ class InProcessExecutor:
         self._events.append(Served(worker.name, noticed=done["noticed"]))
         return True
 
+    def serve_crew(self, workers: Sequence[Worker], version: int) -> bool:
+        lead, *members = workers
+        done = lead.handle.serve([Kind.TRAIN], [LocalCrewMember(w.handle) for w in members])
+        self._events.extend(Served(w.name, noticed=done["noticed"]) for w in workers)
+        return True
+
     def changed(self, nodes: Any) -> None:
         pass
 
@@ -254,8 +260,9 @@ class LocalRuntime:
             before = queue.completions_by_worker(Kind.TRAIN)
             update = FleetUpdate(queue, self.version, self.cfg.train.updates_per_step,
                                  learner.update_parts(parts), (parts, advantages),
-                                 lambda r, ids: Done(learner.step_with(r, queue.results(ids, release=True))),
-                                 weights=learner.weights, per_request=self.cfg.train.parts_per_request)
+                                 lambda r, ids: Done(learner.step_added(r)),
+                                 weights=learner.weights, per_request=self.cfg.train.parts_per_request,
+                                 add=lambda r, c, n, i: learner.add_part(r, c, n, queue.results([i], release=True)))
             self.engine.wait(update, self.version)
             stats = {**update.last_step.value, **gradient_split(self.engine, queue, before)}
         else:

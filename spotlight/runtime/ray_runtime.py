@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import ray
@@ -44,7 +44,7 @@ from spotlight.train.exploration import ExplorationSession
 from spotlight.runtime.learner import Learner
 from spotlight.rl.policy import Rollout
 from spotlight.rl.rewards import RewardError, RewardWorker, Scores, split_parts
-from spotlight.runtime.rollout_worker import RolloutWorker
+from spotlight.runtime.rollout_worker import CrewMemberLost, RolloutWorker
 from spotlight.runtime import ray_cluster
 from spotlight.runtime.local import Progress, gradient_split, scheduler_stats
 from spotlight.runtime.ray_fleet import ClusterFleet, placement
@@ -133,6 +133,24 @@ class RayPending:
         return bool(ray.wait([self.ref], timeout=0)[0])
 
 
+class RayCrewMember:
+    """A crew member as its node's lead reaches it (`rollout_worker.CrewMember`): its actor computes
+    its share of a request's micro-batches while the lead computes its own; the parts come back
+    through the node's object store (both actors run on the node), not across the network."""
+
+    def __init__(self, actor: Any) -> None:
+        self.actor = actor
+
+    def submit(self, work: Any, indices: list[int]) -> Any:
+        return self.actor.gradient_parts.remote(work, indices)
+
+    def collect(self, handle: Any) -> list[Any]:
+        try:
+            return ray.get(handle)
+        except _GONE as err:
+            raise CrewMemberLost(str(err).splitlines()[0]) from None
+
+
 class RayExecutor:
     """Rollout workers as Ray actors, one per device of a node of the fleet (`schedulers.fleet.Executor`).
 
@@ -156,7 +174,8 @@ class RayExecutor:
         """The node a worker of a replayed fleet runs on (the one-node local cluster's)."""
         self.gpus = gpus or (lambda node_id: 0)
         self._starting: dict[Any, Worker] = {}
-        self._serving: dict[Any, Worker] = {}
+        self._serving: dict[Any, list[Worker]] = {}
+        """A serve call in flight -> its worker, or its crew (the lead first)."""
         self._since: dict[Any, float] = {}
         """When each starting worker was asked for (`START_TIMEOUT_S`)."""
 
@@ -177,8 +196,17 @@ class RayExecutor:
         return workers
 
     def serve(self, worker: Worker, kinds: Any, version: int) -> bool:
-        self._serving[worker.handle.serve.remote(list(kinds))] = worker
+        self._serving[worker.handle.serve.remote(list(kinds))] = [worker]
         return True  # the actor pulls by itself; whether it finds work shows when serve() returns
+
+    def serve_crew(self, workers: Sequence[Worker], version: int) -> bool:
+        """The lead's actor serves gradient work with its node's other idle actors as its crew
+        (Ray runs an actor's calls one at a time: a member computes the lead's parts between none
+        of its own, as the engine gives it nothing else while the crew serves)."""
+        lead, *members = workers
+        ref = lead.handle.serve.remote([Kind.TRAIN], [RayCrewMember(w.handle) for w in members])
+        self._serving[ref] = list(workers)
+        return True
 
     def changed(self, nodes: Any) -> None:
         pass  # one worker per node: nothing to regroup
@@ -191,10 +219,14 @@ class RayExecutor:
 
     def stop(self, worker: Worker, lost: bool) -> None:
         ray.kill(worker.handle, no_restart=True)
-        for refs in (self._starting, self._serving):
-            for ref in [r for r, w in refs.items() if w is worker]:
-                del refs[ref]
-                self._since.pop(ref, None)
+        for ref in [r for r, w in self._starting.items() if w is worker]:
+            del self._starting[ref]
+            self._since.pop(ref, None)
+        for ref, crew in list(self._serving.items()):
+            if worker in crew:  # a crew's lead or member: the rest of it hears when the lead's call ends
+                crew.remove(worker)
+                if not crew:
+                    del self._serving[ref]
 
     def publish(self, version: int, weights: Any, workers: list[Worker]) -> None:
         """New weights for every worker (and every worker started from now on)."""
@@ -237,11 +269,13 @@ class RayExecutor:
                 del self._since[ref]
                 events.append(Ready(worker) if self._ended(ref) else Died(worker.name, worker.nodes))
             elif ref in self._serving:
-                worker = self._serving.pop(ref)
+                lead, *members = crew = self._serving.pop(ref)
                 try:
-                    events.append(Served(worker.name, noticed=ray.get(ref)["noticed"]))
-                except _GONE:  # died on its own (node lost): no notice came
-                    events.append(Died(worker.name, worker.nodes))
+                    noticed = ray.get(ref)["noticed"]
+                    events.extend(Served(w.name, noticed=noticed) for w in crew)
+                except _GONE:  # the lead died on its own (node lost): no notice came
+                    events.append(Died(lead.name, lead.nodes))
+                    events.extend(Served(w.name) for w in members)
         return events
 
     @staticmethod
@@ -356,13 +390,18 @@ class RayRuntime:
             learner, queue = self.learner, self.queue_actor
             before = self.queue.completions_by_worker(Kind.TRAIN)
 
-            def step(round: int, ids: list[str]) -> RayPending:  # the gradients go queue -> learner directly
-                return RayPending(learner.step_with.remote(round, queue.results.remote(ids, True)))
+            def add(round: int, chunk: int, chunks: int, rid: str) -> None:
+                # As the request completes, its gradient goes queue -> learner directly, and the
+                # learner folds it while the fleet computes the rest (calls run in order).
+                learner.add_part.remote(round, chunk, chunks, queue.results.remote([rid], True))
+
+            def step(round: int, ids: list[str]) -> RayPending:
+                return RayPending(learner.step_added.remote(round))
 
             update = FleetUpdate(self.queue, self.version, self.cfg.train.updates_per_step,
                                  ray.get(learner.update_parts.remote(parts)), (parts, advantages), step,
                                  weights=lambda: learner.weights.remote(),
-                                 per_request=self.cfg.train.parts_per_request)
+                                 per_request=self.cfg.train.parts_per_request, add=add)
         else:
             update = RayPending(self.learner.update.remote(parts, advantages))
         if exploration is not None:

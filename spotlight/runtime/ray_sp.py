@@ -133,6 +133,9 @@ class RaySPExecutor:
     def serve(self, worker: Worker, kinds: Collection[Kind], version: int) -> bool:
         return self.sp.serve(worker, kinds, version)
 
+    def serve_crew(self, workers: Sequence[Worker], version: int) -> bool:
+        return self.sp.serve_crew(workers, version)
+
     def changed(self, nodes: Collection[Node]) -> None:
         self.sp.changed(nodes)
 

@@ -7,6 +7,13 @@ loses at most that many steps. When a heartbeat returns a preemption notice (or 
 by a local watcher), it stops at the next step boundary, gives its in-flight request back with its
 state, and pulls nothing more: with a notice, no finished step is ever recomputed.
 
+A `Kind.TRAIN` request (a chunk of `train.parts_per_request` micro-batches of the update) is served
+by a node: the worker that pulls it is its node's crew lead (`serve(..., crew=...)`, the fleet
+engine forms the crew of the node's idle workers); each member computes a share of the chunk's
+micro-batches (`gradient_parts`), the lead folds all of them in index order (`fold_parts`) and
+sends the one gradient. The fold's order is the micro-batches', not the crew's, so a node with
+fewer live GPUs, a crew of one, or the learner alone give the same bits.
+
 An LLM request is not resumable mid-way (its unit of work is a whole group of short completions):
 given back, it restarts from scratch.
 
@@ -20,16 +27,16 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import Collection
-from typing import Any
+from collections.abc import Collection, Sequence
+from typing import Any, Protocol
 
 import torch
 
 from schedulers.preemption import SigtermSource
-from schedulers.request import Kind, Request
+from schedulers.request import GradientWork, Kind, Request
 from spotlight.config import RunConfig
 from spotlight.runtime.learner import build_policy
-from spotlight.rl.gradient import chunk_gradient
+from spotlight.rl.gradient import Gradients, fold_parts, part_gradient
 from spotlight.rl.lora import LocalBase, add_lora, fingerprint, load_trained_state
 from spotlight.rl.policy import Policy, Rollout
 from spotlight.rl.prompts import Prompt
@@ -69,6 +76,48 @@ def notice_sources(names: Collection[str], clock: Any) -> list[Any]:
     if "sigterm" in names:
         sources.append(SigtermSource(clock))
     return sources
+
+
+Part = tuple[Gradients, dict[str, float]]
+"""One micro-batch's gradient (on the CPU when it crossed a process) and its stats."""
+
+
+class CrewMember(Protocol):
+    """Another worker of the lead's node as the lead reaches it (`RolloutWorker.serve`'s crew): it
+    computes micro-batches of a `TRAIN` request with the weights of the request and sends each
+    one's gradient back unsummed (`RolloutWorker.gradient_parts`)."""
+
+    def submit(self, work: GradientWork, indices: list[int]) -> Any:
+        """Start computing `indices` of `work`; returns what `collect` takes."""
+        ...
+
+    def collect(self, handle: Any) -> list[Part]:
+        """The parts `submit` started, in the order of its indices. Raises `CrewMemberLost` when the
+        member died meanwhile (the lead then computes them itself: the same bits)."""
+        ...
+
+
+class CrewMemberLost(RuntimeError):
+    """A crew member died while it computed parts the lead asked of it."""
+
+
+class LocalCrewMember:
+    """A crew member in this process (`InProcessExecutor`): it computes when asked."""
+
+    def __init__(self, worker: "RolloutWorker") -> None:
+        self.worker = worker
+
+    def submit(self, work: GradientWork, indices: list[int]) -> Any:
+        return self.worker.gradient_parts(work, indices)
+
+    def collect(self, handle: Any) -> list[Part]:
+        return handle
+
+
+def shares(indices: range, crew: int) -> list[list[int]]:
+    """`indices` dealt round the crew (the lead first): position j computes indices[j::crew]. The
+    lead's share begins with the chunk's first micro-batch, so the fold starts on its own tensors."""
+    return [list(indices[j::crew]) for j in range(min(crew, len(indices)))]
 
 
 class RolloutWorker:
@@ -152,9 +201,10 @@ class RolloutWorker:
     def notify(self, notice: Any) -> None:
         self.notice = notice
 
-    def serve(self, kinds: Collection[Kind] | None = None) -> dict[str, Any]:
+    def serve(self, kinds: Collection[Kind] | None = None, crew: Sequence[CrewMember] = ()) -> dict[str, Any]:
         """Pull (requests of `kinds`; default all) and compute until the queue has nothing for this
-        worker or a notice arrives."""
+        worker or a notice arrives. With `crew` (the other idle workers of this node) this worker
+        is their lead: a `TRAIN` request's micro-batches are shared among all of them."""
         done = given_back = cancelled = 0
         while self.notice is None:
             # Only requests for the weights held: a replacement worker whose serve() was queued before
@@ -162,7 +212,7 @@ class RolloutWorker:
             leases = self.queue.pull(self.name, 1, kinds, weight_version=self.version)
             if not leases:
                 break
-            outcome = self.compute(leases[0].request)
+            outcome = self.compute(leases[0].request, crew)
             done += outcome is True
             given_back += outcome is False
             cancelled += outcome is None
@@ -178,14 +228,14 @@ class RolloutWorker:
             self._explorer = self.policy.for_exploration(ex.num_steps, ex.ode)
         return self._explorer
 
-    def compute(self, req: Request) -> bool | None:
+    def compute(self, req: Request, crew: Sequence[CrewMember] = ()) -> bool | None:
         """Run `req` to the end and complete it (True), give it back on a notice (False), or drop it
-        because the controller cancelled it (None)."""
+        because the controller cancelled it (None). `crew`: see `serve`."""
         if req.weight_version != self.version:
             raise RuntimeError(f"worker {self.name} holds weights v{self.version}, request {req.id} needs "
                                f"v{req.weight_version}: the runtime must publish weights before serving")
         if req.kind is Kind.TRAIN:
-            return self._gradient(req)
+            return self._gradient(req, crew)
         prompts = [Prompt(req.prompt_id, req.prompt_text)] * len(req.seeds)
         policy = self.policy_for(req.kind)
         if not policy.resumable:
@@ -209,17 +259,43 @@ class RolloutWorker:
                 self.queue.checkpoint(self.name, req.id, state, state.step)
         return self._complete(req, policy.finish(prompts, state))
 
-    def _gradient(self, req: Request) -> bool | None:
-        """A chunk of the update (`GradientWork`: `train.parts_per_request` micro-batches): their
-        gradients summed in index order and their stats, on the CPU (one transfer to the learner),
-        computed as the learner computes its own (`chunk_gradient`). A request is one unit: a
-        notice before it starts gives it back; once started it is finished."""
+    def _gradient(self, req: Request, crew: Sequence[CrewMember] = ()) -> bool | None:
+        """A chunk of the update (`GradientWork`: `train.parts_per_request` micro-batches) served by
+        this node: dealt round this worker and its `crew` (`shares`), every part computed as the
+        learner computes its own (`part_gradient`), folded here in index order (`fold_parts`: the
+        same bits as `chunk_gradient` on one device), sent as one gradient on the CPU with the
+        parts' stats. A request is one unit: a notice before it starts gives it back; once started
+        it is finished."""
         stop = self._stop(req, 0)
         if stop == "notice":
             self.queue.give_back(self.name, req.id, None, 0)
         if stop:
             return None if stop == "cancelled" else False
         work = req.work
+        dealt = shares(work.indices, 1 + len(crew))
+        asked = [(m, share, m.submit(work, share)) for m, share in zip(crew, dealt[1:])]
+        policy, rollout, advantages = self._update_inputs(work)
+        parts = {i: part_gradient(policy, rollout, advantages, i) for i in dealt[0]}
+        for member, share, handle in asked:
+            try:
+                parts.update(zip(share, member.collect(handle)))
+            except CrewMemberLost:  # its node lives on (a death of the node ends this worker too)
+                parts.update((i, part_gradient(policy, rollout, advantages, i)) for i in share)
+        result = fold_parts((parts.pop(i) for i in work.indices), device="cpu")
+        self.queue.complete(self.name, req.id, result)
+        return True
+
+    def gradient_parts(self, work: GradientWork, indices: list[int]) -> list[Part]:
+        """As a crew member: micro-batches `indices` of `work`, each its own gradient on the CPU,
+        unsummed (the lead folds every part of the chunk in index order)."""
+        policy, rollout, advantages = self._update_inputs(work)
+        return [part_gradient(policy, rollout, advantages, i, device="cpu") for i in indices]
+
+    def _update_inputs(self, work: GradientWork) -> tuple[Policy, Rollout, torch.Tensor]:
+        """What `work`'s micro-batches are computed from: the policy with the weights of its round
+        (round 0: the rollout's, held; a later round: the learner's after the round before, loaded
+        into a copy of the policy), the iteration's rollout merged and its advantages (resolved once
+        per iteration and round weights: every request of the iteration carries the same handles)."""
         parts, advantages = work.data
         if self._update_data is None or not _same(self._update_data[0], parts):
             self._update_data = (parts, self.policy.merge(_resolve(parts)))
@@ -231,9 +307,7 @@ class RolloutWorker:
                 load_trained_state(self._updater[1].model, _resolve(work.weights))
                 self._updater = (work.weights, self._updater[1])
             policy = self._updater[1]
-        result = chunk_gradient(policy, self._update_data[1], advantages, work.indices, device="cpu")
-        self.queue.complete(self.name, req.id, result)
-        return True
+        return policy, self._update_data[1], advantages
 
     def _stop(self, req: Request, step: int) -> str | None:
         """Heartbeat; "notice" if this worker must stop, "cancelled" if `req` was cancelled, else None."""

@@ -3,9 +3,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from schedulers.input_file import ConfigError, short
+from spotlight.config import PARTS_PER_REQUEST
 from spotlight.sim.rental import OBJECTIVES
 from spotlight.sim.step_time import StepTimes
 
@@ -59,7 +60,8 @@ POLICIES = {
 _INT_LIMITS = {"gpus": (1, 16_384), "spot_gpus": (0, 65_536), "iterations": (1, 100_000), "resolution": (16, 8192),
                "prompts": (1, 16_384), "group_size": (2, 4096), "candidates_per_prompt": (1, 65_536),
                "sync_explore_per_prompt": (0, 65_536), "plan_prompts": (1, 4096), "commit_every": (1, 1000),
-               "checkpoint_every": (1, 100_000), "seed": (0, 2**32 - 1)}
+               "checkpoint_every": (1, 100_000), "seed": (0, 2**32 - 1), "micro_batch": (1, 65_536),
+               "parts_per_request": (1, 4096), "updates_per_step": (1, 1000)}
 """[low, high] of SimConfig's integer fields (None allowed where the field says so). The maxima bound
 what one run allocates — a worker and its members per GPU, a request per group — well above the
 4,096-GPU x 1,000-iteration run `experiments/simulate_scale.py` times (docs/fleet-engine.md)."""
@@ -129,7 +131,19 @@ class SimConfig:
     """Stretch the progress model's iteration axis, in (0, 1,000]: the tiny DiT's random-seed
     baseline reaches the target in 17.7 iterations; a Qwen-Image run needs hundreds (Flow-GRPO trains
     for hundreds to thousands of steps), so by default 10x: 177 (docs/simulator.md)."""
+    micro_batch: int = 4
+    """(sample, trained SDE step) rows per micro-batch of the update, 1..65,536: `train.micro_batch`
+    of the run simulated (4: the Qwen-Image OCR recipe's, flow_grpo's `train.batch_size` per GPU).
+    With `parts_per_request` it sets the update's grain, as the runtime's (`gradient_parts`)."""
+    parts_per_request: int = PARTS_PER_REQUEST
+    """Micro-batches per `TRAIN` request, 1..4,096: `train.parts_per_request` of the run simulated
+    (its default: 8). A request is served by a node's crew and sends one gradient."""
+    updates_per_step: int = 1
+    """Optimiser steps (update rounds) per iteration, 1..1,000: `train.updates_per_step` (the Qwen-Image
+    recipe's: 1); each round is the whole update's work and the learner's gather and step."""
     step_times: StepTimes = field(default_factory=StepTimes)
+    """The step-time model. Its `gradient_parts` and `parts_per_request` are this run's grain: set
+    from `prompts` x `group_size` x `trained_steps` / `micro_batch` and `parts_per_request` here."""
     price_gpu: str | None = None
     """GPU row of the price table (None: step_times.gpu; the tiny-cpu profile, which no table prices,
     is priced as an H100). A GPU the table does not price is refused by `gpu_prices`."""
@@ -180,6 +194,19 @@ class SimConfig:
         d = self.deadline_h
         if d is not None and not (not isinstance(d, bool) and isinstance(d, (int, float)) and 0 < d <= 1e6):
             raise ConfigError(f"deadline_h: expected a number > 0 and at most 1,000,000, got {short(d)}")
+        # The update's grain is the run's, as the runtime's requests are (one grain: the simulator's
+        # TRAIN requests and their bytes are the live ones, tests/test_grain_contract.py).
+        st = self.step_times
+        if (st.gradient_parts, st.parts_per_request) != (self.gradient_parts, self.parts_per_request):
+            object.__setattr__(self, "step_times", replace(st, gradient_parts=self.gradient_parts,
+                                                           parts_per_request=self.parts_per_request))
+
+    @property
+    def gradient_parts(self) -> int:
+        """Micro-batches per update round, as the runtime splits the update (`DiTPolicy.update_parts`):
+        ceil(samples x trained SDE steps / `micro_batch`)."""
+        rows = self.prompts * self.group_size * self.step_times.trained_steps
+        return max(1, -(-rows // self.micro_batch))
 
     @property
     def peak_spot_gpus(self) -> int:

@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable, Collection
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from elastic_sp.regroup_policy import plan_degrees, regroup
@@ -37,6 +37,7 @@ from schedulers.request import Kind, Request
 from spotlight.sim.step_time import StepTimes
 
 _DONE, _GIVEBACK, _READY, _NODE = range(4)
+_GRADIENT = (Kind.TRAIN,)
 
 
 @dataclass
@@ -56,6 +57,10 @@ class Group:
     kinds: Collection[Kind] = ()
     version: int = 0
     retiring: bool = False
+    crew: list[Worker] = field(default_factory=list)
+    """As a crew's lead (`serve_crew`): the crew, itself first; empty otherwise."""
+    lead: str | None = None
+    """As another member of a crew: its lead's name (busy: it computes the lead's parts)."""
 
 
 class ModelledExecutor:
@@ -63,7 +68,7 @@ class ModelledExecutor:
 
     def __init__(self, clock: ManualClock, queue: PullQueue, st: StepTimes, resolution: int, seq: int,
                  commit_every: int, join_s: float, pending_per_iteration: int, ondemand_devices: int,
-                 on_done: Callable[[Group, Request], None] | None = None, elastic: bool = True) -> None:
+                 on_done: Callable[[Worker, Request], None] | None = None, elastic: bool = True) -> None:
         self.clock, self.queue, self.st = clock, queue, st
         self.resolution, self.seq, self.model = resolution, seq, st.step_model(resolution)
         self.commit_every, self.join_s = commit_every, join_s
@@ -115,6 +120,19 @@ class ModelledExecutor:
         g.kinds, g.version = kinds, version
         return self._pull(worker)
 
+    def serve_crew(self, workers: Sequence[Worker], version: int) -> bool:
+        """The lead pulls gradient requests; each takes ceil(micro-batches / crew) parts' time, every
+        member computing whole micro-batches as the live crew does (`rollout_worker.shares`)."""
+        lead = workers[0]
+        g: Group = lead.handle
+        g.kinds, g.version, g.crew = _GRADIENT, version, list(workers)
+        for w in workers[1:]:
+            w.handle.lead = lead.name
+        if self._pull(lead):
+            return True
+        self._disband(g)
+        return False
+
     def notify(self, worker: Worker, notice: PreemptionNotice) -> None:
         g: Group = worker.handle
         self.queue.notify(worker.name, notice)
@@ -136,7 +154,21 @@ class ModelledExecutor:
                 self.queue.checkpoint(worker.name, g.lease.id, None, committed)
         g.gen += 1
         g.lease = None
+        self._disband(g)
+        g.lead = None
         self._drop(worker)
+
+    def _disband(self, g: Group) -> None:
+        """`g` leads no crew any more: its members are free."""
+        for w in g.crew[1:]:
+            w.handle.lead = None
+        g.crew = []
+
+    def _served(self, w: Worker) -> None:
+        """`w` stopped serving: it, and its crew where it leads one, are idle (the engine hears)."""
+        g: Group = w.handle
+        self.out.extend(Served(m.name) for m in (g.crew or [w]) if m.name in self.workers)
+        self._disband(g)
 
     def changed(self, nodes: Collection[Node]) -> None:
         for n in nodes:
@@ -194,8 +226,9 @@ class ModelledExecutor:
         g.lease, g.start, g.gen = r, self.clock.now(), g.gen + 1
         if r.kind is Kind.TRAIN:  # a chunk of the update: `work.count` micro-batches of `work.data` GPU-seconds
             g.step_s = 0.0
-            g.busy_s = r.work.count * r.work.data / (self.st.train_efficiency * (self.st.fleet_update_efficiency if worker.spot else 1.0))
-            self._push(g.start + g.busy_s / len(g.members), _DONE, (worker.name, g.gen))
+            part_s = r.work.data / (self.st.train_efficiency * (self.st.fleet_update_efficiency if worker.spot else 1.0))
+            g.busy_s = r.work.count * part_s
+            self._push(g.start + -(-r.work.count // max(1, len(g.crew))) * part_s, _DONE, (worker.name, g.gen))
             return True
         g.step_s = len(r.seeds) * g.step_s_per_sample
         g.busy_s = len(r.seeds) * (self.st.denoise_steps * g.step_s_per_sample + self.st.reward_s_per_sample)
@@ -229,11 +262,11 @@ class ModelledExecutor:
         if self.queue.complete(name, r.id, None):
             self.busy_gpu_s += len(g.members) * g.busy_s if r.kind is not Kind.TRAIN else g.busy_s
             if self.on_done is not None:
-                self.on_done(g, r)
+                self.on_done(w, r)
         g.lease = None
         # A live worker pulls on until the queue has nothing for it (the count spares a failed pull).
         if g.retiring or not self.queue.queued(g.kinds) or not self._pull(w):
-            self.out.append(Served(name))
+            self._served(w)
 
     def _give_back(self, name: str, gen: int) -> None:
         w = self.workers.get(name)
@@ -309,7 +342,7 @@ class ModelledExecutor:
         members += [m for n in sorted(nodes) for m in self.node_members.get(n, ())
                     if m in self.alive and m not in self.member_worker and m not in self.noticed]
         alive = {m: self.alive[m] for m in members if m in self.alive and m not in self.noticed}
-        busy = {i for i, w in enumerate(spot) if w.handle.lease is not None}
+        busy = {i for i, w in enumerate(spot) if w.handle.lease is not None or w.handle.crew or w.handle.lead}
         # The work the groups will serve: their share of what is queued, and never less than their
         # share of one iteration's rollout (a regroup during the train phase plans for the rollout
         # that follows; with pending = 1 the policy would rightly pick the widest group for a lone

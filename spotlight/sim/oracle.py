@@ -1,14 +1,18 @@
 """The clairvoyant bound of the simulator (`--policy oracle`): it knows the trace.
 
-Rollout and exploration are a fluid spread over every held GPU at the most efficient SP degree,
-and so is the update with `fleet_update` (spot GPUs at `fleet_update_efficiency`; they explore
-while the learner steps): nothing is lost to a preemption, no node waits to join, no request has
-a tail. It does not run the
+Rollout and exploration are a fluid spread over every held GPU at the most efficient SP degree:
+nothing is lost to a preemption, no node waits to join, no request has a tail. The update with
+`fleet_update` is at the runtime's grain, as the policies': its requests on the crews of the nodes
+held when it starts (spot GPUs at `fleet_update_efficiency`), each gradient through the learner's
+link (`spotlight.sim.crews`), the spot GPUs exploring once the compute is done; what a fleet of that
+grain cannot do faster is no scheduling loss, so the bound does not pretend it away. It does not run the
 fleet engine — there is no scheduling to do when the future is known — which is why it lives in a
 file of its own; it shares the rest (prices, timeline, the planner and the progress model) with
 `spotlight.sim.simulator.Simulation`.
 
-It rents as freely as the spot policies (`SimConfig.objective`, `spotlight.sim.rental.choose`):
+It rents as freely as the spot policies (`SimConfig.objective`, `spotlight.sim.rental.choose`), its
+on-demand GPUs too under `cost` and `deadline` (each count of `ondemand_candidates` run whole, the
+objective's best kept: `_with_best_ondemand`):
 before each iteration it sets a cap on the spot GPUs it holds — the iteration holds
 min(live, cap) — by the objective, pricing each cap with the fluid's own iteration on the trace
 ahead (exact, not the rule's model), per unit of progress (the exploration a cap leaves room for
@@ -29,7 +33,7 @@ from typing import Any
 
 from cloud.cost import CostMeter, Fleet
 from schedulers.clock import ManualClock
-from spotlight.sim.rental import choose
+from spotlight.sim.rental import choose, ondemand_candidates
 from spotlight.sim.simulation import Simulation
 
 
@@ -50,12 +54,15 @@ class _Plan:
 
 class OracleSimulation(Simulation):
     def run(self) -> dict[str, Any]:
+        if self._oracle_chooses_ondemand():
+            return self._with_best_ondemand()
         cfg, st = self.cfg, self.st
         self.steps = [(t, n * self.block) for t, n in self.trace.live_over_time()]
         self.times = [t for t, _ in self.steps]
         self.per_gpu_s = min(d * st.sample_s(cfg.resolution, d) for d in range(1, st.heads + 1) if st.heads % d == 0)
-        self.train_s = st.train_s(cfg.resolution, cfg.prompts * cfg.group_size, cfg.gpus)
-        self.update_work = st.train_gpu_s(cfg.resolution, cfg.prompts * cfg.group_size) / st.train_efficiency
+        self.train_s = cfg.updates_per_step * st.train_s(cfg.resolution, cfg.prompts * cfg.group_size, self.ondemand_gpus)
+        self.update_work = (cfg.updates_per_step * st.train_gpu_s(cfg.resolution, cfg.prompts * cfg.group_size)
+                            / st.train_efficiency)
         rents = self._objective_governs() and cfg.objective != "time"
         top = max((n for _, n in self.steps), default=0)
         self.timeline, self.caps, self.released = [], [], 0
@@ -73,7 +80,7 @@ class OracleSimulation(Simulation):
                 self.fleet_updates += 1
                 self.busy_gpu_s += self.update_work
             else:
-                self.busy_gpu_s += cfg.gpus * self.train_s
+                self.busy_gpu_s += self.ondemand_gpus * self.train_s
             budget = int(self._spot_gpu_s(*plan.idle, cap) / self.per_gpu_s / self.copies)
             nxt = self._explore_free(it + 1, budget) if it + 1 < cfg.iterations else {}
             self.busy_gpu_s += sum(nxt.values()) * self.copies * self.per_gpu_s
@@ -92,6 +99,34 @@ class OracleSimulation(Simulation):
         cost_at = None if reached_at is None else self._fluid_cost(reached_at)
         stop_reason = "target" if reached_at is not None and cfg.stop_at_target else "iterations"
         return {**self._result(it, reached_at, cost_at, progress, self._fluid_cost(t)), "stop_reason": stop_reason}
+
+    def _oracle_chooses_ondemand(self) -> bool:
+        """Under `--objective cost|deadline` the oracle chooses its on-demand GPUs too, as the
+        renting policies do (`Simulation._chooses_ondemand`), but knowing the trace."""
+        return (self._objective_governs() and self.cfg.objective != "time" and self.policy.ondemand_gpus is None
+                and not self.ondemand_chosen)
+
+    def _with_best_ondemand(self) -> dict[str, Any]:
+        """Its whole run with each count of `ondemand_candidates`, the one the objective prefers:
+        the cheapest to the target (`deadline`: of those reaching it by the deadline; none: the most
+        GPUs; a run of fixed iterations none of whose counts reaches it: the cheapest in all) — exact on the trace, where the policies choose from a model before they start."""
+        cfg = self.cfg
+        runs = {}
+        for g in ondemand_candidates(cfg.gpus):
+            sim = OracleSimulation(cfg, self.policy, self.trace, self.progress,
+                                   (self.meter.ondemand_usd_h, self.meter.spot_usd_h), ondemand_gpus=g)
+            runs[g] = sim.run()
+        reached = {g: r for g, r in runs.items() if r["cost_usd"] is not None and (
+            cfg.deadline_h is None or r["time_to_target_h"] <= cfg.deadline_h)}
+        if reached:
+            best = min(reached, key=lambda g: (reached[g]["cost_usd"], -g))
+        elif cfg.deadline_h is None and not cfg.stop_at_target:  # every iteration run, none to the target
+            best = min(runs, key=lambda g: (runs[g]["total_cost_usd"], -g))
+        else:
+            best = max(runs)
+        if self.on_iteration is not None:
+            self.on_iteration(runs[best]["iterations"])
+        return runs[best]
 
     # -- the fluid ----------------------------------------------------------------------------------
 
@@ -126,16 +161,17 @@ class OracleSimulation(Simulation):
     def _plan(self, t: float, cap: float) -> _Plan:
         """The iteration from `t` holding at most `cap` spot GPUs (no side effects)."""
         cfg, st = self.cfg, self.st
-        rolled = self._fluid(t, cfg.prompts * cfg.group_size * self.per_gpu_s, cfg.gpus, cap=cap)
-        updated = (self._fluid(rolled, self.update_work, cfg.gpus, st.fleet_update_efficiency, cap)
-                   if self.policy.fleet_update else None)
-        if updated is not None and self.fleet_update_pays(updated + st.update_round_s - rolled, self.train_s,
-                                                          rolled - t, self._spot_at(rolled, cap)):
-            # The update a fluid over every held GPU (spot ones at fleet_update_efficiency); the spot
-            # GPUs explore while the learner gathers and steps (update_round_s). Only where that pays
-            # more than exploring while the on-demand GPUs train alone, as `spotlight` decides.
-            done = updated + st.update_round_s
-            return _Plan(t, cap, rolled, True, (updated, done), done + st.weight_sync_s)
+        rolled = self._fluid(t, cfg.prompts * cfg.group_size * self.per_gpu_s, self.ondemand_gpus, cap=cap)
+        if self.policy.fleet_update:
+            # The update at the runtime's grain, on the nodes held when it starts: its requests on
+            # their crews, each gradient through the learner's link (`Simulation._round_s`).
+            held = [(self.ondemand_gpus, False)] + [(self.block, True)] * int(self._spot_at(rolled, cap) // max(self.block, 1))
+            computed = rolled + cfg.updates_per_step * self._round_s(gather=False, nodes=held)
+            done = rolled + cfg.updates_per_step * self._round_s(nodes=held)
+            if self.fleet_update_pays(done - rolled, self.train_s, rolled - t, self._spot_at(rolled, cap)):
+                # Only where that pays more than exploring while the on-demand GPUs train alone, as
+                # `spotlight` decides; the spot GPUs explore once the compute is done.
+                return _Plan(t, cap, rolled, True, (computed, done), done + st.weight_sync_s)
         done = rolled + self.train_s
         return _Plan(t, cap, rolled, False, (rolled, done), done + st.weight_sync_s)
 
@@ -144,7 +180,7 @@ class OracleSimulation(Simulation):
         most live in the trace, `top` GPUs, is every node): each priced exactly on the fluid."""
         cfg, block = self.cfg, max(self.block, 1)
         plans = [self._plan(t, n * block) for n in range(top // block)] + [self._plan(t, math.inf)]
-        rate_od, rate_spot = cfg.gpus * self.meter.ondemand_usd_h / 3600.0, self.meter.spot_usd_h / 3600.0
+        rate_od, rate_spot = self.ondemand_gpus * self.meter.ondemand_usd_h / 3600.0, self.meter.spot_usd_h / 3600.0
         reference = self.progress.gain(self.progress.s_ref)
         options = []
         for p in plans:
@@ -162,7 +198,7 @@ class OracleSimulation(Simulation):
         """The paid GPUs over [t0, t1) into the timeline (one point per change)."""
         points = [t0] + self.times[bisect.bisect_right(self.times, t0):bisect.bisect_left(self.times, t1)]
         for t in points:
-            n = self.cfg.gpus + self._spot_at(t, cap)
+            n = self.ondemand_gpus + self._spot_at(t, cap)
             if not self.timeline or self.timeline[-1][1] != n:
                 self.timeline.append((t, n))
 
@@ -190,12 +226,12 @@ class OracleSimulation(Simulation):
 
     def _fluid_cost(self, until: float) -> float:
         clock = ManualClock()
-        meter = CostMeter(clock, self.meter.ondemand_usd_h, self.meter.spot_usd_h, Fleet(self.cfg.gpus, 0))
+        meter = CostMeter(clock, self.meter.ondemand_usd_h, self.meter.spot_usd_h, Fleet(self.ondemand_gpus, 0))
         for t, n in self.timeline:
             if t > until:
                 break
             clock.advance(max(0.0, t - clock.now()))
-            meter.set_fleet(Fleet(self.cfg.gpus, n - self.cfg.gpus))
+            meter.set_fleet(Fleet(self.ondemand_gpus, n - self.ondemand_gpus))
         clock.advance(max(0.0, until - clock.now()))
         return meter.spent_usd()
 

@@ -31,6 +31,14 @@ Without the update on the fleet C is convex in x = G + s with its minimum at
 x* = sqrt(G·(p_od - p_spot)·R / (p_spot·K)), K = W/G + F, and a first spot GPU (so any) pays only
 while p_spot < p_od·R / (R + (G + 1)·K) (tests/test_rental.py checks both).
 
+The on-demand GPUs are chosen too under `cost` and `deadline` (`choose_ondemand`), once, before the
+first iteration: for each count G of `ondemand_candidates` (1, 2, 4, ... up to the run's `--gpus`) the
+rule above picks its spot nodes from those on offer then, and the objective picks the G whose
+iteration is cheapest (`deadline`: the cheapest whose forecast meets the deadline, else every GPU).
+Once, because on-demand capacity does not come and go as spot does, and a live run holds the
+on-demand workers its config names (`runtime.ondemand_workers`): the simulator answers which count
+to write there. `time` keeps `--gpus`.
+
 What it assumes: T is a fluid — no tails, regroups, joins or preemption losses (the deadline's
 `pace` corrects for them; the cost's choice does not need to where they scale T alike for every
 n); a spot GPU is worth the seconds it saves, not the exploration it may do (its value to the
@@ -156,3 +164,32 @@ class RentalRule:
         options = [(self.model.seconds(n * self.block), self.iteration_usd(n * self.block))
                    for n in range(available + 1)]
         return choose(self.objective, min(held, available), options, self.join_usd, horizon, seconds_left, pace)
+
+
+def ondemand_candidates(most: int) -> list[int]:
+    """The on-demand GPU counts a renting run weighs (`choose_ondemand`): 1, 2, 4, ... below `most`, and `most`."""
+    counts, g = [], 1
+    while g < most:
+        counts.append(g)
+        g *= 2
+    return counts + [most]
+
+
+def choose_ondemand(objective: str, rules: dict[int, RentalRule], offered: int, horizon: float = 1.0,
+                    seconds_left: float | None = None) -> int:
+    """The on-demand GPUs to hold (a key of `rules`: count -> the rental rule with that many) with
+    `offered` spot nodes on offer, each count's spot nodes chosen by its rule (module docstring).
+    `time` (or no choice that meets a deadline): the most."""
+    if objective not in OBJECTIVES:
+        raise ValueError(f"objective: expected one of {', '.join(OBJECTIVES)}, got {objective!r}")
+    most = max(rules)
+    if objective == "time":
+        return most
+    options = {}
+    for g, rule in rules.items():
+        n = rule.nodes(offered, offered, horizon, seconds_left)
+        options[g] = (rule.model.seconds(n * rule.block), rule.iteration_usd(n * rule.block))
+    fits = [g for g in rules if seconds_left is None or horizon * options[g][0] <= seconds_left]
+    if not fits:
+        return most
+    return min(fits, key=lambda g: (options[g][1], -g))

@@ -59,7 +59,7 @@ class RestartSimulation(Simulation):
         self.meter.set_fleet(Fleet(self.ondemand_gpus, spot))
         self.timeline.append((self.clock.now(), self.ondemand_gpus + spot))
 
-    def _done(self, group: Any, request: Request) -> None:
+    def _done(self, worker: Any, request: Request) -> None:
         if request.kind is Kind.ROLLOUT:
             self.completed[request.id] = request.step
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from schedulers.request import Kind
 from spotlight.sim.modelled_executor import requests_of
 
 
@@ -24,6 +25,8 @@ class SimulatedIteration:
         self.sim, self.explored = sim, explored
         self.next_explored: dict[int, int] = {}
         """What the spot GPUs explored for the next iteration during this one's update."""
+        self.gradients = 0
+        """Gradients the fleet sent for this iteration's update: one per `TRAIN` request completed."""
 
     def _wait(self, seconds: float) -> None:
         self.sim.engine.wait(self.sim.until(self.sim.clock.now() + seconds))
@@ -62,6 +65,8 @@ class SimulatedIteration:
             self.next_explored = session.explored()
         else:
             sim.engine.wait(update, it)
+        if on_fleet:  # counted as the live runtime counts them (`gradient_split`): completions
+            self.gradients = sum(sim.queue.completions_by_worker(Kind.TRAIN).values())
 
     def publish(self, it: int) -> None:
         self._wait(self.sim.st.weight_sync_s)

@@ -18,13 +18,14 @@ from schedulers.queue import PullQueue
 from schedulers.request import Kind, Request
 from schedulers.traces import Trace, replay_schedule
 from schedulers.update import FleetUpdate
+from spotlight.sim import crews
 from spotlight.sim.config import Policy, SimConfig
 from schedulers.update_placement import UpdatePlacement, fleet_update_refusal
 from spotlight.sim.modelled_executor import ModelledExecutor, request_size
 from spotlight.sim.simulated_iteration import SimulatedIteration
 from spotlight.train.iteration_controller import IterationController
 from spotlight.sim.progress_model import ProgressModel, SeedRewards
-from spotlight.sim.rental import IterationModel, RentalRule
+from spotlight.sim.rental import IterationModel, RentalRule, choose_ondemand, ondemand_candidates
 from spotlight.sim.step_time import image_tokens, update_memory_refusal
 
 
@@ -38,12 +39,6 @@ def spot_peak_gpus(cfg: SimConfig, trace: Trace) -> int:
     """The spot GPUs live at the trace's peak, as simulated (`spot_block` x the most live nodes):
     what `ondemand_total` rents on demand besides `cfg.gpus`."""
     return spot_block(cfg, trace) * trace.max_live
-
-
-UPDATE_PART_SAMPLES = 4
-"""Samples' worth of the update per TRAIN micro-batch in the simulator (live: `train.micro_batch`
-(sample, SDE step) rows): fine enough that a fleet of hundreds of workers shares the update
-evenly, coarse enough that 1,000 iterations stay cheap."""
 
 
 class Until:
@@ -120,7 +115,10 @@ class Simulation:
     """One policy on one trace. `run()` returns the result dict (docs/simulator.md)."""
 
     def __init__(self, cfg: SimConfig, policy: Policy, trace: Trace, progress: ProgressModel, prices: tuple[float, float],
-                 on_iteration: Callable[[int], None] | None = None):
+                 on_iteration: Callable[[int], None] | None = None, ondemand_gpus: int | None = None):
+        """`ondemand_gpus`: hold that many on-demand GPUs, chosen by the caller (the oracle weighing
+        each count); None: the policy's or `cfg.gpus`, or under a renting objective the count
+        `choose_ondemand` picks when the run starts."""
         self.cfg, self.policy, self.trace, self.progress = cfg, policy, trace, progress
         self.on_iteration = on_iteration
         """Called with the iterations done after each one (a progress bar); None: nobody is told."""
@@ -135,10 +133,14 @@ class Simulation:
         self.planner = make_planner(cfg.planner, **({"round_samples": 64, "chunk": max(1, cfg.group_size // 2),
                                                      "seed": cfg.seed} if cfg.planner == "bandit" else {}))
         self.block = spot_block(cfg, trace) if policy.spot else 0
-        self.ondemand_gpus = ((cfg.gpus if policy.ondemand_gpus is None else policy.ondemand_gpus)
-                              + (spot_peak_gpus(cfg, trace) if policy.all_ondemand else 0))
+        self.ondemand_chosen = ondemand_gpus is not None
+        """The on-demand count was given (else a renting objective chooses it: `_choose_ondemand`)."""
+        self.ondemand_gpus = ondemand_gpus if ondemand_gpus is not None else (
+            (cfg.gpus if policy.ondemand_gpus is None else policy.ondemand_gpus)
+            + (spot_peak_gpus(cfg, trace) if policy.all_ondemand else 0))
         """On-demand GPUs: `cfg.gpus` (or the policy's own count: 1 for `near_all_spot`, 0 for
-        `managed_restart`), and for `ondemand_total` the spot fleet's peak besides."""
+        `managed_restart`), and for `ondemand_total` the spot fleet's peak besides; under a renting
+        objective the count it chooses (`_choose_ondemand`)."""
         self.meter = CostMeter(self.clock, prices[0], prices[1], Fleet(self.ondemand_gpus, 0))
         self.timeline: list[tuple[float, int]] = []
         self.explored_samples = 0
@@ -149,16 +151,16 @@ class Simulation:
         """Iterations whose update ran on the fleet."""
         self.rollout_s = 0.0
         """The last rollout's seconds (`_update_on_fleet` prices an iteration with them)."""
+        self.ingress_free = 0.0
+        """When the learner's ingress link is next free: a fleet update's gradients arrive one after
+        the other as their requests complete (`_done`)."""
         self._stats: dict[str, int] = {}
         """Counters of the queues of earlier iterations (`_new_queue`)."""
-        peak = self.ondemand_gpus + (self.block * trace.max_live if policy.spot else 0)
         # Training refuses SP groups with an update on the fleet (`fleet_update_refusal`), so a policy
         # whose update may run there has workers of one GPU each: with one head the regroup policy
         # plans degree 1 only (at 512² it does anyway; at 1280² it would form SP groups).
-        workers_st = replace(st, heads=1) if policy.fleet_update else st
-        self.samples_per_request = cfg.samples_per_request or request_size(
-            peak, cfg.prompts, cfg.group_size, self.seq, workers_st, cfg.resolution)
-        self.requests_per_iteration = cfg.prompts * math.ceil(cfg.group_size / self.samples_per_request)
+        workers_st = self.workers_st = replace(st, heads=1) if policy.fleet_update else st
+        self._size_requests()
         self.executor = ModelledExecutor(self.clock, self.queue, workers_st, cfg.resolution, self.seq, cfg.commit_every,
                                          cfg.join_s, self.requests_per_iteration, self.ondemand_gpus,
                                          on_done=self._done)
@@ -179,6 +181,14 @@ class Simulation:
             self.clock, cfg.iterations,
             explores_first=lambda it: policy.explore == "critical_path")
 
+    def _size_requests(self) -> None:
+        """Samples per rollout request for the fleet at its peak (`request_size`), and so the requests of an iteration."""
+        cfg = self.cfg
+        peak = self.ondemand_gpus + (self.block * self.trace.max_live if self.policy.spot else 0)
+        self.samples_per_request = cfg.samples_per_request or request_size(
+            peak, cfg.prompts, cfg.group_size, self.seq, self.workers_st, cfg.resolution)
+        self.requests_per_iteration = cfg.prompts * math.ceil(cfg.group_size / self.samples_per_request)
+
     def _actions(self) -> list[FleetAction]:
         """Trace node k is fleet node `spotK` (one node per trace node: `replay_schedule` on as many slots)."""
         if not self.policy.spot:
@@ -186,8 +196,11 @@ class Simulation:
         return [FleetAction(a.at_s, f"spot{a.slot}", a.action)
                 for a in replay_schedule(self.trace, max(len(self.trace.nodes), 1), 1.0, self.cfg.notice_s)]
 
-    def _done(self, group: Any, request: Request) -> None:
-        """A request committed (the executor's hook): its devices were busy for its samples."""
+    def _done(self, worker: Any, request: Request) -> None:
+        """A request committed (the executor's hook). A gradient request's one gradient starts for
+        the learner now, or when the gradients before it have arrived (one ingress link)."""
+        if request.kind is Kind.TRAIN:
+            self.ingress_free = max(self.ingress_free, self.clock.now()) + self.st.gradient_transfer_s(worker.spot)
 
     def _fleet_changed(self) -> None:
         spot = self.engine.spot_devices()
@@ -220,8 +233,20 @@ class Simulation:
         work = SimulatedIteration(self, explored)
         record = self.controller.run(it, work)
         if self.iterations_log is not None:
-            self.iterations_log.append(record.to_dict())
+            self.iterations_log.append(self._log_row(record, work))
         return work.next_explored
+
+    def _log_row(self, record: Any, work: SimulatedIteration) -> dict[str, Any]:
+        """An iteration as `simulate --config` reports it, with the keys of a training run's
+        metrics.jsonl row where the simulator has them: the phases run and their seconds
+        (`time_<phase>_s`; `wall_s` without the checkpoint, as the live row is written before it),
+        where the update ran and, on the fleet, the gradients sent and their bytes (one part's
+        bytes each: `StepTimes.part_bytes`)."""
+        row = {**record.to_dict(), **{f"time_{p}_s": s for p, s in record.seconds.items()},
+               "wall_s": sum(s for p, s in record.seconds.items() if p != "checkpoint")}
+        if record.update_on_fleet:
+            row.update(gradient_parts=work.gradients, update_gradient_bytes=work.gradients * self.st.part_bytes)
+        return row
 
     def until(self, deadline: float) -> Until:
         """A modelled phase ending at `deadline` on this simulation's clock, as the engine waits on it."""
@@ -233,9 +258,9 @@ class Simulation:
 
     @property
     def learner_update_s(self) -> float:
-        """The update on the on-demand GPUs alone."""
+        """The update on the on-demand GPUs alone: `updates_per_step` rounds over every sample."""
         cfg = self.cfg
-        return self.st.train_s(cfg.resolution, cfg.prompts * cfg.group_size, self.ondemand_gpus)
+        return cfg.updates_per_step * self.st.train_s(cfg.resolution, cfg.prompts * cfg.group_size, self.ondemand_gpus)
 
     def _update_on_fleet(self) -> bool:
         """What the spot GPUs do during this update, by its value for time to target (issue 16):
@@ -247,7 +272,7 @@ class Simulation:
         exploration it leaves room for is expected to give (`SeedRewards.expected_std`: that many
         samples spread evenly over the prompts, a full rollout each on the live spot GPUs). A
         policy that does not explore only asks which update is sooner: the fleet's is never with no
-        spot GPU alive, and rarely when the update is short next to `update_round_s`."""
+        spot GPU alive, and rarely when the update is short next to the gather (`StepTimes.round_tail_s`)."""
         return self.fleet_update_pays(self._fleet_update_s(), self.learner_update_s, self.rollout_s,
                                       self.engine.spot_devices())
 
@@ -272,30 +297,53 @@ class Simulation:
             signal = self.rewards.expected_std(explored, cfg.candidates_per_prompt)
             return (rollout_s + update_s + st.weight_sync_s) / self.progress.gain(signal)
 
-        return seconds_per_progress(fleet_s, st.update_round_s) < seconds_per_progress(train_s, train_s)
+        return seconds_per_progress(fleet_s, st.round_tail_s(fleet_s)) < seconds_per_progress(train_s, train_s)
 
     def _fleet_update_s(self) -> float:
-        """What the update would take on the fleet live now (the on-demand GPUs and the spot ones
-        at `fleet_update_efficiency`, plus the learner's gather-and-step): the fleet computes it
-        only when that is sooner than the on-demand GPUs alone — never with no spot GPU alive,
-        rarely when the update is short next to `update_round_s`."""
+        """What the update would take on the fleet live now (`_round_s` per round): the fleet
+        computes it only when that is sooner than the on-demand GPUs alone — never with no spot
+        GPU alive, rarely when the update is short next to the gather."""
+        return self.cfg.updates_per_step * self._round_s()
+
+    def _round_s(self, gather: bool = True, nodes: list[tuple[int, bool]] | None = None) -> float:
+        """One round of the update on the fleet live now — or on `nodes`, (GPUs, spot) each — at the
+        runtime's grain: its requests on the nodes' crews, a spot GPU at `fleet_update_efficiency`,
+        each gradient through the learner's link as its request completes, then the step
+        (`spotlight.sim.crews.round_s`; a given `update_round_s` after the last request instead).
+        `gather` False: the compute alone."""
         cfg, st = self.cfg, self.st
-        rate = (self.ondemand_gpus + self.engine.spot_devices() * st.fleet_update_efficiency) * st.train_efficiency
-        return st.train_gpu_s(cfg.resolution, cfg.prompts * cfg.group_size) / rate + st.update_round_s
+        part_s = st.train_gpu_s(cfg.resolution, cfg.prompts * cfg.group_size) / st.gradient_parts / st.train_efficiency
+        given = not st.is_derived("update_round_s")
+        if nodes is None:
+            nodes = [(n.devices, n.spot) for n in self.engine.nodes.values() if n.alive and not n.noticed]
+        crew_nodes = [crews.CrewNode(gpus, part_s / st.fleet_update_efficiency if spot else part_s,
+                                     0.0 if given or not gather else st.gradient_transfer_s(spot))
+                      for gpus, spot in sorted(nodes, key=lambda n: n[1])]
+        after = 0.0 if not gather else st.update_round_s if given else st.learner_step_s
+        return crews.round_s(st.gradient_parts, st.parts_per_request, crew_nodes, after)
 
     def _fleet_update(self, it: int) -> FleetUpdate:
-        """The update as the live `train.update_on: fleet` runs it (`schedulers.update`): micro-batches
-        of `update_part_samples` samples' work each, pulled by every live worker (a spot one at
-        `fleet_update_efficiency`), then the learner's gather-and-step (`update_round_s`)."""
+        """The update as the live `train.update_on: fleet` runs it (`schedulers.update`), request for
+        request: `updates_per_step` rounds of `gradient_parts` micro-batches in requests of
+        `parts_per_request`, each pulled by a node's crew (a spot GPU at `fleet_update_efficiency`);
+        each request's gradient then crosses the learner's ingress (`_done`), and the round ends
+        when the last has arrived and the learner has stepped (`learner_step_s`) — or, with a given
+        `update_round_s`, that long after its last request."""
         cfg, st, clock = self.cfg, self.st, self.clock
-        samples = cfg.prompts * cfg.group_size
-        parts = math.ceil(samples / UPDATE_PART_SAMPLES)
-        work = st.train_gpu_s(cfg.resolution, samples) / parts
-        return FleetUpdate(self.queue, it, 1, parts, work, lambda r, ids: Until(clock, clock.now() + st.update_round_s),
-                           weights=lambda: None)
+        part_s = st.train_gpu_s(cfg.resolution, cfg.prompts * cfg.group_size) / st.gradient_parts
+        given = not st.is_derived("update_round_s")
+
+        def step(round: int, ids: list[str]) -> Until:
+            if given:
+                return Until(clock, clock.now() + st.update_round_s)
+            return Until(clock, max(self.ingress_free, clock.now()) + st.learner_step_s)
+
+        return FleetUpdate(self.queue, it, cfg.updates_per_step, st.gradient_parts, part_s, step,
+                           weights=lambda: None, per_request=st.parts_per_request)
 
     def run(self) -> dict[str, Any]:
         cfg = self.cfg
+        self._choose_ondemand()
         self._fleet_changed()
         self.engine.start()
         gain, progress, reached_at, cost_at, explored = 0.0, [(0.0, self.progress.score(0.0))], None, None, {}
@@ -418,17 +466,47 @@ class Simulation:
         """Whether `_rent` sets the spot nodes held (the oracle chooses its own, in `oracle.py`)."""
         return self._objective_governs() and not self.policy.oracle and self.cfg.objective != "time"
 
-    def iteration_model(self) -> IterationModel:
-        """The rental rule's T(s) for this run: the rollout's work at the most efficient SP degree
-        (as the oracle's fluid), the update's at the trainer's efficiency (on the fleet where the
-        policy does that and the fleet can: `fleet_refusal`), the weight sync fixed."""
+    def iteration_model(self, ondemand_gpus: int | None = None, spot_nodes: int | None = None) -> IterationModel:
+        """The rental rule's T(s) for this run (with `ondemand_gpus` on-demand GPUs, None: those
+        held; its gather priced with `spot_nodes` spot nodes, None: those live): the rollout's work at the most efficient SP degree (as the oracle's fluid), the
+        update's at the trainer's efficiency (on the fleet where the policy does that and the fleet
+        can: `fleet_refusal`), what a round adds after its compute on the fleet live now (the
+        gather the compute does not hide, and the step: `_round_s`), the weight sync fixed."""
         cfg, st = self.cfg, self.st
+        g = self.ondemand_gpus if ondemand_gpus is None else ondemand_gpus
         samples = cfg.prompts * cfg.group_size
         per_gpu_s = min(d * st.sample_s(cfg.resolution, d) for d in range(1, st.heads + 1) if st.heads % d == 0)
-        return IterationModel(self.ondemand_gpus, samples * per_gpu_s,
-                              st.train_gpu_s(cfg.resolution, samples) / st.train_efficiency, st.weight_sync_s,
-                              st.fleet_update_efficiency, st.update_round_s,
-                              self.policy.fleet_update and self.fleet_refusal() is None)
+        update_gpu_s = cfg.updates_per_step * st.train_gpu_s(cfg.resolution, samples) / st.train_efficiency
+        spot = ([(n.devices, True) for n in self.engine.nodes.values() if n.spot and n.alive] if spot_nodes is None
+                else [(self.block, True)] * spot_nodes)
+        nodes = [(g, False)] + spot
+        tail = cfg.updates_per_step * (self._round_s(nodes=nodes) - self._round_s(gather=False, nodes=nodes))
+        return IterationModel(g, samples * per_gpu_s, update_gpu_s, st.weight_sync_s, st.fleet_update_efficiency,
+                              tail, self.policy.fleet_update and self.fleet_refusal() is None)
+
+    def _chooses_ondemand(self) -> bool:
+        """Whether the objective chooses this run's on-demand GPUs (`rental.choose_ondemand`): a
+        renting objective, a policy whose count is not its own, and none given."""
+        return self._rents() and self.policy.ondemand_gpus is None and not self.ondemand_chosen
+
+    def _choose_ondemand(self) -> None:
+        """Before the first iteration, under `--objective cost|deadline`: hold the on-demand GPUs the
+        objective chooses among `ondemand_candidates` (rental module docstring), pricing each count
+        with the spot nodes on offer now and the rule's own choice of them."""
+        if not self._chooses_ondemand():
+            return
+        cfg = self.cfg
+        offered = sum(1 for e in self.trace.events if e.t_s == 0.0 and e.action == "add")
+        rules = {g: RentalRule(cfg.objective, self.iteration_model(g, offered), max(self.block, 1), self.meter.ondemand_usd_h,
+                               self.meter.spot_usd_h, cfg.join_s) for g in ondemand_candidates(cfg.gpus)}
+        seconds_left = None if cfg.deadline_h is None else cfg.deadline_h * 3600.0
+        g = choose_ondemand(cfg.objective, rules, offered, self.iterations_left(0), seconds_left)
+        if g != self.ondemand_gpus:
+            self.ondemand_gpus = g
+            self.engine.nodes["ondemand0"].devices = g
+            self.executor.ondemand_devices = g
+            self._size_requests()
+            self.executor.pending_per_iteration = self.requests_per_iteration
 
     def iterations_left(self, done: int) -> float:
         """The forecast of the iterations to the target after `done` (at least 1): the progress
@@ -483,6 +561,7 @@ class Simulation:
         `spot_releases`."""
         held_gpu_s = self._paid_gpu_s(end) - self.ondemand_gpus * end
         return {"objective": self.cfg.objective if self._objective_governs() else None,
+                "ondemand_gpus_held": self.ondemand_gpus,
                 "spot_gpus_held_mean": max(0.0, held_gpu_s / end) if end > 0 else 0.0,
                 "spot_releases": self._releases()}
 

@@ -147,11 +147,13 @@ class StepTimes:
     bytes to the learner are `update_round_s` — and the weights it reloads when it lacks a round's.
     `spotlight bench update` measures it (docs/measurements.md)."""
     update_round_s: float | None = None
-    """What an update spread over the fleet adds per round besides the micro-batches: the learner
-    receiving one gradient per request, ceil(`gradient_parts` / `parts_per_request`) of them
-    (`ingress_bytes` over `learner_gbps` across zones), summing them in order and stepping
-    (`learner_step_s`) before the weights go out. None: derived (`transfers.gather_s`; 9.6 s at
-    rank 64, 209 s full); a number: given."""
+    """What an update spread over the fleet adds per round besides the micro-batches, were nothing
+    overlapped: the learner receiving one gradient per request, ceil(`gradient_parts` /
+    `parts_per_request`) of them (`ingress_bytes` over `learner_gbps` across zones), summing them in
+    order and stepping (`learner_step_s`) before the weights go out. None: derived
+    (`transfers.gather_s`; 18.3 s at rank 64 for 64 requests, 209 s full for 32) — and then the
+    simulation overlaps each gradient's transfer with the compute still running, as the runtime
+    does (`round_tail_s`); a number: given, and added after the round's compute as it is."""
     reward_s_per_sample: float = 0.05
     """OCR / GenEval reward models score an image in ~50 ms on one GPU (a VLM or detector forward);
     computed by the worker right after its group."""
@@ -187,20 +189,16 @@ class StepTimes:
     adapter_dtype_bytes: int = 4
     """Bytes per LoRA parameter and its gradient: the adapters train in float32 over the bf16 base
     (`spotlight.rl.lora.add_lora`)."""
-    gradient_parts: int = 32
+    gradient_parts: int = 512
     """Micro-batches (`train.micro_batch` rows each) per round of a fleet update; the learner
-    receives one gradient per request of `parts_per_request` of them. 32: 1,024 samples x 2 trained
-    steps in micro-batches of 64 rows (the issue's 32 parts)."""
-    parts_per_request: int = 1
-    """Micro-batches a worker sums per `TRAIN` request before the gradient leaves its node
-    (`train.parts_per_request`, 1..4,096): the learner's ingress per round is
-    ceil(`gradient_parts` / this) gradients. 1 in every profile: it pays where a worker computes
-    several micro-batches per round anyway — ceil(32 / workers) — and at the simulator's default
-    fleet (16 on-demand + 64 spot GPUs at peak) a round's 32 leave each worker at most one, so k = 2
-    would halve the gather at rank 64 (9.6 -> 5.3 s) but double a request's compute (~40 s of an
-    on-demand H100, ~63 s of a spot one, at `fleet_update_efficiency`) with GPUs idle; on one 8-GPU
-    node (4 micro-batches a GPU) k = 4 gathers in 3.2 s for no compute. The simulator's requests
-    keep their own grain (`simulation.UPDATE_PART_SAMPLES`): only the bytes follow this field."""
+    receives one gradient per request of `parts_per_request` of them. A simulation sets it from its
+    run (`spotlight.sim.config.SimConfig.gradient_parts`: 1,024 samples x 2 trained steps in
+    micro-batches of 4 rows at the defaults); given alone, it is the byte model's."""
+    parts_per_request: int = 8
+    """Micro-batches per `TRAIN` request (`train.parts_per_request`, 1..4,096, default 8): a node's
+    crew computes them and its lead sends their sum, so the learner's ingress per round is
+    ceil(`gradient_parts` / this) gradients. A simulation sets it from its run
+    (`SimConfig.parts_per_request`): its requests are the runtime's, one event and one gradient each."""
     node_gbps: float = transfers.NODE_GBPS
     """A GPU node's link for the transfers in Gbit/s (`transfers.NODE_GBPS`: an assumption, sourced there)."""
     learner_gbps: float = transfers.LEARNER_GBPS
@@ -354,6 +352,25 @@ class StepTimes:
     def derived_update_round_s(self) -> float:
         """`update_round_s` from bytes over links (`transfers.gather_s`)."""
         return transfers.gather_s(self.ingress_bytes, self.learner_gbps, self.cross_zone_factor, self.learner_step_s)
+
+    def gradient_transfer_s(self, spot: bool) -> float:
+        """One request's gradient into the learner's node: across zones from a spot node, at the
+        link's full rate from an on-demand one (the learner's zone and placement group)."""
+        return transfers.transfer_s(self.part_bytes, self.learner_gbps, self.cross_zone_factor if spot else 1.0)
+
+    def round_tail_s(self, compute_s: float) -> float:
+        """What a fleet update's round adds after `compute_s` seconds of the fleet's compute. A given
+        `update_round_s` is that figure. Derived: every request's gradient reaches the learner as the
+        request completes, through its one ingress link, while others still compute (the runtime's
+        results travel at completion: `queue.complete`), so what is left is the last one's transfer,
+        or the ingress the compute could not hide, then the learner's step (`learner_step_s`). An
+        estimate for pricing a round (the rental rule, the update's placement, the oracle): the
+        simulation itself follows each request (`Simulation._fleet_update`), every transfer charged
+        across zones here (an upper bound)."""
+        if not self.is_derived("update_round_s"):
+            return self.update_round_s
+        one = self.gradient_transfer_s(spot=True)
+        return max(one, self.gradient_requests * one - compute_s) + self.learner_step_s
 
     @property
     def label(self) -> str:
