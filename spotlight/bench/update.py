@@ -5,8 +5,8 @@ update's data-parallel efficiency over its executors), and what losing an execut
 
 Setup: the tiny DiT on this machine's CPU, `prompts` x `group_size` samples per iteration,
 `sampler_steps` denoising steps (every one an SDE step the update trains on), `train.micro_batch`
-(sample, SDE step) rows per gradient part, `train.updates_per_step` rounds per update (each its own
-parts); `runtime.torch_threads: 1` in every role. All runs share one local Ray cluster started
+(sample, SDE step) rows per gradient part, one part a request (`train.parts_per_request: 1`: every
+executor is a node of one device), `train.updates_per_step` rounds per update (each its own parts); `runtime.torch_threads: 1` in every role. All runs share one local Ray cluster started
 here (`ray_cluster.connect`), so none pays Ray's start.
 
 1. Baseline: `train.update_on: learner`, one on-demand rollout worker — the learner actor alone
@@ -57,10 +57,13 @@ from spotlight.config import RunConfig, default_config
 
 def _config(update_on: str, ondemand: int, spot: int, iterations: int, prompts: int, group_size: int,
             sampler_steps: int, micro_batch: int, resolution: int) -> RunConfig:
+    # One micro-batch a request: each executor here is a node of one device, so requests of several
+    # (`train.parts_per_request`, served by a node's crew) would only lengthen the update on it.
     return default_config({
         "warm_start": {"steps": 20, "batch_size": 8},
         "train": {"steps": iterations, "prompts_per_step": prompts, "group_size": group_size,
-                  "checkpoint_every": iterations, "micro_batch": micro_batch, "update_on": update_on},
+                  "checkpoint_every": iterations, "micro_batch": micro_batch, "update_on": update_on,
+                  "parts_per_request": 1},
         "prompts": {"count": max(4, prompts)},
         "sampler": {"num_steps": sampler_steps},
         "policy": {"dit": {"resolution": resolution}},
