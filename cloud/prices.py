@@ -23,6 +23,14 @@ Which row prices a node when an instance type has several regions: the one named
 its *home* row — the one in the provider's `DEFAULT_REGION` (or with no region), else its first
 line. So extra regions are there for a sensitivity run and change no default figure.
 
+A price range (`price_scenarios`, `spotlight simulate --price-rows`) is a list of `PriceScenario`s:
+rows of the table, and a row's *catalog-basis pair* where its own on-demand price is on another
+basis than the catalog snapshot its spot price comes from (`CATALOG_ONDEMAND`: AWS us-east-1
+p5.48xlarge, spot $26.79 against the snapshot's pre-cut $98.32, 0.27x, beside the row's 0.49x
+against the post-cut list price). A pair is not a second line of the table: an (instance type,
+region) pair stays on one line, the one the meter and `spotlight prices --region` resolve.
+`tests/test_price_range.py` checks that every row of a range names its source and date.
+
 A node of the meter has `cloud.gpus_per_node` GPUs. When no row has exactly that many of the GPU,
 a node is priced at the cheapest row's per-GPU price times `gpus_per_node` (for example a 1-GPU
 H100 node from p5.48xlarge: 55.04 / 8 = $6.88/h) — what a share of a larger instance costs.
@@ -301,11 +309,135 @@ class PriceTable:
         writer.writerow(columns)
         for r in self._rows:
             d = r.to_dict()
-            writer.writerow([f"{d[c]:.6g}" if isinstance(d[c], float) else d[c] for c in columns])
+            # 10 significant digits: a catalog's 123.19496 stays itself (6 would write 123.195), while
+            # SkyPilot's float noise (9.46006 + 78.37241 = 87.83247000000001) is still cut.
+            writer.writerow([f"{d[c]:.10g}" if isinstance(d[c], float) else d[c] for c in columns])
         return out.getvalue()
 
     def write(self, path: str | Path) -> None:
         Path(path).write_text(self.to_csv())
+
+
+# ---- a price range -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CatalogOndemand:
+    """The on-demand price a catalog snapshot lists beside a row's spot price, where the row's own
+    on-demand price is on another basis: what makes a row's catalog-basis pair (`PriceScenario`)."""
+
+    usd_h: float
+    basis: str
+    source: str
+    date: str
+
+
+CATALOG_ONDEMAND: dict[tuple[str, str], CatalogOndemand] = {
+    ("p5.48xlarge", "us-east-1"): CatalogOndemand(
+        98.32, "catalog snapshot: pre-June-2025 on-demand (the row's own is AWS's list price after the cut, 55.04)",
+        "skypilot-catalog catalogs/v7/aws/vms.csv (commit 001367d) us-east-1: Price 98.32 in each of its 6 AZs",
+        "2026-11-23"),
+}
+"""{(instance type, region): the on-demand price of the catalog snapshot the row's spot price comes
+from}, for rows whose own on-demand price is on another basis. One pair today: AWS us-east-1
+p5.48xlarge, whose spot $26.79 is 0.49x of AWS's post-cut list price and 0.27x of the $98.32 the
+same snapshot lists."""
+
+CATALOG_SUFFIX = "@catalog"
+"""Names a row's catalog-basis pair in a price-row list: `us-east-1@catalog`."""
+
+PRICE_RANGE: dict[str, tuple[str, ...]] = {"H100": ("us-east-1", "us-east-1" + CATALOG_SUFFIX, "us-central1")}
+"""The named price range (`PriceTable.scenarios(gpu, "range")`), per GPU: for H100 the shipped row
+(AWS us-east-1: spot 0.49x of the post-cut list price), the same spot price against the catalog
+snapshot's pre-cut on-demand (0.27x) and GCP us-central1 (0.23x). A GPU not named: all its rows;
+an item the table has no row for (another `--prices` table) is left out."""
+
+
+@dataclass(frozen=True)
+class PriceScenario:
+    """One row of a price range: a table row's spot price against an on-demand price, the row's own
+    or (`catalog_basis`) the one its catalog snapshot lists (`CATALOG_ONDEMAND`)."""
+
+    row: PriceRow
+    ondemand_usd_h: float
+    ondemand_basis: str
+    source: str
+    date: str
+    catalog_basis: bool = False
+
+    @property
+    def region(self) -> str:
+        """The row's region, or its provider's default where the table names none."""
+        return self.row.region or DEFAULT_REGION.get(self.row.provider, "")
+
+    @property
+    def name(self) -> str:
+        """"aws p5.48xlarge us-east-1", "aws p5.48xlarge us-east-1@catalog": unique in a range."""
+        suffix = CATALOG_SUFFIX if self.catalog_basis else ""
+        return f"{self.row.provider} {self.row.instance_type} {self.region}{suffix}"
+
+    @property
+    def ratio(self) -> float | None:
+        """Spot over on-demand (None for an on-demand price of 0)."""
+        return self.row.spot_usd_h / self.ondemand_usd_h if self.ondemand_usd_h > 0 else None
+
+    def per_gpu(self) -> tuple[float, float]:
+        """(on-demand, spot) dollars per GPU-hour: a share of the instance, as `node_price` prices one GPU."""
+        return self.ondemand_usd_h / self.row.gpus, self.row.spot_usd_h / self.row.gpus
+
+    def to_dict(self) -> dict[str, Any]:
+        od, spot = self.per_gpu()
+        return {"name": self.name, "provider": self.row.provider, "instance_type": self.row.instance_type,
+                "region": self.region, "gpu": self.row.gpu, "gpus": self.row.gpus,
+                "ondemand_usd_h": self.ondemand_usd_h, "spot_usd_h": self.row.spot_usd_h, "ratio": self.ratio,
+                "per_gpu_h": {"ondemand": od, "spot": spot}, "ondemand_basis": self.ondemand_basis,
+                "source": self.source, "date": self.date}
+
+
+def _own(row: PriceRow) -> PriceScenario:
+    return PriceScenario(row, row.ondemand_usd_h, row.ondemand_basis, row.source, row.date)
+
+
+def _catalog_pair(row: PriceRow) -> PriceScenario | None:
+    cat = CATALOG_ONDEMAND.get((row.instance_type, _own(row).region))
+    if cat is None:
+        return None
+    spot = row.source.split("spot:", 1)[1].strip() if "spot:" in row.source else row.source
+    return PriceScenario(row, cat.usd_h, cat.basis, f"on-demand: {cat.source}; spot: {spot}", cat.date, True)
+
+
+def price_scenarios(table: PriceTable, gpu: str, spec: str = "range") -> list[PriceScenario]:
+    """The price rows `spec` names for `gpu` (an unknown GPU: a PriceError): `range` (`PRICE_RANGE`),
+    `all` (every row of the GPU, each followed by its catalog-basis pair where it has one), `home`
+    (the row a 1-GPU node is priced from, `node_price`), or a comma-separated list of regions, each
+    every row of the GPU there, `REGION@catalog` its catalog-basis pair. A bad item is one
+    PriceError line naming it and what the table offers."""
+    rows = table.rows(gpu)
+    if spec == "home":
+        return [_own(table.node_price(gpu, 1).row)]
+    if spec == "all" or (spec == "range" and rows[0].gpu not in PRICE_RANGE):
+        out = []
+        for r in rows:
+            out += [s for s in (_own(r), _catalog_pair(r)) if s is not None]
+        return out
+    offered = [_own(r) for r in rows] + [s for s in map(_catalog_pair, rows) if s is not None]
+
+    def item_name(s: PriceScenario) -> str:
+        return s.region + (CATALOG_SUFFIX if s.catalog_basis else "")
+
+    known = list(dict.fromkeys(item_name(s) for s in offered))
+    chosen: dict[str, PriceScenario] = {}
+    for item in PRICE_RANGE[rows[0].gpu] if spec == "range" else spec.split(","):
+        item = item.strip()
+        if not item:
+            raise PriceError(f"expected range, all, home or comma-separated regions (REGION or "
+                             f"REGION{CATALOG_SUFFIX}), got {_quote(spec)}")
+        found = [s for s in offered if item_name(s) == item]
+        if not found and spec != "range":  # the named range leaves out what another table lacks
+            raise PriceError(f"{_quote(item)}: no {rows[0].gpu} price row for it in the price table{table._named()} "
+                             f"(expected range, all, home or regions of: {', '.join(known)})")
+        chosen.update((s.name, s) for s in found)
+    return list(chosen.values()) or [_own(table.node_price(gpu, 1).row)]
 
 
 # ---- refreshing ---------------------------------------------------------------------------------

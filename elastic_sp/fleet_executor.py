@@ -129,7 +129,7 @@ class SPExecutor:
             return True  # dissolved since: its Died / Dissolved is on its way and ends it
         return self.coord.serve(worker.name, sorted(kinds), version)
 
-    def serve_crew(self, workers: Sequence[Worker], version: int) -> bool:
+    def serve_crew(self, workers: Sequence[Worker], version: int, at_most: int | None = None) -> bool:
         raise RuntimeError(f"SP groups cannot serve the update's gradient work: {SP_ROLLOUT_ONLY}")
 
     def changed(self, nodes: Collection[Node]) -> None:

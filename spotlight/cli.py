@@ -12,7 +12,8 @@
     spotlight simulate --trace TRACE [--policy all|NAME[,NAME]] [--gpus N] [--iterations N] [--resolution 512|1280] [--budget-usd X]
                        [--seed S] [--json] [--plot PNG] [--step-times YAML] [--prices CSV] [--constants all|typical]
                        [--profile qwen-image-lora|qwen-image-full|tiny-cpu] [--objective time|cost|deadline] [--deadline-h H]
-    spotlight simulate --config RUN.yaml --trace TRACE [--json]
+                       [--price-rows range|all|home|REGION[,REGION]]
+    spotlight simulate --config RUN.yaml --trace TRACE [--step-times YAML] [--json]
     spotlight traces show|synth TRACE [--plot PNG] [--json] [--out FILE]
 
 Bad input (a config, a trace, a flag value) ends with one `spotlight: error: ...` line and exit
@@ -639,8 +640,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.config:
         return _simulate_run(args)
     from spotlight.train.iteration_time import PEAK_BF16_FLOPS
-    from spotlight.sim.simulator import POLICIES, SimConfig, gpu_prices, simulate
-    from spotlight.sim.report import plot_simulation, table
+    from spotlight.sim.simulator import POLICIES, SimConfig, gpu_prices, price_rows_of, simulate
+    from spotlight.sim.report import hour_saved_lines, plot_simulation, price_range_table, table
     from spotlight.sim.step_time import StepTimes, notice_s_for, trace_provider
     from schedulers.trace_synth import open_trace
 
@@ -682,13 +683,18 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         gpu_prices(cfg)  # a GPU the price table does not price: refused before the trace is read
     except ConfigError as err:
         raise ConfigError(f"{gpu_from}: {err}") from None
+    try:
+        price_rows_of(cfg, args.price_rows)  # a row the table lacks: refused before the trace is read
+    except ConfigError as err:
+        raise ConfigError(f"--price-rows: {err}") from None
     trace = open_trace(args.trace)
     provider = trace_provider(trace)
     if args.notice_s is None and provider is not None:  # the notice the trace's cloud gives (AWS 120 s, GCP 30 s)
         cfg = replace(cfg, notice_s=notice_s_for(provider))
     bars = _PolicyBars(cfg.iterations)
     try:
-        result = simulate(cfg, trace, names, on_iteration=bars if _progress(args) else None, constants=args.constants)
+        result = simulate(cfg, trace, names, on_iteration=bars if _progress(args) else None, constants=args.constants,
+                          price_rows=args.price_rows)
     finally:
         bars.close()
     if plot is not None:
@@ -697,6 +703,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         print(json.dumps(result))
     else:
         print(table(result))
+        for block in filter(None, [price_range_table(result), *hour_saved_lines(result)]):
+            print(block)
         if plot is not None:
             print(f"plot: {plot}")
     return 0
@@ -740,7 +748,12 @@ def _simulate_run(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.config, {})
     trace = open_trace(args.trace)
-    result = simulate_run(cfg, trace)
+    step_times = None
+    if args.step_times:
+        from spotlight.sim.step_time import StepTimes
+
+        step_times = StepTimes.load(args.step_times)
+    result = simulate_run(cfg, trace, step_times=step_times)
     if args.json:
         print(json.dumps(result))
         return 0
@@ -984,6 +997,11 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--prices", metavar="CSV",
                      help="price table to run with (default cloud/prices.csv): a sensitivity run, e.g. with "
                           "another region's or basis' spot price (docs/cost.md)")
+    sim.add_argument("--price-rows", default="range", metavar="range|all|home|REGION[,REGION]",
+                     help="price rows every policy's dollars are also given at (default range: the shipped "
+                          "row, its spot against the catalog's pre-cut on-demand, GCP us-central1; all: every row "
+                          "of the GPU; home: the run's own; or regions, REGION@catalog for a catalog-basis "
+                          "pair): re-priced under --objective time, simulated again otherwise; docs/simulator.md")
     sim.add_argument("--no-stop", action="store_true", help="run every --iterations even after the target")
     sim.add_argument("--constants", default="all", choices=["all", "typical"],
                      help="all (default): every policy at the pessimistic, typical and optimistic constants "

@@ -46,7 +46,7 @@ from elastic_sp.fleet_executor import SPExecutor
 from elastic_sp.regroup_policy import MeasuredStepTime
 from elastic_sp.weights import NodeWeights, save_checkpoint
 from schedulers.clock import ManualClock, WallClock
-from schedulers.fleet import FleetEngine, Node
+from schedulers.fleet import FleetEngine, Node, WorkerPhase
 from schedulers.preemption import Cause, PreemptionNotice
 from schedulers.queue import PullQueue
 from schedulers.request import Kind, Request
@@ -478,6 +478,10 @@ def test_node_crews_send_one_gradient_per_request_the_learners_own_sum(request, 
     try:
         engine.start()
         engine.rollout(rollout_requests(0), 0)
+        # A Ray actor's serve() returns a moment after the phase's last commit: every worker idle
+        # first, so that each node's crew is all of it.
+        while any(w.phase is not WorkerPhase.IDLE for w in engine.workers.values()):
+            engine.settle()
         ids = [r.id for r in rollout_requests(0)]
         parts = queue.results(ids)
         advantages = torch.linspace(-1.0, 1.0, 2 * ROLLOUT_REQUESTS)
@@ -487,9 +491,9 @@ def test_node_crews_send_one_gradient_per_request_the_learners_own_sum(request, 
                              per_request=PER_REQUEST)
         crews, serve_crew = [], engine.executor.serve_crew
 
-        def spy(workers, version):
+        def spy(workers, version, at_most=None):
             crews.append(sorted(n for w in workers for n in w.nodes))
-            return serve_crew(workers, version)
+            return serve_crew(workers, version, at_most)
 
         engine.executor.serve_crew = spy
         engine.wait(update, 0)

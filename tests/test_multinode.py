@@ -247,8 +247,8 @@ def test_a_spot_node_sigkilled_while_it_computes_the_update_changes_no_weight(tm
             calls.append(len(calls))
             if len(calls) == 1:  # see every crew the engine forms
                 serve_crew = runtime.executor.serve_crew
-                runtime.executor.serve_crew = lambda workers, version: (
-                    crews.append([w.nodes[0] for w in workers]) or serve_crew(workers, version))
+                runtime.executor.serve_crew = lambda workers, version, at_most=None: (
+                    crews.append([w.nodes[0] for w in workers]) or serve_crew(workers, version, at_most))
             if len(calls) in (2, 3):
                 act = kill_when_spot_b_computes if len(calls) == 2 else drain_when_spot_a_holds
                 seen[len(calls)] = threading.Thread(target=act, daemon=True)

@@ -49,40 +49,56 @@ def test_a_request_is_dealt_round_its_crew_the_lead_first():
 
 
 class _Recorder:
-    """An executor that records the crews and single workers the engine dispatches (and computes nothing)."""
+    """An executor that records the crews and single workers the engine dispatches; a crew's lead
+    leases one request, as a live one would at once (and nothing is computed)."""
 
-    def __init__(self) -> None:
-        self.crews: list[list[str]] = []
+    def __init__(self, queue) -> None:
+        self.queue = queue
+        self.crews: list[tuple[list[str], int | None]] = []
         self.served: list[tuple[str, tuple[Kind, ...]]] = []
 
-    def serve_crew(self, workers, version):
-        self.crews.append([w.name for w in workers])
-        return True
+    def serve_crew(self, workers, version, at_most=None):
+        self.crews.append(([w.name for w in workers], at_most))
+        return bool(self.queue.pull(workers[0].name, 1, [Kind.TRAIN]))
 
     def serve(self, worker, kinds, version):
         self.served.append((worker.name, tuple(kinds)))
         return True
 
 
-def test_the_engine_forms_crews_of_a_nodes_idle_workers_on_demand_first():
+def _engine_with_idle(requests: int) -> tuple[FleetEngine, _Recorder]:
     clock = ManualClock()
     queue = PullQueue(clock, 30.0)
-    recorder = _Recorder()
-    engine = FleetEngine(clock, queue, recorder, [])
+    recorder = _Recorder(queue)
+    engine = FleetEngine(clock, queue, recorder, [Node(n, spot=n != "od") for n in ("od", "spot0", "spot1", "spot2", "spot3")])
     idle = [Worker("spot0#0", ("spot0",), True), Worker("od#0", ("od",), False), Worker("spot0#1", ("spot0",), True),
             Worker("od#1", ("od",), False), Worker("od#2", ("od",), False), Worker("sp", ("spot1", "spot2"), True),
             Worker("spot3#0", ("spot3",), True)]
     for w in idle:
         engine.workers[w.name] = w
         engine._idle[w.spot][w.name] = None
-    queue.put([Request(f"t{i}", Kind.TRAIN, 0, "", (), 0, order=i, work=GradientWork(0, i, None)) for i in range(3)])
+    queue.put([Request(f"t{i}", Kind.TRAIN, 0, "", (), 0, order=i, work=GradientWork(0, i, None)) for i in range(requests)])
     queue.put([Request("x", Kind.EXPLORATION, 0, "", (1,), 0)])
     engine._dispatch((Kind.TRAIN, Kind.EXPLORATION), (Kind.TRAIN,), 0, crew_size=2)
-    # On-demand first, a node's idle workers in crews of at most 2; an SP group spanning nodes is no
-    # crew's, and serves exploration alone.
-    assert recorder.crews == [["od#0", "od#1"], ["od#2"], ["spot0#0", "spot0#1"], ["spot3#0"]]
-    assert recorder.served == [("sp", (Kind.EXPLORATION,))]
-    assert not engine._idle[False] and not engine._idle[True]
+    return engine, recorder
+
+
+def test_the_engine_forms_crews_of_a_nodes_idle_workers_on_demand_first():
+    # On-demand first, a node's idle workers in crews of at most 2; an SP group spanning nodes is
+    # no crew's. Many requests waiting: the crews of one GPU take one each too (the two full crews
+    # would need 4 request times for the 8, a crew of one 2 for its one).
+    engine, recorder = _engine_with_idle(8)
+    assert recorder.crews == [(["od#0", "od#1"], None), (["od#2"], 1), (["spot0#0", "spot0#1"], None), (["spot3#0"], 1)]
+    assert recorder.served == [] and set(engine._idle[True]) == {"sp"}  # no exploration while gradients wait
+    # Three waiting: the full crews clear them in 2 request times, no later than a crew of one would
+    # compute one, so the crews of one stay idle; nothing explores while one still waits.
+    engine, recorder = _engine_with_idle(3)
+    assert recorder.crews == [(["od#0", "od#1"], None), (["spot0#0", "spot0#1"], None)]
+    assert recorder.served == [] and set(engine._idle[False]) == {"od#2"}
+    # Two: the full crews take both, and the rest explore (the SP group among them).
+    engine, recorder = _engine_with_idle(2)
+    assert recorder.crews == [(["od#0", "od#1"], None), (["spot0#0", "spot0#1"], None)]
+    assert recorder.served == [("sp", (Kind.EXPLORATION,)), ("spot3#0", (Kind.EXPLORATION,))]
 
 
 def _policy(cfg, weights):
@@ -145,11 +161,12 @@ def test_the_simulated_round_is_the_crews_list_schedule(given):
     start = sim.clock.now()
     sim.engine.wait(sim._fleet_update(0), 0)
     assert sim.clock.now() - start == pytest.approx(sim._round_s(), rel=1e-12)
-    # 4 requests: the on-demand crew of 4 takes one micro-batch time a request, a spot crew of 2 two
-    # of its slower ones: by hand, od at p, 2p, 3p; a spot node's at 2p / e (e = 0.8: 2.5p, so the
-    # three spot crews take the other three requests at t = 0 and the od crew one).
-    p = sim.st.train_gpu_s(512, 32) / 16 / sim.st.train_efficiency
-    assert sim._round_s(gather=False) == pytest.approx(2 * p / sim.st.fleet_update_efficiency)
+    # 4 requests: the on-demand crew of 4 takes one micro-batch time p a request, a spot crew of 2
+    # two. By hand: the od crew takes the first; two spot crews take one each (the full crew would
+    # clear the 3 waiting in 3p, later than their 2p), the third does not (1 waiting: the full crew
+    # takes it at p, done at 2p, no later than a crew of 2 would) — so the round is 2p.
+    p = sim.st.train_gpu_s(512, 32) / 16 / sim.st.fleet_update_efficiency
+    assert sim._round_s(gather=False) == pytest.approx(2 * p)
 
 
 @pytest.mark.parametrize("learner_gbps", [100.0, 0.5])
@@ -161,10 +178,11 @@ def test_each_gradient_crosses_the_learners_link_as_its_request_completes(learne
     sim.engine.start()
     start = sim.clock.now()
     sim.engine.wait(sim._fleet_update(0), 0)
-    p = sim.st.train_gpu_s(512, 32) / 16 / sim.st.train_efficiency  # one request: one micro-batch time
+    p = sim.st.train_gpu_s(512, 32) / 16 / sim.st.fleet_update_efficiency  # one request: one micro-batch time
     b = sim.st.gradient_transfer_s(spot=False)
+    assert sim.st.gradient_transfer_s(spot=True) == 2 * b == 2 * sim.st.gradient_transfer_s(spot=True, queued=True)
     end = 0.0
     for k in range(1, 5):  # requests complete at p, 2p, 3p, 4p; the link takes them one at a time
-        end = max(end, k * p) + b
+        end = end + b if end > k * p else k * p + b
     assert sim.clock.now() - start == pytest.approx(end + sim.st.learner_step_s, rel=1e-12)
     assert (end == pytest.approx(4 * p + b)) == (b < p)  # link-bound when a transfer outlasts a request

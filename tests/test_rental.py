@@ -31,10 +31,10 @@ def usd(s, spot=1.0):
 
 def test_the_model_is_the_closed_form():
     assert LEARNER.seconds(6) == pytest.approx(R / 10 + K)
-    fleet = IterationModel(G, R, W, F, spot_update_efficiency=0.5, update_round_s=5.0, fleet_update=True)
-    assert fleet.seconds(8) == pytest.approx(R / 12 + W / (G + 0.5 * 8) + 5.0 + F)  # 50 + 5 < 100: on the fleet
-    slow_round = IterationModel(G, R, W, F, 0.5, update_round_s=90.0, fleet_update=True)
-    assert slow_round.seconds(8) == pytest.approx(R / 12 + W / G + F)  # 50 + 90 > 100: the learner alone
+    fleet = IterationModel(G, R, W, F, fleet_efficiency=0.5, update_round_s=5.0, fleet_update=True)
+    assert fleet.seconds(8) == pytest.approx(R / 12 + W / (0.5 * (G + 8)) + 5.0 + F)  # 66.7 + 5 < 100: on the fleet
+    slow_round = IterationModel(G, R, W, F, 0.5, update_round_s=40.0, fleet_update=True)
+    assert slow_round.seconds(8) == pytest.approx(R / 12 + W / G + F)  # 66.7 + 40 > 100: the learner alone
     assert rule().iteration_usd(6) == pytest.approx(usd(6))
 
 

@@ -37,9 +37,9 @@ def test_no_preemptions_takes_the_time_the_step_model_gives_by_hand():
     out = simulate(small(step_times=st), fleet(4), ["ondemand", "spotlight_noexplore"])["policies"]
     # 8 requests: on 4 on-demand GPUs (degree 1) two rounds, with 4 more spot GPUs one round
     assert out["ondemand"]["wall_h"] * 3600 == pytest.approx(3 * (2 * request + train + st.weight_sync_s), rel=1e-9)
-    # Its update on the fleet: 8 micro-batches of 4 samples' work, one on each GPU, the spot ones at
-    # fleet_update_efficiency, then the learner's gather-and-step.
-    fleet_train = train * 4 / 8 / st.fleet_update_efficiency + st.update_round_s
+    # Its update on the fleet: 8 micro-batches of 4 samples' work, one on each GPU, every one at
+    # fleet_update_efficiency (no data-parallel efficiency: no FSDP), then the learner's gather-and-step.
+    fleet_train = train * st.train_efficiency * 4 / 8 / st.fleet_update_efficiency + st.update_round_s
     assert out["spotlight_noexplore"]["wall_h"] * 3600 == pytest.approx(3 * (request + fleet_train + st.weight_sync_s),
                                                                         rel=1e-9)
     assert out["spotlight_noexplore"]["preemptions"] == 0 and out["spotlight_noexplore"]["steps_recomputed"] == 0

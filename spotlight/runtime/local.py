@@ -180,9 +180,9 @@ class InProcessExecutor:
         self._events.append(Served(worker.name, noticed=done["noticed"]))
         return True
 
-    def serve_crew(self, workers: Sequence[Worker], version: int) -> bool:
+    def serve_crew(self, workers: Sequence[Worker], version: int, at_most: int | None = None) -> bool:
         lead, *members = workers
-        done = lead.handle.serve([Kind.TRAIN], [LocalCrewMember(w.handle) for w in members])
+        done = lead.handle.serve([Kind.TRAIN], [LocalCrewMember(w.handle) for w in members], at_most)
         self._events.extend(Served(w.name, noticed=done["noticed"]) for w in workers)
         return True
 

@@ -199,12 +199,12 @@ class RayExecutor:
         self._serving[worker.handle.serve.remote(list(kinds))] = [worker]
         return True  # the actor pulls by itself; whether it finds work shows when serve() returns
 
-    def serve_crew(self, workers: Sequence[Worker], version: int) -> bool:
+    def serve_crew(self, workers: Sequence[Worker], version: int, at_most: int | None = None) -> bool:
         """The lead's actor serves gradient work with its node's other idle actors as its crew
         (Ray runs an actor's calls one at a time: a member computes the lead's parts between none
         of its own, as the engine gives it nothing else while the crew serves)."""
         lead, *members = workers
-        ref = lead.handle.serve.remote([Kind.TRAIN], [RayCrewMember(w.handle) for w in members])
+        ref = lead.handle.serve.remote([Kind.TRAIN], [RayCrewMember(w.handle) for w in members], at_most)
         self._serving[ref] = list(workers)
         return True
 

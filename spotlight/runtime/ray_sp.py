@@ -133,8 +133,8 @@ class RaySPExecutor:
     def serve(self, worker: Worker, kinds: Collection[Kind], version: int) -> bool:
         return self.sp.serve(worker, kinds, version)
 
-    def serve_crew(self, workers: Sequence[Worker], version: int) -> bool:
-        return self.sp.serve_crew(workers, version)
+    def serve_crew(self, workers: Sequence[Worker], version: int, at_most: int | None = None) -> bool:
+        return self.sp.serve_crew(workers, version, at_most)
 
     def changed(self, nodes: Collection[Node]) -> None:
         self.sp.changed(nodes)

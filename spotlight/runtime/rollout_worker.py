@@ -201,12 +201,14 @@ class RolloutWorker:
     def notify(self, notice: Any) -> None:
         self.notice = notice
 
-    def serve(self, kinds: Collection[Kind] | None = None, crew: Sequence[CrewMember] = ()) -> dict[str, Any]:
+    def serve(self, kinds: Collection[Kind] | None = None, crew: Sequence[CrewMember] = (),
+              at_most: int | None = None) -> dict[str, Any]:
         """Pull (requests of `kinds`; default all) and compute until the queue has nothing for this
-        worker or a notice arrives. With `crew` (the other idle workers of this node) this worker
-        is their lead: a `TRAIN` request's micro-batches are shared among all of them."""
+        worker, `at_most` requests are done (None: no limit), or a notice arrives. With `crew` (the
+        other idle workers of this node) this worker is their lead: a `TRAIN` request's micro-batches
+        are shared among all of them."""
         done = given_back = cancelled = 0
-        while self.notice is None:
+        while self.notice is None and (at_most is None or done + given_back + cancelled < at_most):
             # Only requests for the weights held: a replacement worker whose serve() was queued before
             # newer weights arrived must leave newer requests for after its set_weights calls run.
             leases = self.queue.pull(self.name, 1, kinds, weight_version=self.version)

@@ -80,7 +80,8 @@ class Constant:
 # rank 64, 1.3 TB full); 100 Gbit/s = 12.5 GB/s.
 CONSTANTS: tuple[Constant, ...] = (
     Constant(
-        "fleet_update_efficiency", "step_times", "a spot GPU's rate on the update's micro-batches, over a trainer GPU's",
+        "fleet_update_efficiency", "step_times",
+        "a fleet executor's rate on the update's micro-batches (on-demand or spot), over one GPU's measured rate",
         scale=False,
         pessimistic=Choice(0.5, "half: each micro-batch pulled as a Ray task pays its dispatch and its gradient "
                                 "part's serialisation into the object store (1.7 GB at ~10 GB/s of host memory, "
@@ -90,9 +91,9 @@ CONSTANTS: tuple[Constant, ...] = (
         typical=Choice(0.8, "the shipped figure: a fifth lost to dispatch, serialisation and reloads",
                        "`spotlight bench update` measured 0.77 on the tiny DiT over Ray on CPU, its "
                        "transfers included (docs/measurements.md); not measured on GPUs"),
-        optimistic=Choice(0.95, "the compute of a trainer GPU but for the dispatch: the parts leave through the "
+        optimistic=Choice(0.95, "the measured compute but for the dispatch: the parts leave through the "
                                 "object store while the next micro-batch computes",
-                          "arithmetic: the GPU is the same kind as the trainer's")),
+                          "arithmetic: the GPU is the one the step times were measured on")),
     Constant(
         "node_gbps", "step_times", "a GPU node's link for Ray's transfers, Gbit/s (weight sync)",
         scale=False,

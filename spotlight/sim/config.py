@@ -61,7 +61,7 @@ _INT_LIMITS = {"gpus": (1, 16_384), "spot_gpus": (0, 65_536), "iterations": (1, 
                "prompts": (1, 16_384), "group_size": (2, 4096), "candidates_per_prompt": (1, 65_536),
                "sync_explore_per_prompt": (0, 65_536), "plan_prompts": (1, 4096), "commit_every": (1, 1000),
                "checkpoint_every": (1, 100_000), "seed": (0, 2**32 - 1), "micro_batch": (1, 65_536),
-               "parts_per_request": (1, 4096), "updates_per_step": (1, 1000)}
+               "parts_per_request": (1, 4096), "updates_per_step": (1, 1000), "learner_gpus": (1, 16_384)}
 """[low, high] of SimConfig's integer fields (None allowed where the field says so). The maxima bound
 what one run allocates — a worker and its members per GPU, a request per group — well above the
 4,096-GPU x 1,000-iteration run `experiments/simulate_scale.py` times (docs/fleet-engine.md)."""
@@ -141,6 +141,11 @@ class SimConfig:
     updates_per_step: int = 1
     """Optimiser steps (update rounds) per iteration, 1..1,000: `train.updates_per_step` (the Qwen-Image
     recipe's: 1); each round is the whole update's work and the learner's gather and step."""
+    learner_gpus: int | None = None
+    """GPUs the update runs on when the learner computes it alone, 1..16,384; None: every on-demand
+    GPU (the named policies' trainer, data parallel over them). A simulated run config: 1 — the
+    runtime's learner is one process (`spotlight.runtime.learner`), however many on-demand rollout
+    workers the run has (`Simulation.learner_update_s`)."""
     step_times: StepTimes = field(default_factory=StepTimes)
     """The step-time model. Its `gradient_parts` and `parts_per_request` are this run's grain: set
     from `prompts` x `group_size` x `trained_steps` / `micro_batch` and `parts_per_request` here."""
@@ -165,7 +170,7 @@ class SimConfig:
     def __post_init__(self) -> None:
         for name, (low, high) in _INT_LIMITS.items():
             v = getattr(self, name)
-            if v is None and name == "spot_gpus":
+            if v is None and name in ("spot_gpus", "learner_gpus"):
                 continue
             if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= high:
                 raise ConfigError(f"{name}: expected an integer in [{low:,}, {high:,}], got {short(v)}")

@@ -5,11 +5,14 @@ crossing the learner's one ingress link as each request completes.
 A round is ceil(parts / k) requests of k micro-batches (the last may be shorter:
 `schedulers.update.chunks`). A node's idle workers form crews of at most k; a crew of c GPUs
 computes a request of n micro-batches in ceil(n / c) micro-batch times (every member computes whole
-micro-batches: `spotlight.runtime.rollout_worker.shares`), a spot GPU at `fleet_update_efficiency`.
+micro-batches: `spotlight.runtime.rollout_worker.shares`), every GPU at `fleet_update_efficiency`.
 The requests go, in order, to whichever crew is free first, the on-demand crews first at the start
-(the engine dispatches them first): list scheduling, which is what pulling is. Each request's one
-gradient then takes the learner's link for its transfer, one after the other in the order they
-complete, and the learner steps after the last (`learner_step_s`).
+(the engine dispatches them first): list scheduling, which is what pulling is — a crew smaller
+than k only where the full crews would not clear the waiting requests sooner
+(`FleetEngine._partial_crew_pays`). Each request's one
+gradient then takes the learner's link in the order they complete — alone at one transfer's rate,
+behind others at the link's aggregate (`StepTimes.gradient_transfer_s`) — and the learner steps
+after the last (`learner_step_s`).
 
 Nothing here is sampled: it prices a round for the simulator's choices (where the update runs) and
 for the oracle at the same grain; the simulation itself runs every request through the engine and
@@ -22,6 +25,7 @@ import heapq
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from schedulers.fleet import FleetEngine
 from schedulers.update import chunks
 
 
@@ -33,7 +37,9 @@ class CrewNode:
     part_s: float
     """Seconds of one micro-batch on one of its GPUs."""
     transfer_s: float = 0.0
-    """Seconds of one gradient from it into the learner's node."""
+    """Seconds of one gradient from it into the learner's node, alone on the link."""
+    queued_transfer_s: float = 0.0
+    """The same behind others (several transfers at once share the link's aggregate rate)."""
 
 
 def crew_sizes(devices: int, per_request: int) -> list[int]:
@@ -52,13 +58,18 @@ def round_s(parts: int, per_request: int, nodes: Iterable[CrewNode], step_s: flo
     if not free:
         return float("inf")
     heapq.heapify(free)
-    done: list[tuple[float, float]] = []
-    for r in chunks(parts, per_request):
-        t, order, size, node = heapq.heappop(free)
+    full = sum(1 for _, _, size, _ in free if size == per_request)
+    requests = chunks(parts, per_request)
+    done: list[tuple[float, CrewNode]] = []
+    for i, r in enumerate(requests):
+        while True:  # a smaller crew takes one only where no full crew would sooner (the engine's rule)
+            t, order, size, node = heapq.heappop(free)
+            if size == per_request or FleetEngine._partial_crew_pays(size, per_request, len(requests) - i, full):
+                break
         t += -(-len(r) // size) * node.part_s
-        done.append((t, node.transfer_s))
+        done.append((t, node))
         heapq.heappush(free, (t, order, size, node))
     link = 0.0
-    for t, transfer in sorted(done):
-        link = max(link, t) + transfer
+    for t, node in sorted(done, key=lambda d: d[0]):
+        link = link + node.queued_transfer_s if link > t else t + node.transfer_s
     return link + step_s

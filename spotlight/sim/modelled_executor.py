@@ -61,6 +61,8 @@ class Group:
     """As a crew's lead (`serve_crew`): the crew, itself first; empty otherwise."""
     lead: str | None = None
     """As another member of a crew: its lead's name (busy: it computes the lead's parts)."""
+    left: int | None = None
+    """As a crew's lead: the requests it may still pull (None: any; `serve_crew`'s `at_most`)."""
 
 
 class ModelledExecutor:
@@ -120,12 +122,13 @@ class ModelledExecutor:
         g.kinds, g.version = kinds, version
         return self._pull(worker)
 
-    def serve_crew(self, workers: Sequence[Worker], version: int) -> bool:
-        """The lead pulls gradient requests; each takes ceil(micro-batches / crew) parts' time, every
-        member computing whole micro-batches as the live crew does (`rollout_worker.shares`)."""
+    def serve_crew(self, workers: Sequence[Worker], version: int, at_most: int | None = None) -> bool:
+        """The lead pulls gradient requests (`at_most` of them: None, any); each takes
+        ceil(micro-batches / crew) parts' time, every member computing whole micro-batches as the
+        live crew does (`rollout_worker.shares`)."""
         lead = workers[0]
         g: Group = lead.handle
-        g.kinds, g.version, g.crew = _GRADIENT, version, list(workers)
+        g.kinds, g.version, g.crew, g.left = _GRADIENT, version, list(workers), at_most
         for w in workers[1:]:
             w.handle.lead = lead.name
         if self._pull(lead):
@@ -169,6 +172,7 @@ class ModelledExecutor:
         g: Group = w.handle
         self.out.extend(Served(m.name) for m in (g.crew or [w]) if m.name in self.workers)
         self._disband(g)
+        g.left = None
 
     def changed(self, nodes: Collection[Node]) -> None:
         for n in nodes:
@@ -224,15 +228,37 @@ class ModelledExecutor:
             return False
         r = leases[0].request
         g.lease, g.start, g.gen = r, self.clock.now(), g.gen + 1
+        st = self.st
+        slow = 1.0
+        if st.host_cores:  # CPU devices sharing the host's cores (`StepTimes.host_cores`; 0 on GPUs: skipped)
+            # Busy while the request runs: the devices holding one (not those whose request ends now:
+            # a wave's last requests end together, and the one pulled after them runs alone) and
+            # one per request still queued, at most every live device. O(workers + events): CPU
+            # fleets are a few devices.
+            now = self.clock.now()
+            ending = {data[0] for t, _, code, data in self.heap if code == _DONE and t <= now}
+            live = [w for w in self.workers.values() if not w.handle.retiring]
+            busy = sum(len(w.handle.crew) or len(w.handle.members) for w in live
+                       if w.handle.lease is not None and w.name not in ending)
+            slow = st.slowdown(min(sum(len(w.handle.members) for w in live), busy + self.queue.queued(g.kinds)))
         if r.kind is Kind.TRAIN:  # a chunk of the update: `work.count` micro-batches of `work.data` GPU-seconds
             g.step_s = 0.0
-            part_s = r.work.data / (self.st.train_efficiency * (self.st.fleet_update_efficiency if worker.spot else 1.0))
+            part_s = r.work.data / st.fleet_update_efficiency  # an executor, on-demand or spot alike
             g.busy_s = r.work.count * part_s
-            self._push(g.start + -(-r.work.count // max(1, len(g.crew))) * part_s, _DONE, (worker.name, g.gen))
+            compute = -(-r.work.count // max(1, len(g.crew))) * part_s
+            self._push(g.start + (compute + st.train_request_overhead_s) * slow, _DONE, (worker.name, g.gen))
             return True
-        g.step_s = len(r.seeds) * g.step_s_per_sample
-        g.busy_s = len(r.seeds) * (self.st.denoise_steps * g.step_s_per_sample + self.st.reward_s_per_sample)
-        end = g.start + (self.st.denoise_steps - r.step) * g.step_s + len(r.seeds) * self.st.reward_s_per_sample
+        # A step is its compute, the worker's heartbeat and its share of the commits (one every
+        # `commit_every` steps, none after the last: the difference is settled at the end, with the
+        # pull and the completion; `StepTimes` overheads), so a notice is heeded at the step the
+        # live worker reaches.
+        g.step_s = (len(r.seeds) * g.step_s_per_sample + st.step_overhead_s
+                    + st.commit_overhead_s / self.commit_every) * slow
+        g.busy_s = len(r.seeds) * (st.denoise_steps * g.step_s_per_sample + st.reward_s_per_sample)
+        steps = st.denoise_steps - r.step
+        commits = (st.denoise_steps - 1) // self.commit_every - r.step // self.commit_every
+        end = g.start + steps * g.step_s + (len(r.seeds) * st.reward_s_per_sample + st.request_overhead_s
+                                            + (commits - steps / self.commit_every) * st.commit_overhead_s) * slow
         self._push(end, _DONE, (worker.name, g.gen))
         return True
 
@@ -264,8 +290,10 @@ class ModelledExecutor:
             if self.on_done is not None:
                 self.on_done(w, r)
         g.lease = None
+        if g.left is not None:
+            g.left -= 1
         # A live worker pulls on until the queue has nothing for it (the count spares a failed pull).
-        if g.retiring or not self.queue.queued(g.kinds) or not self._pull(w):
+        if g.retiring or g.left == 0 or not self.queue.queued(g.kinds) or not self._pull(w):
             self._served(w)
 
     def _give_back(self, name: str, gen: int) -> None:

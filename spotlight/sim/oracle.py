@@ -3,7 +3,7 @@
 Rollout and exploration are a fluid spread over every held GPU at the most efficient SP degree:
 nothing is lost to a preemption, no node waits to join, no request has a tail. The update with
 `fleet_update` is at the runtime's grain, as the policies': its requests on the crews of the nodes
-held when it starts (spot GPUs at `fleet_update_efficiency`), each gradient through the learner's
+held when it starts (every GPU at `fleet_update_efficiency`), each gradient through the learner's
 link (`spotlight.sim.crews`), the spot GPUs exploring once the compute is done; what a fleet of that
 grain cannot do faster is no scheduling loss, so the bound does not pretend it away. It does not run the
 fleet engine — there is no scheduling to do when the future is known — which is why it lives in a

@@ -6,12 +6,13 @@ the ones the provider offers that it does not rent), each a block of `block` GPU
 held, the iteration's modelled seconds are (`IterationModel.seconds`)
 
     T(s) = R / (G + s) + U(s) + F
-    U(s) = min(W / G, W / (G + e·s) + r)      the update on the fleet where that is sooner
+    U(s) = min(W / G, W / (e·(G + s)) + r)    the update on the fleet where that is sooner
     U(s) = W / G                              the update on the on-demand GPUs alone
 
 with R the rollout's GPU-seconds, W the update's (at the trainer's efficiency), G the on-demand GPUs,
-e a spot GPU's share of a trainer GPU's update rate, r the learner's gather-and-step and F the weight
-sync: r and F are the seconds no spot GPU shortens. The iteration costs (`RentalRule.iteration_usd`)
+e a fleet executor's update rate (any GPU: `fleet_update_efficiency`) over a trainer GPU's
+(`train_efficiency`), r what a round adds after the fleet's compute (the gather the compute does
+not hide, and the step) and F the weight sync: r and F are the seconds no spot GPU shortens. The iteration costs (`RentalRule.iteration_usd`)
 
     C(s) = (G·p_od + s·p_spot) · T(s)          dollars; prices per GPU-second
 
@@ -67,8 +68,8 @@ class IterationModel:
     """W: the update's work in seconds of one trainer GPU (its efficiency included)."""
     fixed_s: float
     """F: seconds of every iteration that no GPU shortens (the weight sync)."""
-    spot_update_efficiency: float = 1.0
-    """e: a spot GPU's rate on the update, as a fraction of a trainer GPU's."""
+    fleet_efficiency: float = 1.0
+    """e: a fleet executor's rate on the update (on-demand and spot GPUs alike), over a trainer GPU's."""
     update_round_s: float = 0.0
     """r: the learner's gather-and-step after an update on the fleet."""
     fleet_update: bool = False
@@ -79,15 +80,15 @@ class IterationModel:
             raise ValueError(f"ondemand_gpus: expected >= 1, got {self.ondemand_gpus}")
         if min(self.rollout_gpu_s, self.update_gpu_s, self.fixed_s, self.update_round_s) < 0:
             raise ValueError("rollout_gpu_s, update_gpu_s, fixed_s, update_round_s: expected >= 0")
-        if not 0 < self.spot_update_efficiency <= 1:
-            raise ValueError(f"spot_update_efficiency: expected in (0, 1], got {self.spot_update_efficiency}")
+        if not 0 < self.fleet_efficiency:
+            raise ValueError(f"fleet_efficiency: expected > 0, got {self.fleet_efficiency}")
 
     def update_s(self, spot_gpus: float) -> float:
         g, w = self.ondemand_gpus, self.update_gpu_s
         alone = w / g
         if not self.fleet_update or spot_gpus <= 0:
             return alone
-        return min(alone, w / (g + self.spot_update_efficiency * spot_gpus) + self.update_round_s)
+        return min(alone, w / (self.fleet_efficiency * (g + spot_gpus)) + self.update_round_s)
 
     def seconds(self, spot_gpus: float) -> float:
         """T(s): the iteration's seconds with `spot_gpus` spot GPUs held (a scalar, s >= 0)."""

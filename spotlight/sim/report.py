@@ -124,6 +124,90 @@ def table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _usd(x: float) -> str:
+    """Dollars as the tables print them: whole dollars from $100 on, cents below."""
+    return f"${x:,.0f}" if abs(x) >= 100 else f"${x:,.2f}"
+
+
+def price_range_table(result: dict[str, Any]) -> str | None:
+    """Every policy's dollars to the target at each row of `result["price_range"]` (its cost ratio
+    against `ondemand` in brackets where ondemand was simulated), one column per row, and under it
+    each row: provider, instance type, region, spot/on-demand ratio, prices, basis, source, date.
+    None when the range is the run's own row alone (the table above says it all)."""
+    pr = result.get("price_range")
+    if not pr or (len(pr["rows"]) == 1 and pr["rows"][0]["runs_own_row"]):
+        return None
+    rows = pr["rows"]
+    how = ("re-priced from each policy's on-demand and spot GPU-hours (no decision reads a price)"
+           if pr["how"] == "repriced" else f"each row simulated again: {pr['why_simulated']}")
+    lines = [f"dollars to the target over the price rows (--price-rows {pr['spec']}; typical constants; {how}):"]
+    head = ["policy"] + [f"[{i}] {r['ratio']:.2f}x" if r["ratio"] is not None else f"[{i}]"
+                         for i, r in enumerate(rows, 1)]
+    cells = [head]
+    for name, by_row in pr["policies"].items():
+        row_cells = [name]
+        for r in rows:
+            got = by_row[r["name"]]
+            if got["cost_usd"] is None:
+                row_cells.append("-")
+                continue
+            ratio = got.get("cost_ratio_vs_ondemand")
+            row_cells.append(_usd(got["cost_usd"]) + ("" if ratio is None else f" ({ratio:.2f}x)"))
+        cells.append(row_cells)
+    widths = [max(len(c[i]) for c in cells) for i in range(len(head))]
+    lines += ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
+              for row in cells]
+    for i, r in enumerate(rows, 1):
+        ratio = "" if r["ratio"] is None else f"spot {r['ratio']:.2f}x on-demand, "
+        lines.append(f"[{i}] {r['name']}: {ratio}${r['spot_usd_h']:,.2f} / ${r['ondemand_usd_h']:,.2f} per "
+                     f"{r['gpus']}-GPU node-hour; on-demand basis: {r['ondemand_basis']}; source: {r['source']}; "
+                     f"{r['date']}")
+    lines.append("(the cost ratio in brackets: the policy's dollars to the target / ondemand's at the same row)")
+    return "\n".join(lines)
+
+
+def _dollars_per_hour(x: float) -> str:
+    return f"{'-' if x < 0 else ''}${abs(x):,.2f}"
+
+
+def _spread(values: dict[str, float | None], what: str) -> str:
+    """"$4.10 to $8.00 over the constant sets" over the non-null values; "" with fewer than two."""
+    got = [v for v in values.values() if v is not None]
+    if len(got) < 2:
+        return ""
+    lo, hi = min(got), max(got)
+    span = _dollars_per_hour(lo) if f"{lo:.2f}" == f"{hi:.2f}" else f"{_dollars_per_hour(lo)} to {_dollars_per_hour(hi)}"
+    missing = len(values) - len(got)
+    return f"{span} over the {what}" + (f" ({missing} null)" if missing else "")
+
+
+def hour_saved_lines(result: dict[str, Any]) -> list[str]:
+    """One line per baseline of `result["price_of_an_hour_saved"]`: what an hour sooner costs at the
+    typical constants, with the spread over the constant sets and over the price rows, or why there
+    is none (not sooner, a target not reached); nothing for a baseline not simulated (`--json` says so)."""
+    h = result.get("price_of_an_hour_saved")
+    if not h or h.get("policy") is None:
+        return []
+    policy, lines = h["policy"], []
+    for key in (k for k in h if k.startswith("usd_per_hour_sooner_vs_")):
+        base = key[len("usd_per_hour_sooner_vs_"):]
+        values, why = h[key], h[f"why_null_vs_{base}"]
+        if values is None:  # not simulated: the user did not ask for it
+            continue
+        typical = values["by_constant_set"].get("typical")
+        spreads = [x for x in (_spread(values["by_constant_set"], "constant sets"),
+                               _spread(values["by_price_row"], "price rows")) if x]
+        tail = f" ({'; '.join(spreads)})" if spreads else ""
+        if typical is None:
+            lines.append(f"{policy} vs {base}: no price of an hour saved at the typical constants: "
+                         f"{why['by_constant_set'].get('typical', '')}{tail}")
+            continue
+        note = " (sooner and cheaper)" if typical < 0 else ""
+        lines.append(f"{policy}: {_dollars_per_hour(typical)} per hour sooner than {base}{note}, at the typical "
+                     f"constants and the run's prices{tail}")
+    return lines
+
+
 def plot_simulation(result: dict[str, Any], path: str | Path) -> Any:
     """What a buyer needs, one panel above the other on the hours of the runs (to the longest run's
     end, not the trace's): the modelled validation score with the target, the dollars spent so far

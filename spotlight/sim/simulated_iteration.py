@@ -3,8 +3,9 @@ simulate` on the fleet engine with the modelled executor (`spotlight.train.itera
 orders the phases and places the update, as it does for `spotlight train`, whose counterpart is
 `spotlight.train.training_iteration.TrainingIteration`).
 
-Modelled, not executed: the reward and the advantage take no time of their own (a request's
-modelled seconds include its samples' rewards, `StepTimes.reward_s_per_sample`); an evaluation is
+Modelled, not executed: the reward takes `StepTimes.reward_call_s` of its own (a request's modelled
+seconds include its samples' rewards, `StepTimes.reward_s_per_sample`), the advantage none; the
+first rollout starts after the fresh workers' warm-up (`StepTimes.worker_warmup_s`); an evaluation is
 its samples at degree 1 over the on-demand GPUs; a checkpoint is `checkpoint_s`; the metrics row
 is the progress model's bookkeeping, which `Simulation.run` does after the iteration.
 """
@@ -45,11 +46,16 @@ class SimulatedIteration:
     def rollout(self, it: int) -> None:
         sim, cfg = self.sim, self.sim.cfg
         start = sim.clock.now()
+        if it == 0 and sim.st.worker_warmup_s:  # every worker of the first fleet warms up at once
+            self._wait(sim.st.worker_warmup_s)
         sim.engine.rollout(requests_of(it, cfg.prompts, cfg.group_size, sim.samples_per_request), it)
         sim.rollout_s = sim.clock.now() - start
 
     def reward(self, it: int) -> None:
-        """In the rollout's modelled seconds (module docstring)."""
+        """In the rollout's modelled seconds (module docstring), besides the runtime's call that
+        scores the rollout (`StepTimes.reward_call_s`)."""
+        if self.sim.st.reward_call_s:
+            self._wait(self.sim.st.reward_call_s)
 
     def advantage(self, it: int) -> None:
         """Arithmetic on the rewards: no modelled time."""

@@ -200,7 +200,11 @@ class Simulation:
         """A request committed (the executor's hook). A gradient request's one gradient starts for
         the learner now, or when the gradients before it have arrived (one ingress link)."""
         if request.kind is Kind.TRAIN:
-            self.ingress_free = max(self.ingress_free, self.clock.now()) + self.st.gradient_transfer_s(worker.spot)
+            now = self.clock.now()
+            if self.ingress_free > now:  # behind others: the link's aggregate rate
+                self.ingress_free += self.st.gradient_transfer_s(worker.spot, queued=True)
+            else:
+                self.ingress_free = now + self.st.gradient_transfer_s(worker.spot)
 
     def _fleet_changed(self) -> None:
         spot = self.engine.spot_devices()
@@ -258,9 +262,12 @@ class Simulation:
 
     @property
     def learner_update_s(self) -> float:
-        """The update on the on-demand GPUs alone: `updates_per_step` rounds over every sample."""
+        """The update on the learner alone — data parallel over the on-demand GPUs, or
+        `cfg.learner_gpus` of them (a simulated run config: the runtime's one learner process) —
+        `updates_per_step` rounds over every sample."""
         cfg = self.cfg
-        return cfg.updates_per_step * self.st.train_s(cfg.resolution, cfg.prompts * cfg.group_size, self.ondemand_gpus)
+        gpus = self.ondemand_gpus if cfg.learner_gpus is None else min(cfg.learner_gpus, max(self.ondemand_gpus, 1))
+        return cfg.updates_per_step * self.st.train_s(cfg.resolution, cfg.prompts * cfg.group_size, gpus)
 
     def _update_on_fleet(self) -> bool:
         """What the spot GPUs do during this update, by its value for time to target (issue 16):
@@ -307,17 +314,18 @@ class Simulation:
 
     def _round_s(self, gather: bool = True, nodes: list[tuple[int, bool]] | None = None) -> float:
         """One round of the update on the fleet live now — or on `nodes`, (GPUs, spot) each — at the
-        runtime's grain: its requests on the nodes' crews, a spot GPU at `fleet_update_efficiency`,
+        runtime's grain: its requests on the nodes' crews, every GPU at `fleet_update_efficiency`,
         each gradient through the learner's link as its request completes, then the step
         (`spotlight.sim.crews.round_s`; a given `update_round_s` after the last request instead).
         `gather` False: the compute alone."""
         cfg, st = self.cfg, self.st
-        part_s = st.train_gpu_s(cfg.resolution, cfg.prompts * cfg.group_size) / st.gradient_parts / st.train_efficiency
+        part_s = st.train_gpu_s(cfg.resolution, cfg.prompts * cfg.group_size) / st.gradient_parts / st.fleet_update_efficiency
         given = not st.is_derived("update_round_s")
         if nodes is None:
             nodes = [(n.devices, n.spot) for n in self.engine.nodes.values() if n.alive and not n.noticed]
-        crew_nodes = [crews.CrewNode(gpus, part_s / st.fleet_update_efficiency if spot else part_s,
-                                     0.0 if given or not gather else st.gradient_transfer_s(spot))
+        crew_nodes = [crews.CrewNode(gpus, part_s,
+                                     *((0.0, 0.0) if given or not gather else
+                                       (st.gradient_transfer_s(spot), st.gradient_transfer_s(spot, queued=True))))
                       for gpus, spot in sorted(nodes, key=lambda n: n[1])]
         after = 0.0 if not gather else st.update_round_s if given else st.learner_step_s
         return crews.round_s(st.gradient_parts, st.parts_per_request, crew_nodes, after)
@@ -325,7 +333,7 @@ class Simulation:
     def _fleet_update(self, it: int) -> FleetUpdate:
         """The update as the live `train.update_on: fleet` runs it (`schedulers.update`), request for
         request: `updates_per_step` rounds of `gradient_parts` micro-batches in requests of
-        `parts_per_request`, each pulled by a node's crew (a spot GPU at `fleet_update_efficiency`);
+        `parts_per_request`, each pulled by a node's crew (every GPU at `fleet_update_efficiency`);
         each request's gradient then crosses the learner's ingress (`_done`), and the round ends
         when the last has arrived and the learner has stepped (`learner_step_s`) — or, with a given
         `update_round_s`, that long after its last request."""
@@ -431,6 +439,12 @@ class Simulation:
             "iterations_to_target": next((i for i, (t, s) in enumerate(progress) if s >= self.progress.target - 1e-12), None),
             "wall_h": end / 3600.0,
             "total_cost_usd": total_usd,
+            # What the meter billed, by kind (the timeline is the meter's fleet): the dollars at other
+            # prices without a re-run where no decision reads a price (`simulator.reprice`).
+            "ondemand_gpu_h": self.ondemand_gpus * end / 3600.0, "spot_gpu_h": (paid - self.ondemand_gpus * end) / 3600.0,
+            "ondemand_gpu_h_to_target": None if reached_at is None else self.ondemand_gpus * reached_at / 3600.0,
+            "spot_gpu_h_to_target": None if reached_at is None else
+            (self._paid_gpu_s(reached_at) - self.ondemand_gpus * reached_at) / 3600.0,
             "restarts": getattr(self, "restarts", 0),
             "requests_given_back": stats["requests_given_back"],
             "requests_requeued": stats["requests_requeued"],
@@ -481,7 +495,8 @@ class Simulation:
                 else [(self.block, True)] * spot_nodes)
         nodes = [(g, False)] + spot
         tail = cfg.updates_per_step * (self._round_s(nodes=nodes) - self._round_s(gather=False, nodes=nodes))
-        return IterationModel(g, samples * per_gpu_s, update_gpu_s, st.weight_sync_s, st.fleet_update_efficiency,
+        return IterationModel(g, samples * per_gpu_s, update_gpu_s, st.weight_sync_s,
+                              st.fleet_update_efficiency / st.train_efficiency,
                               tail, self.policy.fleet_update and self.fleet_refusal() is None)
 
     def _chooses_ondemand(self) -> bool:

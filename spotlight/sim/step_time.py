@@ -59,6 +59,8 @@ LIMITS: dict[str, tuple[float, float]] = {
     "gradient_parts": (1, 1_000_000), "parts_per_request": (1, 4096), "node_gbps": (1e-3, 1e6),
     "learner_gbps": (1e-3, 1e6), "cross_zone_factor": (1e-6, 1), "load_gbps": (1e-3, 1e6), "learner_step_s": (0, 86400),
     "activation_gib": (0, 1e4), "gpu_memory_gib": (1e-3, 1e4),
+    "step_overhead_s": (0, 3600), "commit_overhead_s": (0, 3600), "request_overhead_s": (0, 3600),
+    "train_request_overhead_s": (0, 3600), "host_cores": (0, 4096), "reward_call_s": (0, 86400), "worker_warmup_s": (0, 86400),
 }
 """[low, high] of every numeric field: counts bound the loops over SP degrees and steps, seconds
 are at most a day, efficiencies and the cross-zone factor are fractions (they divide), link speeds
@@ -142,10 +144,13 @@ class StepTimes:
     train_efficiency: float = 0.8
     """Data-parallel (FSDP) efficiency of the update over the trainer's GPUs."""
     fleet_update_efficiency: float = 0.8
-    """A spot executor's throughput on the update's micro-batches (`train.update_on: fleet`), as a
-    fraction of a trainer GPU's (`train_efficiency` applies to both): its compute only — the parts'
-    bytes to the learner are `update_round_s` — and the weights it reloads when it lacks a round's.
-    `spotlight bench update` measures it (docs/measurements.md)."""
+    """A fleet executor's throughput on the update's micro-batches (`train.update_on: fleet`), on-demand
+    and spot GPUs alike (the same hardware computing the same requests), as a fraction of one GPU's
+    measured rate (`train_flops_factor`): a request's dispatch, micro-batches smaller than the
+    measured pass, the weights it reloads when it lacks a round's. `train_efficiency` does not apply
+    to it: that is FSDP's data-parallel efficiency (its all-gathers and reduce-scatters), and the
+    fleet path does no FSDP — what it moves instead, one gradient per request, is modelled byte for
+    byte (`gradient_transfer_s`). `spotlight bench update` measures it on CPU (docs/measurements.md)."""
     update_round_s: float | None = None
     """What an update spread over the fleet adds per round besides the micro-batches, were nothing
     overlapped: the learner receiving one gradient per request, ceil(`gradient_parts` /
@@ -221,6 +226,44 @@ class StepTimes:
     qwen-image-full on an H100 is measured for the recipe's true CFG."""
     gpu_memory_gib: float | None = None
     """Override: memory per GPU in GiB (None: `GPU_MEMORY_GIB` of `gpu`)."""
+    # -- what a live runtime pays besides compute (docs/simulator-validation.md) ----------------------
+    # Each is 0 in every shipped profile: against a Qwen-Image step of 0.2-1.4 s a Ray actor round
+    # trip (~1-2 ms) is under 1% and was not measured on GPUs; on the tiny CPU model it is most of a
+    # request. `python -m experiments.validate_simulator` measures each on this machine and writes
+    # them as a step-time file (experiments/step_times/cpu-2core-tiny.yaml, each figure's source
+    # in a comment).
+    step_overhead_s: float = 0.0
+    """Seconds per denoising step a request computes, besides the step's compute: the worker's
+    heartbeat to the queue before each step (`RolloutWorker._stop`: one actor round trip on Ray),
+    0..3,600. Part of the step, so a notice is heeded and a death loses at that step's boundary."""
+    commit_overhead_s: float = 0.0
+    """Seconds per commit of a request's partial state (`queue.checkpoint`, every
+    `runtime.commit_every` steps before the last: one actor round trip carrying the state), 0..3,600;
+    spread over the request's steps in the model, as the live worker commits between them."""
+    request_overhead_s: float = 0.0
+    """Seconds per rollout or exploration request a worker computes, besides its steps, heartbeats
+    and commits: the pull, the completion carrying its result (the samples' trajectories), starting
+    and finishing its samples, 0..3,600."""
+    train_request_overhead_s: float = 0.0
+    """Seconds per `TRAIN` request besides its micro-batches: the pull, what the worker fetches to
+    compute it — the iteration's rollout from the object store (round 0) or the weights of the
+    round before (later rounds), merged or loaded (`RolloutWorker._update_inputs`) — the fold and
+    the completion carrying the gradient. The fetch is paid live once per worker and round, here
+    per request: the same while each worker computes one request a round (the validated run: 4
+    requests on 4 nodes), more otherwise. 0..3,600."""
+    host_cores: float = 0.0
+    """CPU devices only: the cores the devices of one host share, as measured (effective cores: the
+    work of k busy worker processes takes k / host_cores of one's time when k > host_cores). Every
+    request a worker starts is slowed by max(1, busy devices / host_cores), the busy devices counted
+    when it starts: those holding a request, plus one per request still queued, at most every live
+    device. 0: devices do not share cores (GPUs), no slow-down. 0..4,096."""
+    reward_call_s: float = 0.0
+    """Seconds of an iteration's reward phase besides `reward_s_per_sample` (which the workers' requests
+    carry): the live runtime scores the rollout in the reward actor after it, one call, 0..86,400."""
+    worker_warmup_s: float = 0.0
+    """Seconds a fresh worker's first request takes beyond the steady ones (its first forward, its
+    first calls to the queue actor), 0..86,400: waited before the first iteration's rollout (a
+    joining node's is part of its join time, `SimConfig.join_s`)."""
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -353,24 +396,30 @@ class StepTimes:
         """`update_round_s` from bytes over links (`transfers.gather_s`)."""
         return transfers.gather_s(self.ingress_bytes, self.learner_gbps, self.cross_zone_factor, self.learner_step_s)
 
-    def gradient_transfer_s(self, spot: bool) -> float:
-        """One request's gradient into the learner's node: across zones from a spot node, at the
-        link's full rate from an on-demand one (the learner's zone and placement group)."""
-        return transfers.transfer_s(self.part_bytes, self.learner_gbps, self.cross_zone_factor if spot else 1.0)
+    def gradient_transfer_s(self, spot: bool, queued: bool = False) -> float:
+        """One request's gradient into the learner's node: alone, across zones from a spot node (a
+        transfer is a handful of flows, each capped outside a placement group: `cross_zone_factor`)
+        and at the link's full rate from an on-demand one (the learner's zone and placement group);
+        `queued` behind others (several transfers at once), at the learner's full rate whatever the
+        zone — "traffic within the Region can utilize the full network bandwidth available to the
+        instance" (EC2 User Guide, "Amazon EC2 instance network bandwidth", multi-flow traffic)."""
+        factor = self.cross_zone_factor if spot and not queued else 1.0
+        return transfers.transfer_s(self.part_bytes, self.learner_gbps, factor)
 
     def round_tail_s(self, compute_s: float) -> float:
         """What a fleet update's round adds after `compute_s` seconds of the fleet's compute. A given
         `update_round_s` is that figure. Derived: every request's gradient reaches the learner as the
-        request completes, through its one ingress link, while others still compute (the runtime's
-        results travel at completion: `queue.complete`), so what is left is the last one's transfer,
-        or the ingress the compute could not hide, then the learner's step (`learner_step_s`). An
-        estimate for pricing a round (the rental rule, the update's placement, the oracle): the
-        simulation itself follows each request (`Simulation._fleet_update`), every transfer charged
-        across zones here (an upper bound)."""
+        request completes, through its ingress, while others still compute (the runtime's results
+        travel at completion: `queue.complete`), so what is left is the last one's transfer, or the
+        ingress the compute could not hide (the others at the link's aggregate rate,
+        `gradient_transfer_s`), then the learner's step (`learner_step_s`). An estimate for
+        pricing a round (the rental rule): the simulation itself follows each request
+        (`Simulation._done`), and the update's placement and the oracle price a round request by
+        request (`spotlight.sim.crews`)."""
         if not self.is_derived("update_round_s"):
             return self.update_round_s
-        one = self.gradient_transfer_s(spot=True)
-        return max(one, self.gradient_requests * one - compute_s) + self.learner_step_s
+        one, queued = self.gradient_transfer_s(spot=True), self.gradient_transfer_s(spot=True, queued=True)
+        return max(one, one + (self.gradient_requests - 1) * queued - compute_s) + self.learner_step_s
 
     @property
     def label(self) -> str:
@@ -414,6 +463,13 @@ class StepTimes:
     def train_s(self, resolution: int, samples: int, gpus: int) -> float:
         """The update on `samples` samples over the trainer's `gpus` GPUs."""
         return self.train_gpu_s(resolution, samples) / (max(gpus, 1) * self.train_efficiency)
+
+    def slowdown(self, busy_devices: float) -> float:
+        """How much slower each busy device computes with `busy_devices` busy on the host
+        (`host_cores`; 1 on GPUs, or while the busy devices fit the cores)."""
+        if not self.host_cores:
+            return 1.0
+        return max(1.0, busy_devices / self.host_cores)
 
 
 DERIVED = {"weight_sync_s": StepTimes.derived_weight_sync_s, "update_round_s": StepTimes.derived_update_round_s}

@@ -56,7 +56,10 @@ gets. ASSUMPTION: a spot fleet gathers capacity across zones and never shares th
 placement group, and AWS caps a TCP flow between instances at 5 Gbit/s outside one placement group
 against 10 Gbit/s inside (EC2 User Guide, "Amazon EC2 instance network bandwidth"); Ray moves an
 object between two nodes over a handful of flows, so half of what the same transfer gets inside a
-placement group. Cross-zone latency (~1 ms against ~0.1 ms inside one) costs TCP more of the same."""
+placement group. Cross-zone latency (~1 ms against ~0.1 ms inside one) costs TCP more of the same.
+It caps one transfer: several at once into the learner (a fleet update's gradients arriving
+together) share its full link — multi-flow traffic within a Region "can utilize the full network
+bandwidth available to the instance" (the same page) — `StepTimes.gradient_transfer_s(queued=True)`."""
 LOAD_GBPS = 200.0
 """Host memory to GPU when a worker loads published weights, in Gbit/s (25 GB/s). ASSUMPTION:
 PCIe Gen5 x16 carries 64 GB/s per direction (PCI-SIG); torch's copies from pageable memory reach
