@@ -589,7 +589,8 @@ class FleetEngine:
                 if not w.noticed:
                     self.counters["workers_lost"] += 1
                 self.queue.worker_lost(w.name)
-                for name in ev.nodes:
+                for name in ev.nodes:  # a node's death learned from its worker's: one of `kills` too
+                    self.counters["kills"] += self.nodes[name].alive
                     self.nodes[name].alive = False
                 if ev.nodes and self.on_fleet is not None:
                     self.on_fleet()

@@ -72,7 +72,16 @@ class Lease(NamedTuple):
 
 
 def _by_rank(kinds: Collection[Kind]) -> Collection[Kind]:
-    return kinds if len(kinds) == 1 else sorted(set(kinds), key=lambda k: k.rank)
+    if len(kinds) == 1:
+        return kinds
+    key = tuple(kinds)
+    ranked = _RANKED.get(key)
+    if ranked is None:  # a handful of distinct kind sets, each pulled a million times in a simulation
+        ranked = _RANKED[key] = tuple(sorted(set(kinds), key=lambda k: k.rank))
+    return ranked
+
+
+_RANKED: dict[tuple[Kind, ...], tuple[Kind, ...]] = {}
 
 
 class PullQueue:
@@ -351,10 +360,13 @@ class PullQueue:
         included); counted, not scanned."""
         with self._lock:
             self._expire()
-            if kinds is not None and len(kinds) == 1:
+            q = self._queued
+            if kinds is None:  # (no generator: the simulator asks this about once a request)
+                return q[Kind.ROLLOUT] + q[Kind.EXPLORATION] + q[Kind.TRAIN]
+            if len(kinds) == 1:
                 for k in kinds:
-                    return self._queued[k]
-            return sum(self._queued[k] for k in (Kind if kinds is None else kinds))
+                    return q[k]
+            return sum(q[k] for k in kinds)
 
     def completed(self, ids: Iterable[str]) -> list[str]:
         """Those of `ids` that are completed, in the order given."""

@@ -516,3 +516,38 @@ def test_node_crews_send_one_gradient_per_request_the_learners_own_sum(request, 
             assert all(torch.equal(grads[k], want_grads[k]) for k in grads), indices
     finally:
         fleet.close()
+
+
+def test_a_nodes_death_learned_from_its_workers_counts_as_a_kill_once() -> None:
+    """A live executor may learn of a node's death from a worker's failed call (`Died` with the node)
+    before the cluster's own view does; the engine counts it in `kills` then, and the cluster's later
+    `kill` of a node already gone changes nothing (the counters are the same however it was learned)."""
+    from schedulers.fleet import Died, Ready, Worker
+
+    class Stub:
+        def __init__(self) -> None:
+            self.events: list[Any] = []
+
+        def start(self, node: Node, spot: bool) -> list[Worker]:
+            w = Worker(f"{node.name}.{node.generation}", (node.name,), spot)
+            self.events.append(Ready(w))
+            return [w]
+
+        def changed(self, nodes: Any) -> None:
+            pass
+
+        def stop(self, worker: Worker, lost: bool) -> None:
+            pass
+
+        def wait(self, until: Any, pending: Any = ()) -> list[Any]:
+            events, self.events = self.events, []
+            return events
+
+    clock = ManualClock()
+    stub = Stub()
+    engine = FleetEngine(clock, PullQueue(clock, LEASE_S), stub, [Node("ondemand0", spot=False), Node("spot0", spot=True)])
+    engine.start()
+    stub.events.append(Died("spot0.1", ("spot0",)))
+    engine.settle()
+    assert engine.counters == {"notices": 0, "kills": 1, "workers_lost": 1}
+    assert not engine.nodes["spot0"].alive and list(engine.workers) == ["ondemand0.1"]

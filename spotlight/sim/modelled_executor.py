@@ -95,6 +95,8 @@ class ModelledExecutor:
         """Events for the engine, collected until `wait` returns them."""
         self.regroups = 0
         self.busy_gpu_s = 0.0
+        self._leasing: dict[Kind, dict[str, None]] = {kind: {} for kind in Kind}
+        """Per kind, the workers holding a request of it: what `cancelled` visits (not every worker)."""
 
     # ---- the executor interface -------------------------------------------------------------------
 
@@ -156,10 +158,17 @@ class ModelledExecutor:
             if committed > g.lease.step and self.elastic:  # a restarted job keeps no partial work
                 self.queue.checkpoint(worker.name, g.lease.id, None, committed)
         g.gen += 1
-        g.lease = None
+        self._unlease(worker)
         self._disband(g)
         g.lead = None
         self._drop(worker)
+
+    def _unlease(self, w: Worker) -> None:
+        """`w` holds its request no more."""
+        g: Group = w.handle
+        if g.lease is not None:
+            self._leasing[g.lease.kind].pop(w.name, None)
+            g.lease = None
 
     def _disband(self, g: Group) -> None:
         """`g` leads no crew any more: its members are free."""
@@ -170,8 +179,11 @@ class ModelledExecutor:
     def _served(self, w: Worker) -> None:
         """`w` stopped serving: it, and its crew where it leads one, are idle (the engine hears)."""
         g: Group = w.handle
-        self.out.extend(Served(m.name) for m in (g.crew or [w]) if m.name in self.workers)
-        self._disband(g)
+        if g.crew:
+            self.out.extend(Served(m.name) for m in g.crew if m.name in self.workers)
+            self._disband(g)
+        elif w.name in self.workers:
+            self.out.append(Served(w.name))
         g.left = None
 
     def changed(self, nodes: Collection[Node]) -> None:
@@ -189,12 +201,14 @@ class ModelledExecutor:
 
     def cancelled(self, kind: Kind) -> None:
         """Requests of `kind` in flight are dropped at once (live: at the next step boundary, <= 1 step later)."""
-        for name, w in list(self.workers.items()):
-            g: Group = w.handle
-            if g.lease is not None and g.lease.kind is kind:
-                g.gen += 1
-                g.lease = None
-                self.out.append(Served(name))
+        for name in list(self._leasing[kind]):
+            w = self.workers.get(name)
+            if w is None:  # dropped with its lease (a restart's regroup): nothing to tell
+                self._leasing[kind].pop(name, None)
+                continue
+            w.handle.gen += 1
+            self._unlease(w)
+            self.out.append(Served(name))
 
     def wait(self, until: float | None, pending: Any = ()) -> list[Any]:
         """Handle events before `until` (strictly: what the engine has due at `until` — a trace
@@ -212,6 +226,14 @@ class ModelledExecutor:
                 break
             else:
                 raise RuntimeError("the simulation has nothing left to happen but the phase is not done")
+        # What else happens at this same instant comes in the same report while nothing is queued:
+        # then the engine could dispatch nothing in between, so the order is the same (a fleet of
+        # thousands ends a wave of requests together: one turn of the engine instead of one each).
+        now = clock.now()
+        if heap and heap[0][0] <= now and not self.queue.queued():  # (a completion queues nothing)
+            while heap and heap[0][0] <= now and heap[0][2] == _DONE:
+                _, _, code, data = heapq.heappop(heap)
+                self._handle(code, data)
         out, self.out = self.out, []
         return out
 
@@ -228,6 +250,7 @@ class ModelledExecutor:
             return False
         r = leases[0].request
         g.lease, g.start, g.gen = r, self.clock.now(), g.gen + 1
+        self._leasing[r.kind][worker.name] = None
         st = self.st
         slow = 1.0
         if st.host_cores:  # CPU devices sharing the host's cores (`StepTimes.host_cores`; 0 on GPUs: skipped)
@@ -289,7 +312,7 @@ class ModelledExecutor:
             self.busy_gpu_s += len(g.members) * g.busy_s if r.kind is not Kind.TRAIN else g.busy_s
             if self.on_done is not None:
                 self.on_done(w, r)
-        g.lease = None
+        self._unlease(w)
         if g.left is not None:
             g.left -= 1
         # A live worker pulls on until the queue has nothing for it (the count spares a failed pull).
@@ -304,7 +327,7 @@ class ModelledExecutor:
         reached = self._reached(g)
         self.queue.heartbeat(name, {g.lease.id: reached})
         self.queue.give_back(name, g.lease.id, None, reached)
-        g.lease = None
+        self._unlease(w)
         self.out.append(Served(name, noticed=True))
 
     # ---- devices and groups -----------------------------------------------------------------------

@@ -25,7 +25,7 @@ from spotlight.sim.modelled_executor import ModelledExecutor, request_size
 from spotlight.sim.simulated_iteration import SimulatedIteration
 from spotlight.train.iteration_controller import IterationController
 from spotlight.sim.progress_model import ProgressModel, SeedRewards
-from spotlight.sim.rental import IterationModel, RentalRule, choose_ondemand, ondemand_candidates
+from spotlight.sim.rental import MODEL_TOLERANCE, IterationModel, RentalRule, choose_ondemand, ondemand_candidates
 from spotlight.sim.step_time import image_tokens, update_memory_refusal
 
 
@@ -482,10 +482,10 @@ class Simulation:
 
     def iteration_model(self, ondemand_gpus: int | None = None, spot_nodes: int | None = None) -> IterationModel:
         """The rental rule's T(s) for this run (with `ondemand_gpus` on-demand GPUs, None: those
-        held; its gather priced with `spot_nodes` spot nodes, None: those live): the rollout's work at the most efficient SP degree (as the oracle's fluid), the
-        update's at the trainer's efficiency (on the fleet where the policy does that and the fleet
-        can: `fleet_refusal`), what a round adds after its compute on the fleet live now (the
-        gather the compute does not hide, and the step: `_round_s`), the weight sync fixed."""
+        held; its gather priced with `spot_nodes` spot nodes, None: those live): the rollout's work
+        at the most efficient SP degree (as the oracle's fluid), the update's at the trainer's
+        efficiency, or on the fleet where the policy does that and the fleet can (`fleet_refusal`)
+        at the runtime's grain for each count of spot nodes (`_round_s`), the weight sync fixed."""
         cfg, st = self.cfg, self.st
         g = self.ondemand_gpus if ondemand_gpus is None else ondemand_gpus
         samples = cfg.prompts * cfg.group_size
@@ -495,9 +495,19 @@ class Simulation:
                 else [(self.block, True)] * spot_nodes)
         nodes = [(g, False)] + spot
         tail = cfg.updates_per_step * (self._round_s(nodes=nodes) - self._round_s(gather=False, nodes=nodes))
+        rounds: dict[int, float] = {}
+
+        def fleet_update_s(spot_gpus: float) -> float:
+            """The update on the fleet at the runtime's grain with that many spot GPUs, in nodes of
+            `block` (once per node count: the rule prices every count before each iteration)."""
+            n = round(spot_gpus / max(self.block, 1))
+            if n not in rounds:
+                rounds[n] = cfg.updates_per_step * self._round_s(nodes=[(g, False)] + [(self.block, True)] * n)
+            return rounds[n]
+
         return IterationModel(g, samples * per_gpu_s, update_gpu_s, st.weight_sync_s,
                               st.fleet_update_efficiency / st.train_efficiency,
-                              tail, self.policy.fleet_update and self.fleet_refusal() is None)
+                              tail, self.policy.fleet_update and self.fleet_refusal() is None, fleet_update_s)
 
     def _chooses_ondemand(self) -> bool:
         """Whether the objective chooses this run's on-demand GPUs (`rental.choose_ondemand`): a
@@ -513,7 +523,7 @@ class Simulation:
         cfg = self.cfg
         offered = sum(1 for e in self.trace.events if e.t_s == 0.0 and e.action == "add")
         rules = {g: RentalRule(cfg.objective, self.iteration_model(g, offered), max(self.block, 1), self.meter.ondemand_usd_h,
-                               self.meter.spot_usd_h, cfg.join_s) for g in ondemand_candidates(cfg.gpus)}
+                               self.meter.spot_usd_h, cfg.join_s, MODEL_TOLERANCE) for g in ondemand_candidates(cfg.gpus)}
         seconds_left = None if cfg.deadline_h is None else cfg.deadline_h * 3600.0
         g = choose_ondemand(cfg.objective, rules, offered, self.iterations_left(0), seconds_left)
         if g != self.ondemand_gpus:
@@ -547,7 +557,8 @@ class Simulation:
         r = self.renting
         if r is None:
             r = self.renting = Renting(RentalRule(cfg.objective, self.iteration_model(), self.block,
-                                                  self.meter.ondemand_usd_h, self.meter.spot_usd_h, cfg.join_s))
+                                                  self.meter.ondemand_usd_h, self.meter.spot_usd_h, cfg.join_s,
+                                                  MODEL_TOLERANCE))
             engine.admit = lambda node: len(self._held()) < r.wanted
         else:
             r.measured_s += now - r.since
