@@ -41,7 +41,9 @@ The on-demand GPUs are chosen too under `cost` and `deadline` (`choose_ondemand`
 first iteration: for each count G of `ondemand_candidates` (1, 2, 4, ... up to the run's `--gpus`) the
 rule above picks its spot nodes from those on offer then, and the objective picks the G whose
 iteration is cheapest (`deadline`: the cheapest whose forecast meets the deadline, else every GPU),
-the most GPUs within the rules' `tolerance` of it (a live run's: `MODEL_TOLERANCE`).
+exactly: the rules' `tolerance` corrects a bias of the model on spot fleets, and applied to the
+on-demand count it would hold every GPU whenever no spot is on offer at the start (on-demand GPUs
+alone cost about the same at every count) — no cost choice at all.
 Once, because on-demand capacity does not come and go as spot does, and a live run holds the
 on-demand workers its config names (`runtime.ondemand_workers`): the simulator answers which count
 to write there. `time` keeps `--gpus`.
@@ -56,7 +58,7 @@ iteration is the cheapest run to the target.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 OBJECTIVES = ("time", "cost", "deadline")
 """What the spot nodes held are chosen for: the soonest run, the cheapest, or the cheapest in time."""
@@ -216,12 +218,18 @@ def choose_ondemand(objective: str, rules: dict[int, RentalRule], offered: int, 
     most = max(rules)
     if objective == "time":
         return most
+    # Each count at its cheapest spot choice and exactly the cheapest count (ties to the most GPUs:
+    # sooner), not within the rules' `tolerance`: that corrects the model's bias on spot fleets
+    # (tails, the grain on few GPUs) once a count is held, and on-demand GPUs alone cost about the
+    # same at every count (C(G) = p (R + W + G F)), so a tolerance here would hold all of them
+    # whenever no spot is on offer at the start: no cost choice at all.
     options = {}
     for g, rule in rules.items():
-        n = rule.nodes(offered, offered, horizon, seconds_left)
-        options[g] = (rule.model.seconds(n * rule.block), rule.iteration_usd(n * rule.block))
+        exact = replace(rule, tolerance=0.0)
+        n = exact.nodes(offered, offered, horizon, seconds_left)
+        options[g] = (exact.model.seconds(n * exact.block), exact.iteration_usd(n * exact.block))
     fits = [g for g in rules if seconds_left is None or horizon * options[g][0] <= seconds_left]
     if not fits:
         return most
     least = min(options[g][1] for g in fits)
-    return max(g for g in fits if options[g][1] <= least * (1 + rules[g].tolerance))
+    return max(g for g in fits if options[g][1] <= least)
