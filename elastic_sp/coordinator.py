@@ -532,8 +532,13 @@ class Coordinator:
 
     def _replan(self) -> None:
         self._replan_at = None
-        alive = {m: self.members[m].node for m in self.ready_members()}
-        current = list(self.groups.values())
+        # A draining group (a member noticed mid-request) is not the plan's: it gives its request
+        # back at its next commit and dissolves itself (`_on_committed`). Planned, it would count
+        # as broken (its retiring member is not ready) and be dissolved now, its request re-queued
+        # as if lost instead of given back; its other members stay out of new groups until then.
+        draining = {m for g in self.groups.values() if g.draining for m in g.members}
+        alive = {m: self.members[m].node for m in self.ready_members() if m not in draining}
+        current = [g for g in self.groups.values() if not g.draining]
         busy = {i for i, g in enumerate(current) if g.lease is not None or g.phase is GroupPhase.FORMING}
         plan = regroup([g.members for g in current], busy, alive, self.spec.seq_len, self.spec.heads,
                        self.step_time, pending=self.queue.stats()["queued"],

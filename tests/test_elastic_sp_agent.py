@@ -139,6 +139,10 @@ def test_retire_with_notice_gives_the_request_back_at_a_step_boundary(source_wei
         coord.plan()
         coord.run_until(lambda: any(e.kind == "committed" and e.data["step"] == 2 for e in coord.events), 120)
         coord.retire("m1")
+        # A re-plan before the group's next commit (another node's death does one) leaves the
+        # draining group to give its request back; it used to dissolve it, re-queueing the
+        # request as if lost (requests_requeued 1, requests_given_back 0).
+        coord.plan()
         coord.run_until(lambda: queue.is_done(["r"]), 120, "the request after the notice")
         stats = queue.stats()
         assert stats["requests_given_back"] == 1 and stats["requests_requeued"] == 0
