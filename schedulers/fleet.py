@@ -345,6 +345,17 @@ class ReplayClock:
         return self._since + replay_s / self.speedup - self._banked
 
 
+def partial_crew_pays(size: int, per_request: int, waiting: int, full: int) -> bool:
+    """Whether a crew of `size` < `per_request` GPUs should take one of `waiting` gradient requests
+    while `full` crews of `per_request` GPUs could: it computes one in ceil(per_request / size)
+    request times, the full crews clear the waiting ones in ceil(waiting / full) — it takes one
+    only where that is no later (a crew of one GPU taking a round's last request from eight-GPU
+    crews made the round ~60% longer in the simulator: tests/test_node_crews.py). Where no full
+    crew exists, every crew takes what it can. The engine's rule, and the simulator's pricing of
+    a round (`spotlight.sim.crews`)."""
+    return full == 0 or -(-waiting // full) >= -(-per_request // size)
+
+
 class FleetEngine:
     """See the module docstring. Cheap to construct; `start()` brings the first fleet up."""
 
@@ -643,7 +654,7 @@ class FleetEngine:
         """Every idle worker (on-demand ones first) serves its kinds — `kinds` on a spot worker,
         `ondemand_kinds` on an on-demand one — while there is work of them to pull: gradient work
         (`Kind.TRAIN`) first, by crews of at most `crew_size` of a node's idle workers (`_crews`;
-        a smaller crew one request at a time, and only where it pays: `_partial_crew_pays`), then
+        a smaller crew one request at a time, and only where it pays: `partial_crew_pays`), then
         the other kinds by whichever workers are left (no exploration while gradient work waits:
         the queue would give them none)."""
         for spot, ks in ((False, ondemand_kinds), (True, kinds)):
@@ -657,7 +668,7 @@ class FleetEngine:
                     partial = len(crew) < crew_size
                     if partial:
                         full = self._full_crews(crew_size) if full is None else full
-                        if not self._partial_crew_pays(len(crew), crew_size, waiting, full):
+                        if not partial_crew_pays(len(crew), crew_size, waiting, full):
                             continue
                     if not self.executor.serve_crew(crew, version, 1 if partial else None):
                         break  # the gradient work is all taken: the rest may serve other kinds
@@ -677,16 +688,6 @@ class FleetEngine:
                     return
                 del idle[name]
                 w.phase = WorkerPhase.SERVING
-
-    @staticmethod
-    def _partial_crew_pays(size: int, per_request: int, waiting: int, full: int) -> bool:
-        """Whether a crew of `size` < `per_request` GPUs should take one of `waiting` gradient
-        requests while `full` crews of `per_request` GPUs could: it computes one in
-        ceil(per_request / size) request times, the full crews clear the waiting ones in
-        ceil(waiting / full) — it takes one only where that is no later (a crew of one GPU taking a
-        round's last request from eight-GPU crews made the round ~60% longer in the simulator:
-        tests/test_node_crews.py). Where no full crew exists, every crew takes what it can."""
-        return full == 0 or -(-waiting // full) >= -(-per_request // size)
 
     def _full_crews(self, size: int) -> int:
         """Crews of `size` the live, unnoticed nodes' workers can form (busy ones included: they come

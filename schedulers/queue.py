@@ -361,8 +361,8 @@ class PullQueue:
         with self._lock:
             self._expire()
             q = self._queued
-            if kinds is None:  # (no generator: the simulator asks this about once a request)
-                return q[Kind.ROLLOUT] + q[Kind.EXPLORATION] + q[Kind.TRAIN]
+            if kinds is None:  # (no generator over `Kind`: the simulator asks this about once a request)
+                return sum(q.values())
             if len(kinds) == 1:
                 for k in kinds:
                     return q[k]

@@ -9,7 +9,7 @@ micro-batches: `spotlight.runtime.rollout_worker.shares`), every GPU at `fleet_u
 The requests go, in order, to whichever crew is free first, the on-demand crews first at the start
 (the engine dispatches them first): list scheduling, which is what pulling is — a crew smaller
 than k only where the full crews would not clear the waiting requests sooner
-(`FleetEngine._partial_crew_pays`). Each request's one
+(`schedulers.fleet.partial_crew_pays`). Each request's one
 gradient then takes the learner's link in the order they complete — alone at one transfer's rate,
 behind others at the link's aggregate (`StepTimes.gradient_transfer_s`) — and the learner steps
 after the last (`learner_step_s`).
@@ -25,7 +25,7 @@ import heapq
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from schedulers.fleet import FleetEngine
+from schedulers.fleet import partial_crew_pays
 from schedulers.update import chunks
 
 
@@ -64,12 +64,20 @@ def round_s(parts: int, per_request: int, nodes: Iterable[CrewNode], step_s: flo
     for i, r in enumerate(requests):
         while True:  # a smaller crew takes one only where no full crew would sooner (the engine's rule)
             t, order, size, node = heapq.heappop(free)
-            if size == per_request or FleetEngine._partial_crew_pays(size, per_request, len(requests) - i, full):
+            if size == per_request or partial_crew_pays(size, per_request, len(requests) - i, full):
                 break
         t += -(-len(r) // size) * node.part_s
         done.append((t, node))
         heapq.heappush(free, (t, order, size, node))
     link = 0.0
     for t, node in sorted(done, key=lambda d: d[0]):
-        link = link + node.queued_transfer_s if link > t else t + node.transfer_s
+        link = arrival(link, t, node.transfer_s, node.queued_transfer_s)
     return link + step_s
+
+
+def arrival(link_free: float, done_at: float, alone_s: float, queued_s: float) -> float:
+    """When the gradient of a request done at `done_at` is in at the learner, its ingress busy until
+    `link_free`: behind others, `queued_s` after them (the link's aggregate rate); else alone,
+    `alone_s` after the request is done (one transfer's rate). The simulation's link
+    (`Simulation._done`) and a round's price (`round_s`) alike."""
+    return link_free + queued_s if link_free > done_at else done_at + alone_s

@@ -39,9 +39,9 @@ while p_spot < p_od·R / (R + (G + 1)·K) (tests/test_rental.py checks both).
 
 The on-demand GPUs are chosen too under `cost` and `deadline` (`choose_ondemand`), once, before the
 first iteration: for each count G of `ondemand_candidates` (1, 2, 4, ... up to the run's `--gpus`) the
-rule above picks its spot nodes from those on offer then, and the objective picks the G whose
-iteration is cheapest (`deadline`: the cheapest whose forecast meets the deadline, else every GPU),
-exactly: the rules' `tolerance` corrects a bias of the model on spot fleets, and applied to the
+rule above, exact (tolerance 0), picks its spot nodes from those on offer then, and the objective
+picks the G whose iteration is cheapest (`deadline`: the cheapest whose forecast meets the deadline,
+else every GPU), exactly: the rules' `tolerance` corrects a bias of the model on spot fleets, and applied to the
 on-demand count it would hold every GPU whenever no spot is on offer at the start (on-demand GPUs
 alone cost about the same at every count) — no cost choice at all.
 Once, because on-demand capacity does not come and go as spot does, and a live run holds the
@@ -58,7 +58,7 @@ iteration is the cheapest run to the target.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 OBJECTIVES = ("time", "cost", "deadline")
 """What the spot nodes held are chosen for: the soonest run, the cheapest, or the cheapest in time."""
@@ -211,25 +211,22 @@ def ondemand_candidates(most: int) -> list[int]:
 def choose_ondemand(objective: str, rules: dict[int, RentalRule], offered: int, horizon: float = 1.0,
                     seconds_left: float | None = None) -> int:
     """The on-demand GPUs to hold (a key of `rules`: count -> the rental rule with that many) with
-    `offered` spot nodes on offer, each count's spot nodes chosen by its rule (module docstring).
+    `offered` spot nodes on offer, each count's spot nodes chosen by its rule (module docstring; a
+    simulation prices the counts with exact rules, tolerance 0: each at its cheapest).
     `time` (or no choice that meets a deadline): the most."""
     if objective not in OBJECTIVES:
         raise ValueError(f"objective: expected one of {', '.join(OBJECTIVES)}, got {objective!r}")
     most = max(rules)
     if objective == "time":
         return most
-    # Each count at its cheapest spot choice and exactly the cheapest count (ties to the most GPUs:
-    # sooner), not within the rules' `tolerance`: that corrects the model's bias on spot fleets
-    # (tails, the grain on few GPUs) once a count is held, and on-demand GPUs alone cost about the
-    # same at every count (C(G) = p (R + W + G F)), so a tolerance here would hold all of them
-    # whenever no spot is on offer at the start: no cost choice at all.
     options = {}
     for g, rule in rules.items():
-        exact = replace(rule, tolerance=0.0)
-        n = exact.nodes(offered, offered, horizon, seconds_left)
-        options[g] = (exact.model.seconds(n * exact.block), exact.iteration_usd(n * exact.block))
+        n = rule.nodes(offered, offered, horizon, seconds_left)
+        options[g] = (rule.model.seconds(n * rule.block), rule.iteration_usd(n * rule.block))
     fits = [g for g in rules if seconds_left is None or horizon * options[g][0] <= seconds_left]
     if not fits:
         return most
-    least = min(options[g][1] for g in fits)
-    return max(g for g in fits if options[g][1] <= least)
+    # Exactly the cheapest count (ties to the most GPUs: sooner), never within a tolerance: on-demand
+    # GPUs alone cost about the same at every count (C(G) = p (R + W + G F)), so a tolerance here
+    # would hold all of them whenever no spot is on offer at the start: no cost choice at all.
+    return min(fits, key=lambda g: (options[g][1], -g))

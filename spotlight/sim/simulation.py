@@ -200,11 +200,9 @@ class Simulation:
         """A request committed (the executor's hook). A gradient request's one gradient starts for
         the learner now, or when the gradients before it have arrived (one ingress link)."""
         if request.kind is Kind.TRAIN:
-            now = self.clock.now()
-            if self.ingress_free > now:  # behind others: the link's aggregate rate
-                self.ingress_free += self.st.gradient_transfer_s(worker.spot, queued=True)
-            else:
-                self.ingress_free = now + self.st.gradient_transfer_s(worker.spot)
+            st = self.st
+            self.ingress_free = crews.arrival(self.ingress_free, self.clock.now(), st.gradient_transfer_s(worker.spot),
+                                              st.gradient_transfer_s(worker.spot, queued=True))
 
     def _fleet_changed(self) -> None:
         spot = self.engine.spot_devices()
@@ -522,8 +520,10 @@ class Simulation:
             return
         cfg = self.cfg
         offered = sum(1 for e in self.trace.events if e.t_s == 0.0 and e.action == "add")
+        # Exact rules (no `MODEL_TOLERANCE`): each count priced at its cheapest spot choice; the live
+        # rule's tolerance then picks the spot nodes of the count held (`_rent`).
         rules = {g: RentalRule(cfg.objective, self.iteration_model(g, offered), max(self.block, 1), self.meter.ondemand_usd_h,
-                               self.meter.spot_usd_h, cfg.join_s, MODEL_TOLERANCE) for g in ondemand_candidates(cfg.gpus)}
+                               self.meter.spot_usd_h, cfg.join_s) for g in ondemand_candidates(cfg.gpus)}
         seconds_left = None if cfg.deadline_h is None else cfg.deadline_h * 3600.0
         g = choose_ondemand(cfg.objective, rules, offered, self.iterations_left(0), seconds_left)
         if g != self.ondemand_gpus:

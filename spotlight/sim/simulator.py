@@ -200,10 +200,7 @@ def simulate(cfg: SimConfig, trace: Trace, policies: list[str] | None = None,
     for constant_set in sorted(assumptions.sets(constants), key=lambda s: s != "typical"):  # typical first
         at = assumptions.apply(constant_set, cfg)
         label = "" if constant_set == "typical" else f" ({constant_set})"
-        runs[constant_set] = compare({
-            name: make_simulation(at, POLICIES[name], trace, progress, (od, spot), None if on_iteration is None else
-                                  lambda it, name=name, label=label: on_iteration(name + label, it)).run()
-            for name in names})
+        runs[constant_set] = _run_policies(at, names, trace, progress, (od, spot), on_iteration, label)
     price_range = _price_range(cfg, trace, progress, names, runs["typical"], scenarios, row, price_rows, on_iteration)
     return {
         "policies": runs["typical"],
@@ -222,6 +219,17 @@ def simulate(cfg: SimConfig, trace: Trace, policies: list[str] | None = None,
         "price_of_an_hour_saved": _hour_saved(names, {s: runs[s] for s in assumptions.SETS if s in runs},
                                               price_range["runs"]),
     }
+
+
+def _run_policies(cfg: SimConfig, names: list[str], trace: Trace, progress: ProgressModel,
+                  prices: tuple[float, float], on_iteration: Callable[[str, int], None] | None,
+                  label: str) -> dict[str, dict[str, Any]]:
+    """Every policy of `names` simulated at `cfg` and `prices`, compared (`compare`); the progress
+    callback hears each as "NAME" + `label`."""
+    return compare({
+        name: make_simulation(cfg, POLICIES[name], trace, progress, prices, None if on_iteration is None else
+                              lambda it, name=name: on_iteration(name + label, it)).run()
+        for name in names})
 
 
 PRICE_RANGE_FIELDS = ("time_to_target_h", "cost_usd", "total_cost_usd", "cost_ratio_vs_ondemand") + tuple(
@@ -250,10 +258,7 @@ def _price_range(cfg: SimConfig, trace: Trace, progress: ProgressModel, names: l
         elif why is None:
             runs[sc.name] = compare({n: {**r, **reprice(r, od, spot)} for n, r in typical.items()})
         else:
-            label = f" [{sc.name}]"
-            runs[sc.name] = compare({
-                n: make_simulation(at, POLICIES[n], trace, progress, (od, spot), None if on_iteration is None else
-                                   lambda it, n=n: on_iteration(n + label, it)).run() for n in names})
+            runs[sc.name] = _run_policies(at, names, trace, progress, (od, spot), on_iteration, f" [{sc.name}]")
     return {"spec": spec, "constants": "typical", "how": "repriced" if why is None else "simulated",
             "why_simulated": why, "rows": [{**sc.to_dict(), "runs_own_row": own[sc.name]} for sc in scenarios],
             "policies": {n: {row: {k: res[n][k] for k in PRICE_RANGE_FIELDS if k in res[n]}
