@@ -701,18 +701,6 @@ def step_times_yaml(m: Measured, when: str, machine: str) -> str:
 # ---- 2. the live run ------------------------------------------------------------------------------
 
 
-def _drain(address: str, node_id: str, deadline_ms: int) -> None:
-    """A preemption notice as a cloud integration gives it to Ray: the node is drained."""
-    import ray
-    from ray.core.generated import autoscaler_pb2
-
-    gcs = ray._raylet.GcsClient(address=address)
-    accepted, why = gcs.drain_node(node_id, autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_PREEMPTION"),
-                                   "spot interruption (trace replay)", deadline_ms)
-    if not accepted:
-        raise RuntimeError(f"Ray refused to drain node {node_id}: {why}")
-
-
 class Player:
     """Plays `actions` (`cluster_actions`) on the cluster from `start()` on, in a thread: slot k is
     `nodes[k]`; an add starts a fresh spot node for its slot. `done` lists what was played when."""
@@ -748,7 +736,7 @@ class Player:
                 kill_at = next((b.at_s for b in self.actions if b.slot == a.slot and b.action == "kill"
                                 and b.at_s >= a.at_s), a.at_s)
                 if node_id is not None:
-                    _drain(self.cluster.address, node_id, int((time.time() + kill_at - a.at_s) * 1000))
+                    self.cluster.drain(node_id, int((time.time() + kill_at - a.at_s) * 1000), "spot interruption (trace replay)")
             elif a.action == "kill" and node is not None:
                 self.cluster.kill(node)
                 self.nodes[a.slot] = None

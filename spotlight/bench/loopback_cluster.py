@@ -15,6 +15,7 @@ machine; `close()` stops what this started.
     with LoopbackCluster(auth="disabled") as cluster:
         cluster.add_node({"spot": 2})
         ... spotlight train with runtime.address = cluster.address ...
+        cluster.drain(node_id, deadline_ms)   # a notice, as a cloud integration gives it to Ray
         cluster.kill(node)
 """
 
@@ -147,6 +148,18 @@ class LoopbackCluster:
     def kill(self, node: ClusterNode) -> None:
         """SIGKILL everything of `node` (a preemption without notice): `kill_tree`."""
         kill_tree(node.process)
+
+    def drain(self, node_id: str, deadline_ms: int, message: str = "spot interruption") -> None:
+        """A preemption notice as a cloud integration gives it to Ray: node `node_id` (Ray's id) is
+        drained for preemption until `deadline_ms` (epoch milliseconds); a refusal raises."""
+        import ray
+        from ray.core.generated import autoscaler_pb2
+
+        gcs = ray._raylet.GcsClient(address=self.address)
+        accepted, why = gcs.drain_node(node_id, autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_PREEMPTION"),
+                                       message, deadline_ms)
+        if not accepted:
+            raise RuntimeError(f"Ray refused to drain node {node_id}: {why}")
 
     def close(self) -> None:
         """SIGKILL every node this started (a graceful `ray start` shutdown takes ~15 s a node)."""
