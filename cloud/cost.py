@@ -39,7 +39,7 @@ a fleet change (a switch to on-demand, lost spot workers)."""
 PRIOR_FACTOR = 4.0
 """Before any iteration is measured, the forecast is the a-priori lower bound x 4. The bound is
 2.8-3.8x under the tiny iterations measured here (6.9x for the tests' smallest LLM run;
-`spotlight.train.iteration_time`), so x 4 is about one real iteration: a budget that can barely pay for the
+`spotlight.iteration.iteration_time`), so x 4 is about one real iteration: a budget that can barely pay for the
 first iteration may still be overrun by it. From the second iteration on, forecasts are measured."""
 
 

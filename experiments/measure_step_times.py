@@ -237,7 +237,7 @@ def simulator_gpu(name: str) -> str:
     """The step-time `gpu` field for a device name: the simulator's GPU it names ("NVIDIA H100 80GB
     HBM3" -> "H100", "NVIDIA A100-SXM4-80GB" -> "A100-80GB"), so that its memory and prices apply;
     the name itself where it names none."""
-    from spotlight.train.iteration_time import PEAK_BF16_FLOPS
+    from spotlight.iteration.iteration_time import PEAK_BF16_FLOPS
 
     words = set(re.split(r"[^A-Za-z0-9]+", name.upper()))
     known = [k for k in PEAK_BF16_FLOPS if set(k.upper().split("-")) <= words]

@@ -246,7 +246,7 @@ class Queue(Protocol):
 
 
 class Session(Protocol):
-    """One phase's exploration rounds (`spotlight.train.exploration.ExplorationSession`)."""
+    """One phase's exploration rounds (`spotlight.iteration.exploration.ExplorationSession`)."""
 
     critical_path: bool
     samples: int

@@ -10,7 +10,7 @@ Only seconds are measured here. The other use of the spot workers' time during a
 update — exploring the next iteration's seeds — can be priced against them only with a model of
 progress: the simulator has one and passes its priced choice as `prefer` (docs/simulator.md, "What
 the spot GPUs do during an update"); a live run has none and goes by its measured seconds. The one
-rule is used by both through `spotlight.train.iteration_controller`.
+rule is used by both through `spotlight.iteration.iteration_controller`.
 """
 
 from __future__ import annotations

@@ -50,7 +50,7 @@ from pathlib import Path
 from cloud.store import StoreError
 from spotlight.config import ConfigError, RunConfig, default_config, load_config, to_yaml
 from schedulers.input_file import InputError, error_line, short
-from spotlight.sim.report import plural
+from spotlight.text import plural
 
 BENCH_LIMITS = {"repeats": (1, 1000), "iterations": (1, 1000), "world": (2, 16), "heads": (1, 64),
                 "nodes": (1, 8), "devices": (2, 8), "executors": (1, 16)}
@@ -433,7 +433,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def _kept(out: Path, cfg: RunConfig) -> str:
     """What an interrupted `train` leaves for a re-run with the same --out: its newest checkpoint."""
-    from spotlight.train import checkpoint
+    from spotlight.checkpoints import checkpoint
 
     newest = checkpoint.latest(out / "checkpoints")
     if newest is None:
@@ -639,7 +639,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     plot = _plot_file(args.plot) if args.plot else None
     if args.config:
         return _simulate_run(args)
-    from spotlight.train.iteration_time import PEAK_BF16_FLOPS
+    from spotlight.iteration.iteration_time import PEAK_BF16_FLOPS
     from spotlight.sim.simulator import POLICIES, SimConfig, gpu_prices, price_rows_of, simulate
     from spotlight.sim.report import hour_saved_lines, plot_simulation, price_range_table, table
     from spotlight.sim.step_time import StepTimes, notice_s_for, trace_provider

@@ -566,7 +566,7 @@ class TrainConfig:
     """Iterations between checkpoints (the last iteration is always checkpointed); 1..1,000,000."""
     micro_batch: int = 64
     """Samples per forward pass in rollout and update, 1..65,536: bounds memory; the results differ only
-    by float rounding, so it may change when a run resumes (`spotlight.train.resume_identity.NEUTRAL`)."""
+    by float rounding, so it may change when a run resumes (`spotlight.checkpoints.resume_identity.NEUTRAL`)."""
     eval_prompts: int = 0
     """Prompts of a fixed evaluation set scored at the start of every iteration (0: no evaluation), 0..65,536.
     `eval_reward` is the policy's mean reward on fixed prompts and seeds, unbiased by how an
@@ -600,7 +600,7 @@ class TrainConfig:
     learner), and the learner folds the chunk sums in chunk order. The learner alone sums in the
     same tree, so `update_on` still changes no bit; k changes only float rounding (none at all
     where P <= k: one chunk is the plain fold), like `micro_batch`, so it may change when a run
-    resumes (`spotlight.train.resume_identity.NEUTRAL`). Default 8: the GPUs of an 8-GPU node
+    resumes (`spotlight.checkpoints.resume_identity.NEUTRAL`). Default 8: the GPUs of an 8-GPU node
     (p4d/p5, a2/a3), so a node of the usual size computes a request in one micro-batch's time.
     docs/training.md."""
 

@@ -33,7 +33,7 @@ from cloud.open_store import open_store
 from cloud.rendezvous import DONE_KEY, HEAD_KEY, MAX_RECORD_BYTES
 from cloud.store import ChecksumMismatch, MissingKey, Store, StoreError, check_key, get_json
 from schedulers.input_file import ConfigError
-from spotlight.sim.report import plural
+from spotlight.text import plural
 from spotlight.train.checkpoint_sync import CheckpointSync, step_dir
 from spotlight.train import run_files
 from spotlight.train.results_sync import (MANIFEST, MAX_MANIFEST_BYTES, MAX_STATUS_BYTES, RESERVED, RESULTS, STATUS,

@@ -29,7 +29,7 @@ from schedulers.clock import ManualClock
 from schedulers.input_file import ConfigError
 from spotlight.rl.prompts import prompt_set
 from spotlight.run_results import ResultsError, run_status
-from spotlight.train import checkpoint
+from spotlight.checkpoints import checkpoint
 from spotlight.train.inflight import InflightStore
 from spotlight.train.results_sync import MANIFEST, STATUS, ResultsSync
 from spotlight.train.trainer import Trainer

@@ -26,7 +26,7 @@ import torch
 from conftest import small_llm_config
 from planted_pickle import Payload, pickled, torch_saved
 from s3_server import s3, s3_server  # noqa: F401 (fixtures)
-from spotlight.train import checkpoint
+from spotlight.checkpoints import checkpoint
 from spotlight.runtime.learner import NonFiniteUpdate
 from spotlight.train.trainer import Trainer
 from test_cloud_store import final_weights

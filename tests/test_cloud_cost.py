@@ -10,7 +10,7 @@ import torch
 
 from cloud.cost import (BudgetPolicy, CostControl, CostMeter, DeadlinePolicy, Fleet, Forecast, PRIOR_FACTOR,
                         STOP_SLACK_S, Spent, load_spent, save_spent)
-from spotlight.train.iteration_time import iteration_seconds_lower_bound
+from spotlight.iteration.iteration_time import iteration_seconds_lower_bound
 from cloud.prices import COLUMNS, OPTIONAL_COLUMNS, PriceError, PriceTable, refresh_from_aws
 from schedulers.clock import ManualClock
 from spotlight.cli import main
@@ -301,7 +301,7 @@ def test_a_budget_below_one_iteration_is_rejected_before_anything_starts():
 
 
 def test_lower_bound_is_below_the_tiny_runs_measured_here():
-    # measured on this project's 2-core machine (spotlight/train/iteration_time.py): tiny DiT 1.1 s, small DiT
+    # measured on this project's 2-core machine (spotlight/iteration/iteration_time.py): tiny DiT 1.1 s, small DiT
     # 0.09 s, tiny LLM 0.25 s per iteration
     from spotlight.config import load_config
 

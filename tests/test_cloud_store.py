@@ -22,7 +22,7 @@ from cloud.open_store import open_store
 from conftest import small_dit_config
 from s3_server import fault_proxy, s3, s3_server  # noqa: F401 (fixtures)
 from schedulers.clock import ManualClock, WallClock
-from spotlight.train import checkpoint
+from spotlight.checkpoints import checkpoint
 from spotlight.train.checkpoint_sync import MANIFEST, CheckpointSync
 from spotlight.cli import main
 from spotlight.config import ConfigError, to_yaml

@@ -109,7 +109,7 @@ def _documented(heading: str) -> list[str]:
 
 
 def _placeholders(labels: tuple[str, ...]) -> dict[str, str]:
-    from spotlight.train.iteration_controller import PHASES
+    from spotlight.iteration.iteration_controller import PHASES
 
     return {"label": "|".join(map(re.escape, labels)), "phase": "|".join(map(re.escape, PHASES)),
             "w": "[0-9]+", "node": "[^.]+"}

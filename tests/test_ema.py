@@ -26,7 +26,7 @@ from spotlight.rl.grpo import group_advantages
 from spotlight.rl.lora import trained_state
 from spotlight.rl.prompts import prompt_set
 from spotlight.runtime.local import LocalRuntime
-from spotlight.train import checkpoint
+from spotlight.checkpoints import checkpoint
 from spotlight.train.trainer import Trainer
 
 DECAY = 0.5  # large steps: a few updates move the average visibly away from the weights

@@ -12,7 +12,7 @@ from schedulers.clock import ManualClock
 from schedulers.queue import PullQueue, Status
 from schedulers.request import Kind, Request
 from spotlight.rl.dit_policy import DiTPolicy
-from spotlight.train.exploration import Explorer
+from spotlight.iteration.exploration import Explorer
 from spotlight.rl.prompts import Prompt, prompt_set
 from spotlight.runtime.rollout_worker import RolloutWorker
 from spotlight.train.trainer import Trainer

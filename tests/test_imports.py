@@ -3,7 +3,11 @@ included — a lazy import is still a dependency):
 - imports point down: `schedulers/`, `planners/`, `cloud/` and `elastic_sp/` never import `spotlight/`
   (each owns the config section it reads, or takes plain values; `spotlight.config.RunConfig`
   composes the sections);
-- no two modules depend on each other, directly or through others (no import cycles).
+- no two modules depend on each other, directly or through others (no import cycles);
+- inside `spotlight/`, no two packages (or top-level modules) depend on each other either: the floors
+  stand on each other one way only — `config`, `text`, `waiting`, `rl` at the bottom; `iteration`
+  and `checkpoints` on them; `runtime` and `sim` next; `train` on `runtime`; `run_results`, `bench`
+  and `cli` at the top (`FLOORS`, checked by `test_spotlight_floors_point_down`).
 """
 
 from __future__ import annotations
@@ -54,8 +58,8 @@ def test_lower_packages_never_import_spotlight():
     assert not upward, "imports must point down:\n" + "\n".join(upward)
 
 
-def test_no_import_cycles():
-    graph = _graph()
+def _sccs(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The groups of nodes of `graph` that depend on each other (strongly connected, more than one)."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -83,7 +87,47 @@ def test_no_import_cycles():
     for v in sorted(graph):
         if v not in index:
             visit(v)
-    assert not cycles, f"modules that depend on each other: {cycles}"
+    return cycles
+
+
+def test_no_import_cycles():
+    assert not (cycles := _sccs(_graph())), f"modules that depend on each other: {cycles}"
+
+
+def _floor_of(module: str) -> str | None:
+    """`spotlight.train.trainer` -> `train`; `spotlight.cli` -> `cli`; None outside spotlight/."""
+    parts = module.split(".")
+    return parts[1] if parts[0] == "spotlight" and len(parts) > 1 else None
+
+
+FLOORS = {"config": 0, "text": 0, "waiting": 0, "install_torch": 0, "rl": 1, "memory_estimate": 1,
+          "launch_config": 1, "fleet_node": 1, "iteration": 2, "checkpoints": 2, "runtime": 3, "sim": 3,
+          "train": 4, "run_results": 5, "bench": 5, "cli": 6}
+"""Each package (or top-level module) of `spotlight/` and its floor: it may import its own floor's
+others only if that makes no cycle, and any lower floor; never a higher one."""
+
+
+def _package_graph() -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {}
+    for module, deps in _graph().items():
+        if (floor := _floor_of(module)) is None:
+            continue
+        graph.setdefault(floor, set()).update(f for d in deps if (f := _floor_of(d)) not in (None, floor))
+    return graph
+
+
+def test_spotlight_packages_do_not_depend_on_each_other():
+    """Package level, as `test_no_import_cycles` checks modules: `train` importing `runtime` while
+    `runtime` imports `train` is a cycle even when no two modules form one."""
+    assert not (cycles := _sccs(_package_graph())), f"packages of spotlight/ that depend on each other: {cycles}"
+
+
+def test_spotlight_floors_point_down():
+    graph = _package_graph()
+    assert set(graph) == set(FLOORS), f"give each package of spotlight/ a floor in FLOORS: {sorted(set(graph) ^ set(FLOORS))}"
+    upward = sorted(f"{p} (floor {FLOORS[p]}) imports {d} (floor {FLOORS[d]})"
+                    for p, deps in graph.items() for d in deps if FLOORS[d] > FLOORS[p])
+    assert not upward, "imports inside spotlight/ must point down:\n" + "\n".join(upward)
 
 
 def test_the_check_sees_what_it_should():
@@ -92,3 +136,6 @@ def test_the_check_sees_what_it_should():
     assert "schedulers.queue" in graph["schedulers.fleet"] or "schedulers.request" in graph["schedulers.fleet"]
     assert "spotlight.config" in graph["spotlight.cli"]
     assert "spotlight.sim.simulator" in graph["spotlight.cli"]  # imported inside cmd_simulate
+    # a cycle of two packages is found, and so is an import up a floor
+    assert _sccs({"train": {"runtime"}, "runtime": {"train"}, "sim": set()}) == [["runtime", "train"]]
+    assert "runtime" in _package_graph()["train"]

@@ -1,4 +1,4 @@
-"""The iteration is sequenced once (`spotlight.train.iteration_controller`): `spotlight train` and
+"""The iteration is sequenced once (`spotlight.iteration.iteration_controller`): `spotlight train` and
 `spotlight simulate` run the same phases in the same order and place every update alike, and a
 config training refuses is refused by simulation with the same line."""
 
@@ -11,7 +11,7 @@ from schedulers.clock import ManualClock
 from schedulers.update_placement import UpdatePlacement
 from spotlight import cli
 from spotlight.config import to_yaml
-from spotlight.train.iteration_controller import PHASES, IterationController
+from spotlight.iteration.iteration_controller import PHASES, IterationController
 
 TRACE = "t_s,nodes\n0,1\n"
 """A counts trace with one spot node all along (the local runtime has no spot worker anyway)."""

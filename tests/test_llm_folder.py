@@ -225,7 +225,7 @@ def test_a_folder_with_tied_embeddings_warm_starts_and_checkpoints(tmp_path):
     start and writes checkpoints (safetensors refuses tensors that share storage: `lora.storable`
     copies the tied one), and the cached warm start loads back tied and equal."""
     from spotlight.rl.warm_start import apply_warm_start
-    from spotlight.train import checkpoint
+    from spotlight.checkpoints import checkpoint
     from tiny_lm_folder import save_tiny_lm
 
     folder = save_tiny_lm(tmp_path / "tied", tie_word_embeddings=True)

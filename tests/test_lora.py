@@ -139,7 +139,7 @@ def test_lora_config_is_checked():
 def test_the_model_card_names_the_base_reward_iterations_loading_and_config():
     import yaml
 
-    from spotlight.train.model_card import model_card
+    from spotlight.checkpoints.model_card import model_card
 
     cfg = small_llm_config(policy={**LORA, "llm": {"pretrained_path": "/models/Qwen2.5-0.5B"}})
     card = model_card(cfg, 7)

@@ -19,8 +19,8 @@ import torch
 from cloud.codec import read_file, write_file
 from conftest import small_llm_config
 from schedulers.input_file import ConfigError
-from spotlight.train import checkpoint
-from spotlight.train.checkpoint import sha256_of
+from spotlight.checkpoints import checkpoint
+from spotlight.checkpoints.checkpoint import sha256_of
 from spotlight.train.trainer import Trainer
 from test_cloud_store import final_weights
 
@@ -87,7 +87,7 @@ def test_a_changed_micro_batch_resumes_and_ends_the_same_every_time(run, tmp_pat
 def test_parts_per_request_may_change_on_resume_and_checkpoints_from_before_it_still_fit(run):
     """train.parts_per_request is NEUTRAL (another summation tree: float rounding only), so a
     checkpoint written before the setting existed has this run's identity at any value of it."""
-    from spotlight.train.resume_identity import _digest, _result_determining, differences, mismatch
+    from spotlight.checkpoints.resume_identity import _digest, _result_determining, differences, mismatch
 
     cfg = _cfg()
     before = cfg.to_dict()

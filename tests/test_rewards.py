@@ -310,7 +310,7 @@ def test_train_stops_with_one_line_and_exit_2_when_a_reward_fails_and_keeps_the_
 
     from spotlight import cli
     from spotlight.config import to_yaml
-    from spotlight.train import checkpoint
+    from spotlight.checkpoints import checkpoint
 
     _write(tmp_path, "nan_later.py", """
         calls = []

@@ -18,7 +18,8 @@ import torch
 
 from cloud.store import LocalStore
 from spotlight.run_results import ResultsError, read_manifest
-from spotlight.train import checkpoint, run_files
+from spotlight.checkpoints import checkpoint
+from spotlight.train import run_files
 from spotlight.train.checkpoint_sync import CheckpointSync, checkpoint_files
 from spotlight.train.results_sync import ResultsSync, result_files
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from spotlight.train import checkpoint
+from spotlight.checkpoints import checkpoint
 from spotlight.config import ConfigError, to_yaml
 from spotlight.train.trainer import Trainer, summarize
 

@@ -16,7 +16,7 @@ from spotlight.sim import transfers
 from spotlight.sim.step_time import (GPU_MEMORY_GIB, PROFILES, Derived, StepTimes, notice_s_for, trace_provider,
                                      update_memory_refusal)
 from spotlight.sim.transfers import DiTShape
-from spotlight.train.iteration_time import PEAK_BF16_FLOPS
+from spotlight.iteration.iteration_time import PEAK_BF16_FLOPS
 
 from conftest import small_dit_config
 

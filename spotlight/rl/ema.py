@@ -3,7 +3,7 @@
 After every optimiser step, `ema = decay * ema + (1 - decay) * param`, tensor by tensor, over
 `spotlight.rl.lora.trained_state` (every weight, or the adapters alone with LoRA). The learner
 keeps it (`spotlight.runtime.learner.Learner.ema`); evaluation samples with it and `final/` holds
-it (`swapped_in`); checkpoints carry it (`ema.safetensors`, `spotlight.train.checkpoint`).
+it (`swapped_in`); checkpoints carry it (`ema.safetensors`, `spotlight.checkpoints.checkpoint`).
 
 Invariants:
 - The average is kept in float32 whatever the model's dtype (a bfloat16 average has 8 bits of

@@ -27,8 +27,8 @@ from typing import Any
 
 import torch
 
-from spotlight.train import checkpoint
-from spotlight.train.model_card import write_model_card
+from spotlight.checkpoints import checkpoint
+from spotlight.checkpoints.model_card import write_model_card
 from spotlight.config import RunConfig
 from schedulers.request import Request
 from spotlight.rl.ema import ema_init, ema_update_, swapped_in
@@ -38,7 +38,7 @@ from spotlight.rl.policy import Policy, Rollout
 from spotlight.rl.prompts import Prompt
 from spotlight.rl.prompt_file import run_prompts
 from spotlight.rl.warm_start import apply_warm_start
-from spotlight.train.resume_identity import identity, mismatch
+from spotlight.checkpoints.resume_identity import identity, mismatch
 
 
 class NonFiniteUpdate(RuntimeError):

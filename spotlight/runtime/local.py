@@ -34,7 +34,7 @@ from spotlight.rl.rewards import RewardWorker, Scores
 from spotlight.runtime.rollout_worker import LocalCrewMember, RolloutWorker
 
 if TYPE_CHECKING:
-    from spotlight.train.exploration import ExplorationSession
+    from spotlight.iteration.exploration import ExplorationSession
 
 
 Progress = Callable[[dict[str, Any], dict[str, tuple[int, Any]]], None]
@@ -88,7 +88,7 @@ class Runtime(Protocol):
                exploration: "ExplorationSession | None" = None, on_fleet: bool = False) -> dict[str, float]:
         """One learner update, its gradient computed by the learner alone or, `on_fleet`, by the
         workers through the queue (`schedulers.update`; the controller decides:
-        `spotlight.train.iteration_controller`). With `exploration`, the workers idle meanwhile run
+        `spotlight.iteration.iteration_controller`). With `exploration`, the workers idle meanwhile run
         its requests with the weights they hold. The new weights go out with `publish`."""
         ...
 

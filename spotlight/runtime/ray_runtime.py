@@ -40,7 +40,7 @@ from schedulers.queue_actor import QueueActor, QueueClient
 from schedulers.request import Kind, Request
 from schedulers.update import FleetUpdate
 from spotlight.config import ConfigError, RunConfig
-from spotlight.train.exploration import ExplorationSession
+from spotlight.iteration.exploration import ExplorationSession
 from spotlight.runtime.learner import Learner
 from spotlight.rl.policy import Rollout
 from spotlight.rl.rewards import RewardError, RewardWorker, Scores, split_parts
@@ -48,7 +48,7 @@ from spotlight.runtime.rollout_worker import CrewMemberLost, RolloutWorker
 from spotlight.runtime import ray_cluster
 from spotlight.runtime.local import Progress, gradient_split, scheduler_stats
 from spotlight.runtime.ray_fleet import ClusterFleet, placement
-from spotlight.sim.report import plural
+from spotlight.text import plural
 from spotlight.waiting import waiting
 from schedulers.traces import ReplayAction
 

@@ -6,9 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-def plural(count: int, noun: str, many: str | None = None) -> str:
-    """`count` and its noun, in the plural unless it is 1: "1 iteration", "2 iterations"."""
-    return f"{count} {noun if count == 1 else many or noun + 's'}"
+from spotlight.text import plural
 
 
 COLUMNS = (("time_to_target_h", "hours to target", "{:.2f}"), ("cost_usd", "cost $", "{:,.0f}"),

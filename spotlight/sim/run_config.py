@@ -33,8 +33,8 @@ from spotlight.config import ConfigError, RunConfig
 from spotlight.sim.config import Policy, SimConfig
 from spotlight.sim.progress_model import ProgressModel
 from spotlight.sim.step_time import StepTimes
-from spotlight.train.iteration_controller import IterationController
-from spotlight.train.iteration_time import checkpoint_seconds_estimate
+from spotlight.iteration.iteration_controller import IterationController
+from spotlight.iteration.iteration_time import checkpoint_seconds_estimate
 
 POLICY = "config"
 """The name the simulated run config's result goes under in `policies`."""

@@ -1,5 +1,5 @@
 """What each phase of an iteration does in the simulator: the `IterationWork` of `spotlight
-simulate` on the fleet engine with the modelled executor (`spotlight.train.iteration_controller`
+simulate` on the fleet engine with the modelled executor (`spotlight.iteration.iteration_controller`
 orders the phases and places the update, as it does for `spotlight train`, whose counterpart is
 `spotlight.train.training_iteration.TrainingIteration`).
 

@@ -23,7 +23,7 @@ from spotlight.sim.config import Policy, SimConfig
 from schedulers.update_placement import UpdatePlacement, fleet_update_refusal
 from spotlight.sim.modelled_executor import ModelledExecutor, request_size
 from spotlight.sim.simulated_iteration import SimulatedIteration
-from spotlight.train.iteration_controller import IterationController
+from spotlight.iteration.iteration_controller import IterationController
 from spotlight.sim.progress_model import ProgressModel, SeedRewards
 from spotlight.sim.rental import MODEL_TOLERANCE, IterationModel, RentalRule, choose_ondemand, ondemand_candidates
 from spotlight.sim.step_time import image_tokens, update_memory_refusal
@@ -129,7 +129,7 @@ class Simulation:
         self.rewards = SeedRewards(progress, cfg.group_size, cfg.seed)
         self.plan_prompts = max(d for d in range(1, min(cfg.plan_prompts, cfg.prompts) + 1) if cfg.prompts % d == 0)
         self.copies = cfg.prompts // self.plan_prompts
-        # the live defaults (config.exploration.round_samples and optimism, chunk G/2: spotlight/train/exploration.py)
+        # the live defaults (config.exploration.round_samples and optimism, chunk G/2: spotlight/iteration/exploration.py)
         self.planner = make_planner(cfg.planner, **({"round_samples": 64, "chunk": max(1, cfg.group_size // 2),
                                                      "seed": cfg.seed} if cfg.planner == "bandit" else {}))
         self.block = spot_block(cfg, trace) if policy.spot else 0
@@ -229,7 +229,7 @@ class Simulation:
 
     def _iteration(self, it: int, explored: dict[int, int], train_s: float) -> dict[int, int] | None:
         """One iteration on the engine, sequenced by the controller a training run uses
-        (`spotlight.train.iteration_controller`, the phases in `SimulatedIteration`); returns what
+        (`spotlight.iteration.iteration_controller`, the phases in `SimulatedIteration`); returns what
         was explored for the next one (None: the iteration was interrupted and must run again —
         only the restart baseline does that)."""
         work = SimulatedIteration(self, explored)

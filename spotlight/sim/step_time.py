@@ -5,7 +5,7 @@ The denoising step's dependence on the sequence length and the SP degree is the 
 own model, `elastic_sp.regroup_policy.UlyssesStepTime` (compute split over the group plus the
 Ulysses all-to-alls), with its compute fitted to the step times measured on an H100
 (`H100_STEP_TIME`, docs/measurements.md) and scaled to other GPUs by their dense bf16 peak
-(`spotlight.train.iteration_time.PEAK_BF16_FLOPS`). The transfers — the weight sync and
+(`spotlight.iteration.iteration_time.PEAK_BF16_FLOPS`). The transfers — the weight sync and
 the learner's gather of the fleet's gradient parts — are bytes over links
 (`spotlight.sim.transfers`): derived from the model's shape, the LoRA rank and the link fields
 unless a figure is given. Everything else is a per-sample or fixed cost documented field by field
@@ -24,7 +24,7 @@ Profiles (`PROFILES`):
   (docs/measurements.md).
 
 Every field is finite and in a documented range (`LIMITS`); the GPU must be one the FLOP table
-knows (`spotlight.train.iteration_time.PEAK_BF16_FLOPS`), or any name when `denoise_step_s` gives a measured
+knows (`spotlight.iteration.iteration_time.PEAK_BF16_FLOPS`), or any name when `denoise_step_s` gives a measured
 figure (no FLOP scaling is used then) — an unknown GPU is refused, not silently modelled as an H100.
 
 Derived fields (`DERIVED`: `weight_sync_s`, `update_round_s`): None, or left out of a file, means
@@ -41,7 +41,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from spotlight.train.iteration_time import PEAK_BF16_FLOPS
+from spotlight.iteration.iteration_time import PEAK_BF16_FLOPS
 from elastic_sp.regroup_policy import MeasuredStepTime, UlyssesStepTime
 from spotlight.config import ConfigError, from_dict
 from spotlight.sim import transfers

@@ -1,2 +1,3 @@
-"""The controller: the iteration loop (`trainer`), seed exploration's planning side (`exploration`),
-checkpoints and their copies in a store, the running rollout's committed state, and the run's cost control."""
+"""The live run: the trainer's loop (`trainer`), the run folder's jobs (lock, store copies of
+checkpoints and results, the running rollout's committed state) and the run's cost control. It stands
+on `spotlight.runtime` (who executes the phases) and `spotlight.iteration` (their order)."""

@@ -17,11 +17,11 @@ Invariants:
 - The manifest is written last, after every file it names. A stored checkpoint is complete when
   its manifest parses, names only files a run folder holds (the checkpoint's own, the explorer
   state of that step, files directly in the run folder), every file has the listed size and
-  checksum, and the checkpoint verifies as `spotlight.train.checkpoint` reads it (its own manifest, every
+  checksum, and the checkpoint verifies as `spotlight.checkpoints.checkpoint` reads it (its own manifest, every
   file decodes — data only, nothing is unpickled); anything else (a push cut short, a truncated,
   altered or planted object) is never resumed from — `pull` logs why and tries the next older one.
 - A pull installs into the run folder only verified files, and the checkpoint folder last (by
-  rename, as `spotlight.train.checkpoint` writes its own): an interrupted pull leaves no folder that
+  rename, as `spotlight.checkpoints.checkpoint` writes its own): an interrupted pull leaves no folder that
   `checkpoint.latest` would take.
 - After a push the store keeps the newest `keep` complete checkpoints; an older one loses its
   manifest before its files, so it is never seen half-deleted.
@@ -37,8 +37,9 @@ from pathlib import Path
 from typing import Any
 
 from cloud.store import ChecksumMismatch, MissingKey, Store, StoreError, check_key, get_json
-from spotlight.train import checkpoint, run_files
-from spotlight.train.checkpoint import sha256_of
+from spotlight.checkpoints import checkpoint
+from spotlight.train import run_files
+from spotlight.checkpoints.checkpoint import sha256_of
 
 MANIFEST = "MANIFEST.json"
 STEP_DIR = "step-{:06d}"

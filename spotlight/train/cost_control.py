@@ -1,6 +1,6 @@
 """A run config's fleet and cost control: what `cloud.cost` meters and decides, composed from the
 run config's `runtime` and `cloud` sections and the a-priori iteration time of its workload
-(`spotlight.train.iteration_time`). `cloud/` takes these as values; this module reads the run config."""
+(`spotlight.iteration.iteration_time`). `cloud/` takes these as values; this module reads the run config."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from cloud.prices import PriceTable
 from schedulers.clock import Clock
 from schedulers.input_file import ConfigError
 from spotlight.config import RunConfig
-from spotlight.train.iteration_time import checkpoint_seconds_estimate, iteration_seconds_lower_bound
+from spotlight.iteration.iteration_time import checkpoint_seconds_estimate, iteration_seconds_lower_bound
 
 
 def fleet_of(cfg: RunConfig, ondemand_workers: bool = False) -> Fleet:
@@ -46,7 +46,7 @@ def cost_control(cfg: RunConfig, clock: Clock, spent: Spent | None = None, table
     `cloud.prices`, else the shipped one) x `cloud.price_scale`, with a budget and a deadline when
     `cfg.cloud` sets them. The meter starts now, with what earlier sessions spent on it. A budget
     whose remainder cannot pay for their last start-up plus one iteration at the a-priori lower
-    bound (`spotlight.train.iteration_time`) is a ConfigError."""
+    bound (`spotlight.iteration.iteration_time`) is a ConfigError."""
     c, spent = cfg.cloud, spent if spent is not None else Spent()
     table = table if table is not None else PriceTable.load(c.prices)
     try:

@@ -16,7 +16,7 @@ ends, and results/status.json says where the run stands after every iteration
 (`spotlight.train.results_sync`; read back by `spotlight status` and `spotlight pull`).
 
 With `exploration.enabled`, an `Explorer` picks each iteration's prompts and seeds from what idle
-workers explored with the previous weights during the previous train phase (`spotlight.train.exploration`).
+workers explored with the previous weights during the previous train phase (`spotlight.iteration.exploration`).
 
 Outputs under DIR: metrics.jsonl (one row per iteration), summary.json, config.yaml, tb/
 (TensorBoard scalars), checkpoints/, explorer/ (the planner state each checkpoint resumes with),
@@ -47,15 +47,15 @@ from cloud.store import Store, StoreError
 from cloud.open_store import open_store
 from schedulers.clock import WallClock
 from schedulers.request import Kind, Request
-from spotlight.train import checkpoint
+from spotlight.checkpoints import checkpoint
 from spotlight.train.checkpoint_sync import CheckpointSync
 from spotlight.train.results_sync import ResultsSync, fleet_counts, status_record
-from spotlight.train.resume_identity import differences, mismatch
+from spotlight.checkpoints.resume_identity import differences, mismatch
 from spotlight.train.run_lock import LOCK, RunLock
 from spotlight.config import ConfigError, RunConfig, load_config, to_yaml
 from spotlight.train.eval_samples import write_evaluation
-from spotlight.train.exploration import Explorer
-from spotlight.train.iteration_controller import IterationController
+from spotlight.iteration.exploration import Explorer
+from spotlight.iteration.iteration_controller import IterationController
 from spotlight.train.training_iteration import TrainingIteration
 from spotlight.rl.policy import Rollout
 from spotlight.train.inflight import InflightStore
@@ -64,7 +64,7 @@ from spotlight.rl.rewards import RewardError
 from spotlight.rl.prompt_file import evaluation_prompts, prompt_metadata, run_prompts
 from spotlight.rl.prompts import draw_prompts
 from spotlight.runtime.local import LocalRuntime, Runtime
-from spotlight.sim.report import plural
+from spotlight.text import plural
 from spotlight.waiting import waiting
 from spotlight.rl.warm_start import apply_warm_start, cache_path
 

@@ -1,5 +1,5 @@
 """What each phase of a training iteration does on a runtime: the `IterationWork` of
-`spotlight train` (`spotlight.train.iteration_controller` orders the phases and places the
+`spotlight train` (`spotlight.iteration.iteration_controller` orders the phases and places the
 update; the simulator's counterpart is `spotlight.sim.simulated_iteration.SimulatedIteration`).
 
 State passes from phase to phase on the object: the requests, the rollout's results as the runtime

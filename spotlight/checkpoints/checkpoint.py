@@ -66,7 +66,7 @@ class CheckpointError(ValueError):
 
 
 class CheckpointMismatch(CheckpointError):
-    """A sound checkpoint of another run (`spotlight.train.resume_identity`: another config, seed or
+    """A sound checkpoint of another run (`spotlight.checkpoints.resume_identity`: another config, seed or
     model shapes): refused, and never set aside — it is someone's work, not damage."""
 
 
