@@ -362,7 +362,7 @@ class FleetEngine:
     def __init__(self, clock: Clock, queue: Queue, executor: Executor, nodes: Sequence[Node],
                  actions: Sequence[FleetAction] = (), speedup: float = 1.0,
                  replay_phases: Collection[str] = ("rollout",), spot_devices: int = 1,
-                 poll_s: float | None = None) -> None:
+                 poll_s: float | None = None, on_fleet: Callable[[], None] | None = None) -> None:
         self.clock, self.queue, self.executor = clock, queue, executor
         self.nodes: dict[str, Node] = {n.name: n for n in nodes}
         self.spot_devices_per_node = spot_devices
@@ -378,8 +378,8 @@ class FleetEngine:
         """Idle workers, on-demand (False) and spot (True), in the order they became idle."""
         self.counters = {"notices": 0, "kills": 0, "workers_lost": 0}
         self.rate = ExplorationRate()
-        self.on_fleet: Callable[[], None] | None = None
-        """Called after the live fleet changed (the cost meter follows it)."""
+        self.on_fleet = on_fleet
+        """Called after the live fleet changed (the cost meter follows it); None: nobody is told."""
         self.spot_allowed = True
         """False once the run fell back to on-demand (`use_ondemand`): no spot node joins again."""
         self.sources: list[FleetSource] = []
@@ -855,6 +855,31 @@ class FleetEngine:
             return {**exploration_stats(session, seconds), "time_publish_wait_s": 0.0}
         # How long the new weights waited for exploration after the update was done.
         return {**exploration_stats(session, seconds), "time_publish_wait_s": self.clock.now() - updated}
+
+    def update(self, start: Callable[[], Pending], version: int, session: Session | None = None,
+               score: Callable[[list[Request]], Any] | None = None,
+               serial: bool = False) -> tuple[Pending, dict[str, float]]:
+        """The learner's update at weight `version` — `start()` starts it and returns what to wait
+        on — with idle workers exploring `session` meanwhile (`explore`): explore-during-update,
+        written once for both runtimes and the simulator. Returns the update's `Pending` (its stats
+        are the caller's to read) and the exploration's stats. `serial`: an executor with no idle
+        worker (the local runtime's one in-process worker) explores first instead, a `train_time`
+        budget lasting as long as the last update took, and starts the update after (a fleet
+        update queues its requests when it starts: they must not wait behind exploration). The
+        update's seconds are measured for the next budget (`rate`)."""
+        if session is not None and not serial:
+            update = start()
+            return update, self.explore(session, score, version, update=update)
+        explored: dict[str, float] = {}
+        if session is not None:
+            rate = self.rate
+            until = self.clock.now() + rate.update_s if session.time_bounded and rate.update_s else None
+            explored = self.explore(session, score, version, until=until)
+        begun = self.clock.now()
+        update = start()
+        self.wait(update, version)
+        self.rate.update_s = self.clock.now() - begun
+        return update, explored
 
     def wait(self, pending: Pending, version: int = 0) -> None:
         """Wait for `pending` (the learner's update) while the fleet lives on: notices, deaths

@@ -402,14 +402,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from spotlight.runtime.learner import NonFiniteUpdate
     from spotlight.train.trainer import make_runtime
 
-    runtime = make_runtime(cfg, log)
-    if trace is not None:
-        from schedulers.traces import replay_schedule
-
-        runtime.actions = replay_schedule(trace, cfg.runtime.spot_workers, cfg.runtime.trace_speedup,
-                                          cfg.runtime.notice_s)
-        if cfg.train.update_on != "learner":  # spot workers compute the update too: a preemption then costs
-            runtime.replay_phases = ("rollout", "train")
+    runtime = make_runtime(cfg, log, trace=trace)
     try:
         with hub_progress(_progress(args), diffusers=cfg.policy.kind == "dit"):
             summary = trainer.build(runtime).train()

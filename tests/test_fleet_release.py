@@ -29,9 +29,10 @@ def engine(actions=()):
     executor = ModelledExecutor(clock, queue, StepTimes.profile("tiny-cpu"), 128, image_tokens(128), commit_every=1,
                                 join_s=JOIN_S, pending_per_iteration=4, ondemand_devices=1)
     nodes = [Node("ondemand0", spot=False), Node("spot0", spot=True), Node("spot1", spot=True)]
-    e = FleetEngine(clock, queue, executor, nodes, actions, replay_phases=("rollout", "train", "idle"))
-    e.paid = []
-    e.on_fleet = lambda: e.paid.append((clock.now(), e.spot_devices()))
+    paid = []
+    e = FleetEngine(clock, queue, executor, nodes, actions, replay_phases=("rollout", "train", "idle"),
+                    on_fleet=lambda: paid.append((clock.now(), e.spot_devices())))
+    e.paid = paid
     e.start()
     return e
 

@@ -1,7 +1,7 @@
 """Node-served gradient requests: a `TRAIN` request is pulled by a node's crew (`schedulers.fleet`),
 its micro-batches shared by the crew's GPUs and folded by its lead in index order
 (`spotlight.runtime.rollout_worker`), one gradient sent; the simulator serves the same requests
-(`spotlight.sim.crews`, `Simulation._fleet_update`). The runtimes end bit-identical with crews:
+(`spotlight.sim.crews`, `Simulation.fleet_update`). The runtimes end bit-identical with crews:
 tests/test_fleet_contract.py (every executor), tests/test_multinode.py (two-GPU spot nodes,
 SIGKILL and a drain mid-update)."""
 
@@ -159,7 +159,7 @@ def test_the_simulated_round_is_the_crews_list_schedule(given):
     sim.engine.start()
     assert sim.st.gradient_parts == 16 and sim.st.gradient_requests == 4
     start = sim.clock.now()
-    sim.engine.wait(sim._fleet_update(0), 0)
+    sim.engine.wait(sim.fleet_update(0), 0)
     assert sim.clock.now() - start == pytest.approx(sim._round_s(), rel=1e-12)
     # 4 requests: the on-demand crew of 4 takes one micro-batch time p a request, a spot crew of 2
     # two. By hand: the od crew takes the first; two spot crews take one each (the full crew would
@@ -177,7 +177,7 @@ def test_each_gradient_crosses_the_learners_link_as_its_request_completes(learne
     sim = _sim("spotlight_noexplore", nodes=0, step_times=st)  # the on-demand crew of 4 alone
     sim.engine.start()
     start = sim.clock.now()
-    sim.engine.wait(sim._fleet_update(0), 0)
+    sim.engine.wait(sim.fleet_update(0), 0)
     p = sim.st.train_gpu_s(512, 32) / 16 / sim.st.fleet_update_efficiency  # one request: one micro-batch time
     b = sim.st.gradient_transfer_s(spot=False)
     assert sim.st.gradient_transfer_s(spot=True) == 2 * b == 2 * sim.st.gradient_transfer_s(spot=True, queued=True)

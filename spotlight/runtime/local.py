@@ -1,6 +1,7 @@
-"""Runtimes: who executes the roles of an iteration. The controller (`trainer.Trainer`) sees only
-this interface, so the local and the Ray runtime run the same loop, the same queue and the same
-worker code — they differ in where the learner, rollout workers and reward worker live.
+"""The local runtime: every role of an iteration in this process. The controller
+(`spotlight.train.trainer.Trainer`) sees only the `Runtime` protocol (`spotlight.runtime.protocol`),
+so the local and the Ray runtime run the same loop, the same queue and the same worker code — they
+differ in where the learner, rollout workers and reward worker live.
 
 Both drive their rollout workers through the fleet engine (`schedulers.fleet.FleetEngine`), the
 one place the orchestration is written; a runtime adds its executor and the other roles.
@@ -17,10 +18,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any
 
 import torch
 
+from cloud.cost import Fleet
 from schedulers.clock import WallClock
 from schedulers.fleet import FleetEngine, Node, Ready, Served, Worker, fleet_nodes
 from schedulers.preemption import PreemptionNotice
@@ -31,91 +33,10 @@ from spotlight.config import RunConfig
 from spotlight.runtime.learner import Learner
 from spotlight.rl.policy import Rollout
 from spotlight.rl.rewards import RewardWorker, Scores
+from spotlight.runtime.protocol import Progress
 from spotlight.runtime.rollout_worker import LocalCrewMember, RolloutWorker
-
-if TYPE_CHECKING:
-    from spotlight.iteration.exploration import ExplorationSession
-
-
-Progress = Callable[[dict[str, Any], dict[str, tuple[int, Any]]], None]
-"""Receives a running rollout's committed state: (results by id, (step, state) by id)."""
-
-
-class Runtime(Protocol):
-    def build(self, checkpoints: Path) -> dict[str, Any]:
-        """Start the roles; the learner resumes from `checkpoints` if it can. Returns Learner.build's info."""
-        ...
-
-    @property
-    def version(self) -> int:
-        """Weight version = iterations the learner has applied."""
-        ...
-
-    def rollout(self, requests: list[Request], progress: "Progress | None" = None, every_s: float = 30.0) -> Any:
-        """Compute every request at the current weights; returns the results in request order, as
-        the runtime holds them: a list, or a handle (Ray: an ObjectRef in the object store) that
-        `rewards` and `update` take as it is — the trajectories go from the workers to the reward
-        worker and the learner without passing through the controller. While it runs,
-        `progress(results, partial)` gets what is committed (`PullQueue.committed`) every `every_s`
-        seconds (a runtime that computes the whole rollout in one call never calls it)."""
-        ...
-
-    def fetch(self, parts: Any) -> list[Rollout]:
-        """The results `rollout` returned, as a list here (to merge with results kept elsewhere)."""
-        ...
-
-    def evaluate(self, requests: list[Request]) -> Any:
-        """Evaluation samples of `requests`, one result per request in order, held as `rollout`
-        holds them (`rewards` and `fetch` take them). Without `train.ema_decay` it is
-        `rollout(requests)`: the workers sample with the current weights. With it the learner
-        samples them itself with its EMA of the weights (`Learner.evaluate`: the results carry the
-        images or completions, no trajectories), and its training weights and optimiser are left
-        exactly as they were. The caller `release`s the requests afterwards, as after a rollout."""
-        ...
-
-    def rewards(self, parts: list[Rollout]) -> Scores:
-        """The reward of every sample of `parts` (as `rollout` or `evaluate` returned them), in order,
-        with each component's scores and the time spent (`rewards.Scores`); a component that fails
-        raises `rewards.RewardError`."""
-        ...
-
-    def release(self, requests: list[Request]) -> None:
-        """The queue keeps the results of `requests` no longer (`PullQueue.release`): the trainer
-        is done with them (an iteration's rollout after its update, an evaluation after its score)."""
-        ...
-
-    def update(self, parts: list[Rollout], advantages: torch.Tensor,
-               exploration: "ExplorationSession | None" = None, on_fleet: bool = False) -> dict[str, float]:
-        """One learner update, its gradient computed by the learner alone or, `on_fleet`, by the
-        workers through the queue (`schedulers.update`; the controller decides:
-        `spotlight.iteration.iteration_controller`). With `exploration`, the workers idle meanwhile run
-        its requests with the weights they hold. The new weights go out with `publish`."""
-        ...
-
-    def publish(self) -> None:
-        """Send the weights of the last update to every rollout worker (exploration still running
-        with the old ones is cancelled)."""
-        ...
-
-    def explore(self, session: "ExplorationSession") -> dict[str, float]:
-        """Run a critical-path exploration session (`session.critical_path`) with the current weights
-        on every worker; its stats for metrics.jsonl."""
-        ...
-
-    def save_checkpoint(self, root: Path) -> str: ...
-
-    def save_final(self, path: Path) -> None: ...
-
-    def use_ondemand(self) -> None:
-        """Fall back from spot: from now on every rollout worker runs on on-demand capacity (the
-        deadline policy's one-way switch, between iterations)."""
-        ...
-
-    def stats(self) -> dict[str, int]:
-        """The scheduler and preemption counters that summary.json reports."""
-        ...
-
-    def shutdown(self) -> None: ...
+from spotlight.iteration.exploration import ExplorationSession
+from spotlight.waiting import waiting
 
 
 def gradient_split(engine: FleetEngine, queue: Any, before: dict[str, int]) -> dict[str, int]:
@@ -207,21 +128,28 @@ class LocalRuntime:
     """`metadata`: prompt id -> that prompt's metadata (a jsonl prompt's other fields), for the
     rewards (`RewardWorker`); None: none. One in-process reward worker, whatever `reward.workers`."""
 
-    def __init__(self, cfg: RunConfig, metadata: Mapping[int, dict] | None = None) -> None:
+    def __init__(self, cfg: RunConfig, metadata: Mapping[int, dict] | None = None,
+                 log: Callable[[str], None] = print) -> None:
         self.cfg = cfg
         self.metadata = dict(metadata or {})
+        self.log = log
         self.clock = WallClock()
         self.queue = PullQueue(self.clock, cfg.runtime.lease_s)
         self.learner = Learner(cfg)
 
     def build(self, checkpoints: Path) -> dict[str, Any]:
-        self.reward = RewardWorker(self.cfg.reward, self.metadata)
-        self.reward.build()  # a bad reward spec fails here, before the warm start
-        info = self.learner.build(checkpoints)
+        # Loading a real model folder is minutes of nothing on the terminal otherwise.
+        with waiting(self.log, "loading the model for the learner and the workers (in this process)"):
+            self.reward = RewardWorker(self.cfg.reward, self.metadata)
+            self.reward.build()  # a bad reward spec fails here, before the warm start
+            info = self.learner.build(checkpoints)
         self.executor = InProcessExecutor(self.cfg, self.queue, self.learner.policy, self.learner.version)
         self.engine = FleetEngine(self.clock, self.queue, self.executor, fleet_nodes(1, 0))
         self.engine.start()
         return info
+
+    def watch_fleet(self, paid: Callable[[Fleet], None]) -> None:
+        pass  # the configured fleet: one in-process worker, priced by the meter as configured
 
     @property
     def version(self) -> int:
@@ -247,33 +175,32 @@ class LocalRuntime:
         self.queue.release([r.id for r in requests])
 
     def update(self, parts: list[Rollout], advantages: torch.Tensor,
-               exploration: "ExplorationSession | None" = None, on_fleet: bool = False) -> dict[str, float]:
-        explored = {}
-        if exploration is not None:
-            # No idle worker here: a train_time budget lasts as long as the last update took.
-            rate = self.engine.rate
-            until = self.clock.now() + rate.update_s if exploration.time_bounded and rate.update_s else None
-            explored = self.engine.explore(exploration, self._score, self.version, until=until)
-        start = self.clock.now()
-        if on_fleet:  # through the queue, as on a fleet (here: one worker)
-            learner, queue = self.learner, self.queue
-            before = queue.completions_by_worker(Kind.TRAIN)
-            update = FleetUpdate(queue, self.version, self.cfg.train.updates_per_step,
-                                 learner.update_parts(parts), (parts, advantages),
-                                 lambda r, ids: Done(learner.step_added(r)),
-                                 weights=learner.weights, per_request=self.cfg.train.parts_per_request,
-                                 add=lambda r, c, n, i: learner.add_part(r, c, n, queue.results([i], release=True)))
-            self.engine.wait(update, self.version)
+               exploration: ExplorationSession | None = None, on_fleet: bool = False) -> dict[str, float]:
+        learner, queue = self.learner, self.queue
+        before = queue.completions_by_worker(Kind.TRAIN)
+
+        def start() -> FleetUpdate | Done:
+            if not on_fleet:
+                return Done(learner.update(parts, advantages))
+            # through the queue, as on a fleet (here: one worker)
+            return FleetUpdate(queue, self.version, self.cfg.train.updates_per_step,
+                               learner.update_parts(parts), (parts, advantages),
+                               lambda r, ids: Done(learner.step_added(r)),
+                               weights=learner.weights, per_request=self.cfg.train.parts_per_request,
+                               add=lambda r, c, n, i: learner.add_part(r, c, n, queue.results([i], release=True)))
+
+        # No idle worker here: exploration runs before the update, with the weights it replaces.
+        update, explored = self.engine.update(start, self.version, exploration, self._score, serial=True)
+        if isinstance(update, FleetUpdate):
             stats = {**update.last_step.value, **gradient_split(self.engine, queue, before)}
         else:
-            stats = self.learner.update(parts, advantages)
-        self.engine.rate.update_s = self.clock.now() - start
+            stats = update.value
         return {**stats, "update_on_fleet": on_fleet, **explored}
 
     def publish(self) -> None:
         self.executor.publish(self.learner.version, list(self.engine.workers.values()))
 
-    def explore(self, session: "ExplorationSession") -> dict[str, float]:
+    def explore(self, session: ExplorationSession) -> dict[str, float]:
         """Run `session`'s rounds with the weights held (before an update replaces them)."""
         return self.engine.explore(session, self._score, self.version)
 

@@ -33,6 +33,7 @@ from typing import Any
 import ray
 import torch
 
+from cloud.cost import Fleet
 from schedulers.clock import WallClock
 from schedulers.fleet import Died, FleetAction, FleetEngine, Node, Ready, Served, Worker, fleet_nodes
 from schedulers.preemption import PreemptionNotice
@@ -46,7 +47,8 @@ from spotlight.rl.policy import Rollout
 from spotlight.rl.rewards import RewardError, RewardWorker, Scores, split_parts
 from spotlight.runtime.rollout_worker import CrewMemberLost, RolloutWorker
 from spotlight.runtime import ray_cluster
-from spotlight.runtime.local import Progress, gradient_split, scheduler_stats
+from spotlight.runtime.local import gradient_split, scheduler_stats
+from spotlight.runtime.protocol import Progress
 from spotlight.runtime.ray_fleet import ClusterFleet, placement
 from spotlight.text import plural
 from spotlight.waiting import waiting
@@ -302,6 +304,8 @@ class RayRuntime:
 
     def __post_init__(self) -> None:
         self._started_ray = False
+        self._watcher: Callable[[Fleet], None] | None = None
+        """Who pays for a joined cluster's nodes (`watch_fleet`)."""
         self.queue_stats: dict[str, int] = {}
 
     # ---- start-up -------------------------------------------------------------------------------
@@ -343,13 +347,25 @@ class RayRuntime:
         nodes = self.cluster.nodes() if self.cluster else fleet_nodes(rt.ondemand_workers, rt.spot_workers)
         self.engine = FleetEngine(self.clock, self.queue, self.executor, nodes,
                                   actions=[FleetAction(a.at_s, f"spot{a.slot}", a.action) for a in self.actions],
-                                  poll_s=_POLL_S, replay_phases=self.replay_phases)
+                                  poll_s=_POLL_S, replay_phases=self.replay_phases, on_fleet=self._fleet_changed)
         if self.cluster:
             self.engine.sources.append(self.cluster)
         # The first fleet is up before the replay clock starts, so it starts with workers ready to pull.
         with waiting(self.log, f"starting the rollout workers on {plural(len(nodes), 'node')}"):
             self.engine.start()
         return info
+
+    def watch_fleet(self, paid: Callable[[Fleet], None]) -> None:
+        """A joined cluster's fleet is its nodes: the meter pays for them as they come and go
+        (`ClusterFleet.paid_fleet`, told by the engine at every change: `_fleet_changed`); a cluster
+        started here runs the configured fleet."""
+        if self.cluster is not None:
+            self._watcher = paid
+            self._fleet_changed()
+
+    def _fleet_changed(self) -> None:
+        if self._watcher is not None:
+            self._watcher(self.cluster.paid_fleet())
 
     def use_ondemand(self) -> None:
         """Fall back from spot (between iterations): the preemption schedule stops, and every spot
@@ -384,32 +400,27 @@ class RayRuntime:
 
     def update(self, parts: list[Rollout], advantages: torch.Tensor,
                exploration: ExplorationSession | None = None, on_fleet: bool = False) -> dict[str, float]:
-        start = self.clock.now()
-        update: Any
-        if on_fleet:  # the fleet computes the gradient (schedulers/update.py)
-            learner, queue = self.learner, self.queue_actor
-            before = self.queue.completions_by_worker(Kind.TRAIN)
+        learner, queue = self.learner, self.queue_actor
+        before = self.queue.completions_by_worker(Kind.TRAIN)
 
-            def add(round: int, chunk: int, chunks: int, rid: str) -> None:
-                # As the request completes, its gradient goes queue -> learner directly, and the
-                # learner folds it while the fleet computes the rest (calls run in order).
-                learner.add_part.remote(round, chunk, chunks, queue.results.remote([rid], True))
+        def add(round: int, chunk: int, chunks: int, rid: str) -> None:
+            # As the request completes, its gradient goes queue -> learner directly, and the
+            # learner folds it while the fleet computes the rest (calls run in order).
+            learner.add_part.remote(round, chunk, chunks, queue.results.remote([rid], True))
 
-            def step(round: int, ids: list[str]) -> RayPending:
-                return RayPending(learner.step_added.remote(round))
+        def step(round: int, ids: list[str]) -> RayPending:
+            return RayPending(learner.step_added.remote(round))
 
-            update = FleetUpdate(self.queue, self.version, self.cfg.train.updates_per_step,
-                                 ray.get(learner.update_parts.remote(parts)), (parts, advantages), step,
-                                 weights=lambda: learner.weights.remote(),
-                                 per_request=self.cfg.train.parts_per_request, add=add)
-        else:
-            update = RayPending(self.learner.update.remote(parts, advantages))
-        if exploration is not None:
-            explored = self.engine.explore(exploration, self._score, self.version, update=update)
-        else:
-            explored = {}
-            self.engine.wait(update, self.version)
-            self.engine.rate.update_s = self.clock.now() - start
+        def start() -> FleetUpdate | RayPending:
+            if not on_fleet:
+                return RayPending(learner.update.remote(parts, advantages))
+            # the fleet computes the gradient (schedulers/update.py)
+            return FleetUpdate(self.queue, self.version, self.cfg.train.updates_per_step,
+                               ray.get(learner.update_parts.remote(parts)), (parts, advantages), step,
+                               weights=lambda: learner.weights.remote(),
+                               per_request=self.cfg.train.parts_per_request, add=add)
+
+        update, explored = self.engine.update(start, self.version, exploration, self._score)
         if isinstance(update, FleetUpdate):
             stats = {**ray.get(update.last_step.ref), **gradient_split(self.engine, self.queue, before)}
         else:

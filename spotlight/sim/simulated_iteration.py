@@ -12,17 +12,53 @@ is the progress model's bookkeeping, which `Simulation.run` does after the itera
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
-from schedulers.request import Kind
+from schedulers.clock import ManualClock
+from schedulers.fleet import FleetEngine
+from schedulers.queue import PullQueue
+from schedulers.request import Kind, Request
+from schedulers.update import FleetUpdate
+from spotlight.sim.config import Policy, SimConfig
 from spotlight.sim.modelled_executor import requests_of
+from spotlight.sim.step_time import StepTimes
+
+
+class ModelledRun(Protocol):
+    """What a simulated iteration's phases use of the simulation they run on
+    (`spotlight.sim.simulation.Simulation`)."""
+
+    cfg: SimConfig
+    policy: Policy
+    st: StepTimes
+    clock: ManualClock
+    engine: FleetEngine
+    queue: PullQueue
+    plan_prompts: int
+    """Prompts the explorer plans over."""
+    samples_per_request: int
+    ondemand_gpus: int
+    eval_samples: int
+    """Evaluation samples per evaluated iteration."""
+    checkpoint_s: float
+
+    @property
+    def learner_update_s(self) -> float: ...
+    def until(self, deadline: float) -> Any:
+        """A modelled phase ending at `deadline`, as the engine waits on it."""
+    def exploration(self, iteration: int, version: int, critical_path: bool, budget: int | None) -> Any:
+        """One phase's exploration of `iteration`'s seeds with weights `version`."""
+    def score(self, requests: list[Request]) -> None: ...
+    def fleet_update(self, it: int) -> FleetUpdate:
+        """The update on the fleet, request for request."""
+    def rolled_out(self, seconds: float) -> None: ...
+    def updated(self, on_fleet: bool) -> None: ...
 
 
 class SimulatedIteration:
-    def __init__(self, sim: Any, explored: dict[int, int]) -> None:
-        """`sim`: the `spotlight.sim.simulation.Simulation` it runs on (not imported here: it imports
-        this); `explored`: the seeds explored for this iteration (prompt -> count), replaced by a
-        critical-path exploration when the iteration runs one."""
+    def __init__(self, sim: ModelledRun, explored: dict[int, int]) -> None:
+        """`sim`: the simulation it runs on; `explored`: the seeds explored for this iteration
+        (prompt -> count), replaced by a critical-path exploration when the iteration runs one."""
         self.sim, self.explored = sim, explored
         self.next_explored: dict[int, int] = {}
         """What the spot GPUs explored for the next iteration during this one's update."""
@@ -35,7 +71,7 @@ class SimulatedIteration:
     def explore_first(self, it: int) -> None:
         sim = self.sim
         session = sim.exploration(it, it - 1, True, sim.cfg.sync_explore_per_prompt * sim.plan_prompts)
-        sim.engine.explore(session, sim._score, it - 1)
+        sim.engine.explore(session, sim.score, it - 1)
         self.explored.clear()
         self.explored.update(session.explored())
 
@@ -49,7 +85,7 @@ class SimulatedIteration:
         if it == 0 and sim.st.worker_warmup_s:  # every worker of the first fleet warms up at once
             self._wait(sim.st.worker_warmup_s)
         sim.engine.rollout(requests_of(it, cfg.prompts, cfg.group_size, sim.samples_per_request), it)
-        sim.rollout_s = sim.clock.now() - start
+        sim.rolled_out(sim.clock.now() - start)
 
     def reward(self, it: int) -> None:
         """In the rollout's modelled seconds (module docstring), besides the runtime's call that
@@ -62,15 +98,13 @@ class SimulatedIteration:
 
     def update(self, it: int, on_fleet: bool) -> None:
         sim, cfg = self.sim, self.sim.cfg
-        update: Any = sim._fleet_update(it) if on_fleet else sim.until(sim.clock.now() + sim.learner_update_s)
-        sim.fleet_updated = on_fleet
-        sim.fleet_updates += on_fleet
-        if sim.policy.explore == "idle_spot" and it + 1 < cfg.iterations:
-            session = sim.exploration(it + 1, it, False, None)
-            sim.engine.explore(session, sim._score, it, update=update)
+        sim.updated(on_fleet)
+        explores = sim.policy.explore == "idle_spot" and it + 1 < cfg.iterations
+        session = sim.exploration(it + 1, it, False, None) if explores else None
+        sim.engine.update(lambda: sim.fleet_update(it) if on_fleet else sim.until(sim.clock.now() + sim.learner_update_s),
+                          it, session, sim.score)
+        if session is not None:
             self.next_explored = session.explored()
-        else:
-            sim.engine.wait(update, it)
         if on_fleet:  # counted as the live runtime counts them (`gradient_split`): completions
             self.gradients = sum(sim.queue.completions_by_worker(Kind.TRAIN).values())
 

@@ -9,7 +9,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
-from cloud.cost import BudgetPolicy, CostControl, CostMeter, Fleet, Forecast
+from cloud.cost import BudgetPolicy, CostControl, CostMeter, Decision, Fleet, Forecast
 from planners.allocation import make_planner
 from planners.seed_pool import SeedPool
 from schedulers.clock import ManualClock
@@ -24,6 +24,7 @@ from schedulers.update_placement import UpdatePlacement, fleet_update_refusal
 from spotlight.sim.modelled_executor import ModelledExecutor, request_size
 from spotlight.sim.simulated_iteration import SimulatedIteration
 from spotlight.iteration.iteration_controller import IterationController
+from spotlight.iteration.run_loop import Completed, run_loop
 from spotlight.sim.progress_model import ProgressModel, SeedRewards
 from spotlight.sim.rental import MODEL_TOLERANCE, IterationModel, RentalRule, choose_ondemand, ondemand_candidates
 from spotlight.sim.step_time import image_tokens, update_memory_refusal
@@ -146,7 +147,7 @@ class Simulation:
         self.explored_samples = 0
         self.busy_gpu_s = 0.0
         self.fleet_updated = False
-        """The last iteration's update ran on the fleet (`_fleet_update`), not on the on-demand GPUs alone."""
+        """The last iteration's update ran on the fleet (`fleet_update`), not on the on-demand GPUs alone."""
         self.fleet_updates = 0
         """Iterations whose update ran on the fleet."""
         self.rollout_s = 0.0
@@ -166,14 +167,25 @@ class Simulation:
                                          on_done=self._done)
         self.engine = FleetEngine(self.clock, self.queue, self.executor,
                                   [Node("ondemand0", spot=False, devices=self.ondemand_gpus)], self._actions(),
-                                  replay_phases=("rollout", "train", "idle"), spot_devices=self.block)
-        self.engine.on_fleet = self._fleet_changed
+                                  replay_phases=("rollout", "train", "idle"), spot_devices=self.block,
+                                  on_fleet=self._fleet_changed)
         self.max_sp_degree = workers_st.heads
         """The largest SP degree the regroup policy may give a worker (degrees divide the heads): 1
         for a policy whose update may run on the fleet (> 1: SP groups, which compute rollouts only)."""
         self.eval_samples = 0
         """Evaluation samples per evaluated iteration (a simulated run config's; named policies: none)."""
         self.checkpoint_s = cfg.checkpoint_s
+        self._gain = 0.0
+        """The progress model's gain of the iterations done (`run`)."""
+        self._scores: list[tuple[float, float]] = [(0.0, progress.score(0.0))]
+        """The validation score over time: (clock seconds, score) after each iteration."""
+        self._explored: dict[int, int] = {}
+        """What was explored for the next iteration (prompt -> samples)."""
+        self._train_s = 0.0
+        """The update on the on-demand GPUs alone (`learner_update_s` when the run starts)."""
+        self.reached_at: float | None = None
+        """When the target score was reached (None: not yet); `cost_at` the dollars spent by then."""
+        self.cost_at: float | None = None
         self.iterations_log: list[dict[str, Any]] | None = None
         """Each iteration's phases and update placement, when asked for (`simulate --config`)."""
         self.controller = IterationController(
@@ -222,7 +234,7 @@ class Simulation:
         return sum(self.rewards.group_std(it, p, k, explored.get(p, 0)) for p in range(self.plan_prompts)) / self.plan_prompts
 
     @staticmethod
-    def _score(requests: list[Request]) -> None:
+    def score(requests: list[Request]) -> None:
         return None  # the stale rewards come from the progress model, in `SimExploration.record`
 
     # -- the run -------------------------------------------------------------------------------------
@@ -249,6 +261,15 @@ class Simulation:
         if record.update_on_fleet:
             row.update(gradient_parts=work.gradients, update_gradient_bytes=work.gradients * self.st.part_bytes)
         return row
+
+    def rolled_out(self, seconds: float) -> None:
+        """The iteration's rollout took `seconds` (the next update's placement prices with them)."""
+        self.rollout_s = seconds
+
+    def updated(self, on_fleet: bool) -> None:
+        """The iteration's update ran on the fleet (`on_fleet`) or on the on-demand GPUs alone."""
+        self.fleet_updated = on_fleet
+        self.fleet_updates += on_fleet
 
     def until(self, deadline: float) -> Until:
         """A modelled phase ending at `deadline` on this simulation's clock, as the engine waits on it."""
@@ -328,7 +349,7 @@ class Simulation:
         after = 0.0 if not gather else st.update_round_s if given else st.learner_step_s
         return crews.round_s(st.gradient_parts, st.parts_per_request, crew_nodes, after)
 
-    def _fleet_update(self, it: int) -> FleetUpdate:
+    def fleet_update(self, it: int) -> FleetUpdate:
         """The update as the live `train.update_on: fleet` runs it (`schedulers.update`), request for
         request: `updates_per_step` rounds of `gradient_parts` micro-batches in requests of
         `parts_per_request`, each pulled by a node's crew (every GPU at `fleet_update_efficiency`);
@@ -348,41 +369,47 @@ class Simulation:
                            weights=lambda: None, per_request=st.parts_per_request)
 
     def run(self) -> dict[str, Any]:
-        cfg = self.cfg
         self._choose_ondemand()
         self._fleet_changed()
         self.engine.start()
-        gain, progress, reached_at, cost_at, explored = 0.0, [(0.0, self.progress.score(0.0))], None, None, {}
-        train_s = self.learner_update_s
-        cost = self._cost_control(train_s)
-        stop_reason = "iterations"
-        it = 0
-        while it < cfg.iterations:
-            self._before_iteration()
-            decision = self.engine.before_iteration(cost, it, cfg.iterations)  # the live trainer's question
-            if decision.stop is not None:
-                stop_reason = decision.stop
-                break
-            self._new_queue()
-            nxt = self._iteration(it, explored, train_s)
-            if nxt is None:
-                continue
-            if not self.fleet_updated:  # else the executor counted the update's micro-batches
-                self.busy_gpu_s += self.ondemand_gpus * train_s
-            gain += self.progress.gain(self._signal(it, explored))
-            explored = nxt
-            progress.append((self.clock.now(), self.progress.score(gain)))
-            cost.after_iteration()
-            it += 1
-            if self.on_iteration is not None:
-                self.on_iteration(it)
-            if reached_at is None and self.progress.reached(gain):
-                reached_at, cost_at = self.clock.now(), self.meter.spent_usd()
-                if cfg.stop_at_target:
-                    stop_reason = "target"
-                    break
+        self._train_s = self.learner_update_s
+        cost = self._cost_control(self._train_s)
+        it, stopped = run_loop(self.engine, cost, 0, self.cfg.iterations, self)
         self._fleet_changed()
-        return {**self._result(it, reached_at, cost_at, progress, self.meter.spent_usd()), "stop_reason": stop_reason}
+        return {**self._result(it, self.reached_at, self.cost_at, self._scores, self.meter.spent_usd()),
+                "stop_reason": stopped or "iterations"}
+
+    # -- the run loop's steps (`spotlight.iteration.run_loop.Run`) ------------------------------------
+
+    def before(self, it: int) -> None:
+        self._before_iteration()
+
+    def stopped(self, it: int, decision: Decision) -> None:
+        pass  # the result says why (`stop_reason`)
+
+    def switched(self, it: int, decision: Decision) -> None:
+        pass  # the engine switched the fleet; the meter follows it (`_fleet_changed`)
+
+    def run_iteration(self, it: int) -> Completed | None:
+        self._new_queue()
+        nxt = self._iteration(it, self._explored, self._train_s)
+        if nxt is None:
+            return None
+        if not self.fleet_updated:  # else the executor counted the update's micro-batches
+            self.busy_gpu_s += self.ondemand_gpus * self._train_s
+        self._gain += self.progress.gain(self._signal(it, self._explored))
+        self._explored = nxt
+        self._scores.append((self.clock.now(), self.progress.score(self._gain)))
+        return Completed(nxt)
+
+    def after(self, it: int, done: Completed) -> str | None:
+        if self.on_iteration is not None:
+            self.on_iteration(it + 1)
+        if self.reached_at is None and self.progress.reached(self._gain):
+            self.reached_at, self.cost_at = self.clock.now(), self.meter.spent_usd()
+            if self.cfg.stop_at_target:
+                return "target"
+        return None
 
     def _new_queue(self) -> None:
         """A fresh queue for the iteration, its predecessor's counters kept. Between iterations

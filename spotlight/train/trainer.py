@@ -41,12 +41,13 @@ from pathlib import Path
 from typing import Any, Callable
 
 from cloud.bounded_json import load_file, loads
-from cloud.cost import CostControl, Spent, load_spent, save_spent
+from cloud.cost import CostControl, Decision, Spent, load_spent, save_spent
 from spotlight.train.cost_control import COUNTS, cost_control, notional_fleet
 from cloud.store import Store, StoreError
 from cloud.open_store import open_store
 from schedulers.clock import WallClock
 from schedulers.request import Kind, Request
+from schedulers.traces import Trace, replay_schedule
 from spotlight.checkpoints import checkpoint
 from spotlight.train.checkpoint_sync import CheckpointSync
 from spotlight.train.results_sync import ResultsSync, fleet_counts, status_record
@@ -56,6 +57,7 @@ from spotlight.config import ConfigError, RunConfig, load_config, to_yaml
 from spotlight.train.eval_samples import write_evaluation
 from spotlight.iteration.exploration import Explorer
 from spotlight.iteration.iteration_controller import IterationController
+from spotlight.iteration.run_loop import Completed, run_loop
 from spotlight.train.training_iteration import TrainingIteration
 from spotlight.rl.policy import Rollout
 from spotlight.train.inflight import InflightStore
@@ -63,7 +65,8 @@ from spotlight.runtime.learner import NonFiniteUpdate
 from spotlight.rl.rewards import RewardError
 from spotlight.rl.prompt_file import evaluation_prompts, prompt_metadata, run_prompts
 from spotlight.rl.prompts import draw_prompts
-from spotlight.runtime.local import LocalRuntime, Runtime
+from spotlight.runtime.local import LocalRuntime
+from spotlight.runtime.protocol import Runtime
 from spotlight.text import plural
 from spotlight.waiting import waiting
 from spotlight.rl.warm_start import apply_warm_start, cache_path
@@ -78,16 +81,23 @@ EVAL_SEED0 = 10**9
 
 
 def make_runtime(cfg: RunConfig, log: Callable[[str], None] = print,
-                 metadata: dict[int, dict] | None = None) -> Runtime:
+                 metadata: dict[int, dict] | None = None, trace: Trace | None = None) -> Runtime:
     """`metadata`: prompt id -> metadata of the run's prompts (training and evaluation), for the
-    rewards; None: read from the config's prompt files (`prompt_metadata`)."""
+    rewards; None: read from the config's prompt files (`prompt_metadata`). `trace`: a preemption
+    trace the Ray runtime's spot workers replay (`--preemption-trace`), during the rollout — and the
+    update too when the fleet computes it (a preemption then costs there as well)."""
     if metadata is None:
         metadata = prompt_metadata(cfg)
     if cfg.runtime.kind == "local":
-        return LocalRuntime(cfg, metadata=metadata)
+        return LocalRuntime(cfg, metadata=metadata, log=log)
     from spotlight.runtime.ray_runtime import RayRuntime
 
-    return RayRuntime(cfg, log=log, metadata=metadata)
+    if trace is None:
+        return RayRuntime(cfg, log=log, metadata=metadata)
+    rt = cfg.runtime
+    return RayRuntime(cfg, log=log, metadata=metadata,
+                      actions=replay_schedule(trace, rt.spot_workers, rt.trace_speedup, rt.notice_s),
+                      replay_phases=("rollout",) if cfg.train.update_on == "learner" else ("rollout", "train"))
 
 
 def sample_seeds(step: int, group_size: int) -> list[int]:
@@ -129,6 +139,10 @@ class Trainer:
         """Iterations the newest checkpoint holds."""
         self.checkpoint_s: float | None = None
         """The last iteration's checkpoint seconds (None: it wrote none)."""
+        self.writer: Any = None
+        """TensorBoard's writer of tb/, while the loop runs."""
+        self.bar: Any = None
+        """The iterations' progress bar on stderr, while the loop runs."""
 
     def build(self, runtime: Runtime | None = None) -> "Trainer":
         cfg = self.cfg
@@ -173,20 +187,12 @@ class Trainer:
         self.runtime = runtime if runtime is not None else make_runtime(cfg, self.log)
         trained = self._warm_start()
         roles = time.perf_counter()
-        # The Ray runtime names its own waits (the cluster, the actors); in this process, loading a
-        # real model folder is minutes of nothing on the terminal otherwise.
-        starting = (waiting(self.log, "loading the model for the learner and the workers (in this process)")
-                    if isinstance(self.runtime, LocalRuntime) else contextlib.nullcontext())
-        try:
-            with starting:
-                info = self.runtime.build(self.out / "checkpoints")
+        try:  # each runtime names its own waits (the model, the cluster, the actors)
+            info = self.runtime.build(self.out / "checkpoints")
         except checkpoint.CheckpointMismatch as err:  # on Ray, raised in the learner: its cause is the line
             self.runtime.shutdown()
             raise ConfigError(f"{getattr(err, 'cause', None) or err}; use a new --out folder") from None
-        cluster = getattr(self.runtime, "cluster", None)
-        if cluster is not None:  # a joined cluster: the meter pays for its nodes as they come and go
-            self.runtime.engine.on_fleet = lambda: self.cost.meter.set_fleet(cluster.paid_fleet())
-            self.runtime.engine.on_fleet()
+        self.runtime.watch_fleet(self.cost.meter.set_fleet)
         self.warm, self.start_step = trained or info["warm_start"], info["step"]
         # Starting the roles, warm-start training aside: what replacing the workers would take.
         self._restart_s = time.perf_counter() - roles - info["warm_start"].get("seconds", 0.0)
@@ -386,7 +392,7 @@ class Trainer:
         self.checkpoint_s = work.checkpoint_s
         return work.row
 
-    def _rollout(self, step: int, requests: list[Request]) -> list[Any]:
+    def rollout(self, step: int, requests: list[Request]) -> list[Any]:
         """The iteration's rollout; with an in-flight store, resumed from what it holds of this
         iteration (a controller restarted mid-rollout), and snapshotted to it while it runs."""
         if self.inflight is None:
@@ -449,45 +455,70 @@ class Trainer:
         from tqdm import tqdm
 
         steps = self.cfg.train.steps
-        writer = SummaryWriter(str(self.out / "tb"))
-        bar = tqdm(range(self.start_step, steps), initial=self.start_step, total=steps, desc="train",
-                   unit="it", disable=not self.progress, file=sys.stderr)
+        self.writer = SummaryWriter(str(self.out / "tb"))
+        self.bar = tqdm(initial=self.start_step, total=steps, desc="train", unit="it", disable=not self.progress,
+                        file=sys.stderr)
         self.started = time.perf_counter()
         self.cost.start(self.start_step, self._restart_s)
         if notional_fleet(self.cfg):  # priced for the iterations alone (`cost_control.COUNTS`)
             self.cost.meter.restart()
         self._report(self.start_step, None)
-        for step in bar:
-            if not self._go_on(step, self.saved):
-                break
-            try:
-                row = self.iteration(step)
-            except NonFiniteUpdate as err:
-                raise NonFiniteUpdate(f"{getattr(err, 'cause', None) or err}; nothing after the checkpoint of "
-                                      f"iteration {self.saved} is kept") from None
-            except RewardError as err:  # a reward failed twice: stop as cleanly (`rewards.RewardWorker`)
-                raise RewardError(f"{err}; iteration {step} stopped, nothing after the checkpoint of iteration "
-                                  f"{self.saved} is kept") from None
-            self.cost.after_iteration(self.checkpoint_s)
-            save_spent(self.out, self._spent())
-            for key, value in row.items():
-                if key != "step" and isinstance(value, (int, float)):
-                    writer.add_scalar(key, value, step)
-            if self.eval_written is not None:
-                _add_evaluation(writer, self.eval_written, step)
-                self.eval_written = None
-            self._publish(step + 1, row["reward_mean"], writer)  # after the row: the store's metrics reach it
-            bar.set_postfix(reward=f"{row['reward_mean']:.3f}", std=f"{row['group_reward_std']:.3f}")
-        writer.close()
+        try:
+            _, stopped = run_loop(self.runtime.engine, self.cost, self.start_step, steps, self)
+        finally:
+            self.bar.close()
+        self.stop_reason = stopped or "steps"
+        self.writer.close()
+
+    # ---- the run loop's steps (`spotlight.iteration.run_loop.Run`) ----------------------------------
+
+    def before(self, step: int) -> None:
+        pass  # the cost control's question comes first: nothing to prepare
+
+    def stopped(self, step: int, decision: Decision) -> None:
+        """A budget or deadline stop: checkpoint the iterations done unless the newest checkpoint holds them."""
+        self.log(decision.message)
+        if self.saved != step:
+            self.checkpoint(step)
+
+    def switched(self, step: int, decision: Decision) -> None:
+        self.log(decision.message)
+
+    def run_iteration(self, step: int) -> Completed:
+        try:
+            row = self.iteration(step)
+        except NonFiniteUpdate as err:
+            raise NonFiniteUpdate(f"{getattr(err, 'cause', None) or err}; nothing after the checkpoint of "
+                                  f"iteration {self.saved} is kept") from None
+        except RewardError as err:  # a reward failed twice: stop as cleanly (`rewards.RewardWorker`)
+            raise RewardError(f"{err}; iteration {step} stopped, nothing after the checkpoint of iteration "
+                              f"{self.saved} is kept") from None
+        return Completed(row, self.checkpoint_s)
+
+    def after(self, step: int, done: Completed) -> str | None:
+        """The dollars saved, the row in TensorBoard, the store's copy and the status (`_publish`)."""
+        row, writer = done.value, self.writer
+        save_spent(self.out, self._spent())
+        for key, value in row.items():
+            if key != "step" and isinstance(value, (int, float)):
+                writer.add_scalar(key, value, step)
+        if self.eval_written is not None:
+            _add_evaluation(writer, self.eval_written, step)
+            self.eval_written = None
+        self._publish(step + 1, row["reward_mean"], writer)  # after the row: the store's metrics reach it
+        self.bar.update(1)
+        self.bar.set_postfix(reward=f"{row['reward_mean']:.3f}", std=f"{row['group_reward_std']:.3f}")
+        return None
 
     def _spent(self) -> Spent:
         return Spent(self.cost.spent_usd(), max(0.0, self._restart_s))
 
-    def _checkpoint(self, done: int) -> None:
+    def checkpoint(self, done: int) -> None:
         """Checkpoint the weights after `done` iterations."""
         if self.explorer is not None:  # before the checkpoint that names it as resumable
             self.explorer.save(self.out / "explorer", done)
         self.runtime.save_checkpoint(self.out / "checkpoints")
+        self.saved = done
 
     def _pull(self, store: Store) -> None:
         """Bring the newest complete checkpoint of --checkpoint-uri's `store` into the run folder when
@@ -539,20 +570,6 @@ class Trainer:
             self.out.name, self.out, done, self.cfg.train.steps, reward_mean, self.cost.summary(),
             fleet_counts(self.runtime.engine), self._pushed or None, finished=finished,
             stop_reason=self.stop_reason if finished else None))
-
-    def _go_on(self, step: int, saved: int) -> bool:
-        """Ask the cost control whether iteration `step` runs; switch the workers to on-demand when
-        the deadline asks for it; on a stop, checkpoint the iterations done unless `saved` holds them."""
-        decision = self.runtime.engine.before_iteration(self.cost, step, self.cfg.train.steps)
-        if decision.stop is not None:
-            self.stop_reason = decision.stop
-            self.log(decision.message)
-            if saved != step:
-                self._checkpoint(step)
-            return False
-        if decision.switch:
-            self.log(decision.message)
-        return True
 
 
 def _add_evaluation(writer, written: Path, step: int) -> None:

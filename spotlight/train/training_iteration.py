@@ -11,15 +11,52 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import Any
+from pathlib import Path
+from typing import Any, Protocol
 
+from cloud.cost import CostControl
+from schedulers.request import Request
+from spotlight.config import RunConfig
+from spotlight.iteration.exploration import Explorer
+from spotlight.iteration.iteration_controller import IterationController
 from spotlight.rl.grpo import group_advantages, group_std, informative_groups
+from spotlight.runtime.protocol import Runtime
+
+
+class TrainingRun(Protocol):
+    """What a training iteration's phases use of the run they belong to (`spotlight.train.trainer.Trainer`)."""
+
+    cfg: RunConfig
+    runtime: Runtime
+    explorer: Explorer | None
+    controller: IterationController
+    cost: CostControl
+    out: Path
+    """The run folder (metrics.jsonl)."""
+    started: float
+    """When this session's iterations started (`time.perf_counter`)."""
+
+    def requests(self, step: int) -> list[Request]:
+        """Iteration `step`'s rollout requests (without an explorer)."""
+        ...
+
+    def rollout(self, step: int, requests: list[Request]) -> Any:
+        """The rollout of `requests`, resumed from the in-flight store when it holds some."""
+        ...
+
+    def evaluate(self, step: int) -> dict[str, Any]:
+        """Score the weights of iteration `step` on the evaluation prompts; their metrics."""
+        ...
+
+    def checkpoint(self, done: int) -> None:
+        """Checkpoint the weights after `done` iterations."""
+        ...
 
 
 class TrainingIteration:
-    def __init__(self, trainer: Any, step: int) -> None:
-        """`trainer`: the `spotlight.train.trainer.Trainer` whose iteration `step` this is (its
-        runtime, explorer, controller and run folder; not imported here: it imports this)."""
+    def __init__(self, trainer: TrainingRun, step: int) -> None:
+        """`trainer`: the run whose iteration `step` this is (its runtime, explorer, controller and
+        run folder)."""
         self.trainer, self.step = trainer, step
         self.started = time.perf_counter()
         self.requests: list[Any] = []
@@ -45,7 +82,7 @@ class TrainingIteration:
     def rollout(self, step: int) -> None:
         tr = self.trainer
         self.requests = tr.explorer.plan(step) if tr.explorer is not None else tr.requests(step)
-        self.parts = tr._rollout(step, self.requests)
+        self.parts = tr.rollout(step, self.requests)
 
     def reward(self, step: int) -> None:
         tr = self.trainer
@@ -113,5 +150,5 @@ class TrainingIteration:
 
     def checkpoint(self, step: int) -> None:
         start = time.perf_counter()
-        self.trainer._checkpoint(step + 1)
-        self.checkpoint_s, self.trainer.saved = time.perf_counter() - start, step + 1
+        self.trainer.checkpoint(step + 1)
+        self.checkpoint_s = time.perf_counter() - start
