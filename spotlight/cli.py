@@ -376,7 +376,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from spotlight.train.trainer import Trainer  # no Ray: a finished run is answered without it
 
     trainer = Trainer(cfg, out, progress=_progress(args), log=log)
-    finished = trainer.completed()
+    finished = trainer.folder.completed()
     if finished is not None:  # nothing to train: no cluster, no meter, no file touched
         if args.json:
             print(json.dumps(finished))

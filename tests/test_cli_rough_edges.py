@@ -380,8 +380,8 @@ def test_a_finished_run_rerun_says_so_in_one_line_without_ray_or_cost(first_run,
     assert (out / "cost.json").read_bytes() == cost and state() == before
     # Asked for more (--steps 3), the folder is not complete: the run trains on from its checkpoint.
     cfg = load_config(out / "config.yaml")
-    assert Trainer(cfg, out).completed() == summary
-    assert Trainer(load_config(out / "config.yaml", {"train": {"steps": 3}}), out).completed() is None
+    assert Trainer(cfg, out).folder.completed() == summary
+    assert Trainer(load_config(out / "config.yaml", {"train": {"steps": 3}}), out).folder.completed() is None
 
 
 # ---- 6. the simulator's table and plot -------------------------------------------------------------

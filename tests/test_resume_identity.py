@@ -147,7 +147,7 @@ def test_a_stray_step_folder_is_not_progress(run):
     trainer = Trainer(_cfg(), run, progress=False, log=lambda _: None).build()
     assert trainer.start_step == 3
     trainer.runtime.shutdown()
-    trainer.lock.release()
+    trainer.folder.release()
 
 
 def test_a_second_trainer_on_the_folder_is_refused_naming_the_first_and_changes_nothing(run):

@@ -31,7 +31,6 @@ iteration that could not end in time.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import sys
@@ -40,42 +39,33 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
-from cloud.bounded_json import load_file, loads
+from cloud.bounded_json import loads
 from cloud.cost import CostControl, Decision, Spent, load_spent, save_spent
-from spotlight.train.cost_control import COUNTS, cost_control, notional_fleet
-from cloud.store import Store, StoreError
 from cloud.open_store import open_store
+from cloud.store import Store, StoreError
 from schedulers.clock import WallClock
 from schedulers.request import Kind, Request
 from schedulers.traces import Trace, replay_schedule
 from spotlight.checkpoints import checkpoint
-from spotlight.train.checkpoint_sync import CheckpointSync
-from spotlight.train.results_sync import ResultsSync, fleet_counts, status_record
-from spotlight.checkpoints.resume_identity import differences, mismatch
-from spotlight.train.run_lock import LOCK, RunLock
-from spotlight.config import ConfigError, RunConfig, load_config, to_yaml
-from spotlight.train.eval_samples import write_evaluation
+from spotlight.config import ConfigError, RunConfig, to_yaml
 from spotlight.iteration.exploration import Explorer
 from spotlight.iteration.iteration_controller import IterationController
 from spotlight.iteration.run_loop import Completed, run_loop
-from spotlight.train.training_iteration import TrainingIteration
 from spotlight.rl.policy import Rollout
-from spotlight.train.inflight import InflightStore
-from spotlight.runtime.learner import NonFiniteUpdate
-from spotlight.rl.rewards import RewardError
 from spotlight.rl.prompt_file import evaluation_prompts, prompt_metadata, run_prompts
 from spotlight.rl.prompts import draw_prompts
+from spotlight.rl.rewards import RewardError
+from spotlight.rl.warm_start import apply_warm_start, cache_path
+from spotlight.runtime.learner import NonFiniteUpdate
 from spotlight.runtime.local import LocalRuntime
 from spotlight.runtime.protocol import Runtime
 from spotlight.text import plural
-from spotlight.waiting import waiting
-from spotlight.rl.warm_start import apply_warm_start, cache_path
+from spotlight.train.cost_control import COUNTS, cost_control, notional_fleet
+from spotlight.train.eval_samples import write_evaluation
+from spotlight.train.run_folder import ROW_BYTES, RunFolder
+from spotlight.train.training_iteration import TrainingIteration
 
 
-ROW_BYTES = 1 << 20
-"""The longest metrics or evaluation row read back (a row is ~1 KB; a planted one is refused, not parsed)."""
-SUMMARY_BYTES = 1 << 20
-"""The largest summary.json read back (`Trainer.completed`; one is ~2 KB)."""
 EVAL_SEED0 = 10**9
 """Evaluation seeds start here: no training iteration's seeds come near."""
 
@@ -118,19 +108,12 @@ class Trainer:
         self.warm: dict[str, Any] = {}
         self.explorer: Explorer | None = None
         self.cost: CostControl | None = None
-        self.sync: CheckpointSync | None = None
-        """The --checkpoint-uri mirror of checkpoints/, when there is one."""
-        self._pushed = 0  # the newest iteration the mirror holds
-        self.results: ResultsSync | None = None
-        """The --checkpoint-uri mirror of the run's results and status, when there is a store."""
-        self.inflight: InflightStore | None = None
-        """Where a running rollout's committed state goes (with --checkpoint-uri and inflight_every_s > 0)."""
+        self.folder = RunFolder(cfg, self.out, log)
+        """The run folder's jobs: its lock, identity, store copies, metrics and TensorBoard."""
         self.eval_written: Path | None = None
         """The newest evaluation's samples (eval/step-N.png or .jsonl), for TensorBoard."""
         self.stop_reason = "steps"
         """Why the loop ended: "steps" (all ran), "budget" or "deadline" (`cloud.cost.CostControl`)."""
-        self.lock: RunLock | None = None
-        """This process's hold on the run folder, from `build` until `train` ends (`run_lock`)."""
         self.controller: IterationController | None = None
         """Orders every iteration's phases and places its update (`iteration_controller`)."""
         self.started = time.perf_counter()
@@ -139,8 +122,6 @@ class Trainer:
         """Iterations the newest checkpoint holds."""
         self.checkpoint_s: float | None = None
         """The last iteration's checkpoint seconds (None: it wrote none)."""
-        self.writer: Any = None
-        """TensorBoard's writer of tb/, while the loop runs."""
         self.bar: Any = None
         """The iterations' progress bar on stderr, while the loop runs."""
 
@@ -148,30 +129,17 @@ class Trainer:
         cfg = self.cfg
         # Every check that can refuse the run comes before the run folder is made: bad input
         # leaves nothing behind.
-        self._check_out_dir()
+        self.folder.check()
         store = open_store(cfg.cloud.checkpoint_uri) if cfg.cloud.checkpoint_uri else None
         # Prices, the fleet and a too-small budget are checked before anything starts; from here on
         # the fleet is paid for (instances are paid from launch), on top of what earlier sessions spent.
         self.cost = cost_control(cfg, WallClock(), load_spent(self.out))
-        made = not self.out.exists()
-        self.out.mkdir(parents=True, exist_ok=True)
-        self.lock = RunLock.acquire(self.out)  # before anything in the folder changes
+        made = self.folder.acquire()  # before anything in the folder changes
         try:
             return self._build(store, runtime)
         except BaseException:
-            self._unlock(made)
+            self.folder.release(made)
             raise
-
-    def _unlock(self, made: bool = False) -> None:
-        """Let the run folder go; one this process `made` and left empty goes too (a run refused
-        while it built leaves nothing behind)."""
-        if self.lock is not None:
-            self.lock.release()
-            self.lock = None
-            if made:
-                (self.out / LOCK).unlink(missing_ok=True)
-                with contextlib.suppress(OSError):  # not empty: what was written stays
-                    self.out.rmdir()
 
     def _build(self, store: Store | None, runtime: Runtime | None) -> "Trainer":
         cfg = self.cfg
@@ -179,9 +147,7 @@ class Trainer:
         # set aside now, so that the store's copy of that iteration can replace it.
         checkpoint.newest_usable(self.out / "checkpoints", self.log, hashes=False)
         if store is not None:
-            self._pull(store)
-            if cfg.cloud.inflight_every_s > 0:
-                self.inflight = InflightStore(store, self.log)
+            self.folder.connect(store)
         self.prompts = run_prompts(cfg.prompts, cfg.seed)
         self.eval_prompts = evaluation_prompts(cfg, self.prompts)
         self.runtime = runtime if runtime is not None else make_runtime(cfg, self.log)
@@ -198,7 +164,7 @@ class Trainer:
         self._restart_s = time.perf_counter() - roles - info["warm_start"].get("seconds", 0.0)
         if self.start_step > cfg.train.steps:  # a newer checkpoint came from --checkpoint-uri's store
             self.runtime.shutdown()
-            raise ConfigError(self._more_than_asked(self.start_step))
+            raise ConfigError(self.folder.more_than_asked(self.start_step))
         if self.warm.get("steps"):
             how = "loaded from cache" if self.warm["cached"] else f"trained in {self.warm['seconds']:.0f} s"
             self.log(f"warm start ({plural(self.warm['steps'], 'step')}) {how}: {self.warm['path']}")
@@ -216,10 +182,10 @@ class Trainer:
             explores_first=lambda step: (ex is not None and ex.explores_first and step == self.start_step
                                          and ex.pool_step != step))
         self.saved = self.start_step
-        self._truncate_metrics(self.start_step)
+        self.folder.truncate_metrics(self.start_step)
         (self.out / "config.yaml").write_text(to_yaml(cfg))  # after the check: it is the resume key
-        if store is not None:  # a resumed run keeps the stored results of the heads before it
-            self.results = ResultsSync(store, self.out, self.log, keep_stored=self.start_step > 0)
+        if store is not None:
+            self.folder.keep_results(store, resumed=self.start_step > 0)
         return self
 
     def _warm_start(self) -> dict[str, Any] | None:
@@ -253,34 +219,6 @@ class Trainer:
             finally:
                 torch.set_num_threads(threads)
 
-    def completed(self) -> dict[str, Any] | None:
-        """The stored summary when --out already holds this whole run: its newest sound checkpoint
-        is this run's (`_not_this_run`) at exactly `train.steps`, summary.json says every iteration
-        ran (not a budget or deadline stop), and final/ is there. Then there is nothing to train, and
-        `spotlight train` says so without starting Ray or the meter (a re-run used to start the
-        cluster and its actors, do nothing, and bill their seconds). None otherwise: a new run, a
-        resumable one, one asked for more iterations (`--steps`), or another run's folder, which
-        `build` refuses with its reason. Reads only: no lock, no folder made."""
-        steps = self.cfg.train.steps
-        found = checkpoint.newest_sound(self.out / "checkpoints") if self.out.is_dir() else None
-        if found is None or found[0].step != steps or not (self.out / "final").is_dir():
-            return None
-        try:
-            if self._not_this_run(found[1], self.out / "config.yaml") is not None:
-                return None
-            summary = load_file(self.out / "summary.json", max_bytes=SUMMARY_BYTES)
-        except (OSError, ValueError, ConfigError):
-            return None  # unreadable or damaged: the full path says what is wrong, or redoes the end
-        done = isinstance(summary, dict) and summary.get("steps") == steps and summary.get("stop_reason") == "steps"
-        return summary if done else None
-
-    def _more_than_asked(self, done: int) -> str:
-        """The error of a run folder that already holds more iterations than train.steps asks for."""
-        steps = self.cfg.train.steps
-        return (f"{self.out}: already holds {plural(done, 'iteration')}, more than the {steps} asked for "
-                f"(--steps or train.steps), so nothing was trained: ask for {done} or more to train on from "
-                "there, or use a new --out folder")
-
     def _explorer(self) -> Explorer:
         """The explorer, with the planner state saved for the resumed iteration when there is a usable one."""
         explorer = Explorer(self.cfg, self.prompts, self.log)
@@ -296,63 +234,6 @@ class Trainer:
         then = "explored first, on the critical path" if explorer.explores_first else "on random seeds"
         self.log(f"explorer state for iteration {self.start_step}: {why}; it starts {then}")
         return explorer
-
-    def _check_out_dir(self) -> None:
-        """Refuse an --out that is not a folder, whose newest sound checkpoint is another run's
-        (`resume_identity`: a changed step count or micro-batch is fine), or that holds more
-        iterations than train.steps asks for (the run cannot shrink: nothing would be trained).
-        Creates, moves and renames nothing; a folder merely named step-N is not a checkpoint."""
-        if self.out.exists() and not self.out.is_dir():
-            raise ConfigError(f"--out {self.out}: exists and is not a folder")
-        found = checkpoint.newest_sound(self.out / "checkpoints")
-        if found is None:
-            return
-        newest, state = found
-        why = self._not_this_run(state, self.out / "config.yaml")
-        if why is not None:
-            raise ConfigError(f"{self.out}: holds checkpoints of another run ({newest.path.name}: {why}); "
-                              "use a new --out folder, or delete its checkpoints/ to start over")
-        if newest.step > self.cfg.train.steps:
-            raise ConfigError(self._more_than_asked(newest.step))
-
-    def _not_this_run(self, state: dict[str, Any], saved: Path) -> str | None:
-        """Why a checkpoint whose state.json is `state`, beside config file `saved` (a run folder's,
-        or a stored checkpoint's), is not this run's; None when it is. A checkpoint written before
-        resume identities is judged by `saved` alone, and refused without it."""
-        stored = state.get("identity")
-        if stored is None and not saved.is_file():
-            return "it records no resume identity and there is no config.yaml to compare"
-        why = None if stored is None else mismatch(stored, self.cfg)
-        if stored is not None and why is None:
-            return None
-        try:
-            changed = differences(load_config(saved).to_dict(), self.cfg) if saved.is_file() else []
-        except ConfigError:
-            if stored is None:  # the only evidence there is: an unreadable one refuses the folder
-                raise
-            changed = []  # the identity has decided; config.yaml only names the fields
-        named = ", ".join(changed)
-        if stored is None:
-            return f"config.yaml differs in {named}" if changed else None
-        return f"{why} ({named})" if changed else why
-
-    def _truncate_metrics(self, step: int) -> None:
-        """Keep the rows of iterations before the resumed checkpoint: later ones are about to be
-        redone. A row is written before the checkpoint that covers its iteration, so every kept
-        iteration has its row; a line cut short by a kill is dropped with it."""
-        path = self.out / "metrics.jsonl"
-        if not path.is_file():
-            return
-        rows = []
-        for line in path.read_text(errors="replace").splitlines():
-            try:
-                row = loads(line, max_bytes=ROW_BYTES, what="metrics.jsonl row")
-                keep = isinstance(row, dict) and isinstance(row.get("step"), int) and row["step"] < step
-            except ValueError:
-                keep = False
-            if keep:
-                rows.append(line)
-        path.write_text("".join(r + "\n" for r in rows))
 
     # ---- the loop -------------------------------------------------------------------------------
 
@@ -395,19 +276,20 @@ class Trainer:
     def rollout(self, step: int, requests: list[Request]) -> list[Any]:
         """The iteration's rollout; with an in-flight store, resumed from what it holds of this
         iteration (a controller restarted mid-rollout), and snapshotted to it while it runs."""
-        if self.inflight is None:
+        inflight = self.folder.inflight
+        if inflight is None:
             return self.runtime.rollout(requests)
         seeds = {r.id: tuple(r.seeds) for r in requests}
-        done, partial = self.inflight.load(step, seeds) if step == self.start_step else ({}, {})
+        done, partial = inflight.load(step, seeds) if step == self.start_step else ({}, {})
         if done or partial:
-            self.log(f"iteration {step} resumes its rollout from {self.inflight.store.uri}: {len(done)} results, "
+            self.log(f"iteration {step} resumes its rollout from {inflight.store.uri}: {len(done)} results, "
                      f"{len(partial)} requests at their committed steps")
         todo = [replace(r, step=partial[r.id][0], state=partial[r.id][1]) if r.id in partial else r
                 for r in requests if r.id not in done]
 
         def snapshot(results: dict[str, Any], committed: dict[str, tuple[int, Any]]) -> None:
             try:
-                self.inflight.save(step, seeds, {**done, **results}, committed)
+                inflight.save(step, seeds, {**done, **results}, committed)
             except StoreError as err:  # a lost snapshot is work that may be redone, not a failure
                 self.log(f"in-flight state of iteration {step} not stored: {err}")
 
@@ -423,7 +305,7 @@ class Trainer:
         try:
             return self._train()
         finally:
-            self._unlock()
+            self.folder.release()
 
     def _train(self) -> dict[str, Any]:
         try:
@@ -439,36 +321,28 @@ class Trainer:
             save_spent(self.out, self._spent())  # a crashed session's dollars count too, saved first
             self.runtime.shutdown()
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2))
-        # A stop's checkpoint, or a push that failed in the loop: with the run folder complete, the
-        # store must now hold the newest checkpoint and the results, or the command fails saying so.
-        storing = (waiting(self.log, f"storing the newest checkpoint and the results in {self.sync.store.uri}")
-                   if self.sync is not None else contextlib.nullcontext())
-        with storing:
-            self._push(must=True)
-            if self.results is not None:
-                self.results.push(final=True, stop_reason=self.stop_reason, must=True)
-                self._report(summary["steps"], summary.get("reward_last"), finished=True)
+        self.folder.store_final(summary["steps"], summary.get("reward_last"), self.stop_reason, self.cost.summary(),
+                                self.runtime.engine)
         return summary
 
     def _loop(self) -> None:
-        from torch.utils.tensorboard import SummaryWriter
         from tqdm import tqdm
 
         steps = self.cfg.train.steps
-        self.writer = SummaryWriter(str(self.out / "tb"))
+        self.folder.open_tensorboard()
         self.bar = tqdm(initial=self.start_step, total=steps, desc="train", unit="it", disable=not self.progress,
                         file=sys.stderr)
         self.started = time.perf_counter()
         self.cost.start(self.start_step, self._restart_s)
         if notional_fleet(self.cfg):  # priced for the iterations alone (`cost_control.COUNTS`)
             self.cost.meter.restart()
-        self._report(self.start_step, None)
+        self.folder.report(self.start_step, None, self.cost.summary(), self.runtime.engine)
         try:
             _, stopped = run_loop(self.runtime.engine, self.cost, self.start_step, steps, self)
         finally:
             self.bar.close()
         self.stop_reason = stopped or "steps"
-        self.writer.close()
+        self.folder.close_tensorboard()
 
     # ---- the run loop's steps (`spotlight.iteration.run_loop.Run`) ----------------------------------
 
@@ -497,15 +371,12 @@ class Trainer:
 
     def after(self, step: int, done: Completed) -> str | None:
         """The dollars saved, the row in TensorBoard, the store's copy and the status (`_publish`)."""
-        row, writer = done.value, self.writer
+        row = done.value
         save_spent(self.out, self._spent())
-        for key, value in row.items():
-            if key != "step" and isinstance(value, (int, float)):
-                writer.add_scalar(key, value, step)
-        if self.eval_written is not None:
-            _add_evaluation(writer, self.eval_written, step)
-            self.eval_written = None
-        self._publish(step + 1, row["reward_mean"], writer)  # after the row: the store's metrics reach it
+        self.folder.add_row(row, step, self.eval_written)
+        self.eval_written = None
+        # after the row: the store's metrics reach it
+        self.folder.publish(step + 1, row["reward_mean"], self.cost.summary(), self.runtime.engine)
         self.bar.update(1)
         self.bar.set_postfix(reward=f"{row['reward_mean']:.3f}", std=f"{row['group_reward_std']:.3f}")
         return None
@@ -519,72 +390,6 @@ class Trainer:
             self.explorer.save(self.out / "explorer", done)
         self.runtime.save_checkpoint(self.out / "checkpoints")
         self.saved = done
-
-    def _pull(self, store: Store) -> None:
-        """Bring the newest complete checkpoint of --checkpoint-uri's `store` into the run folder when
-        the folder holds none as new (a run restarted on a fresh machine resumes from the store)."""
-        self.sync = CheckpointSync(store, self.log)
-        local = checkpoint.latest(self.out / "checkpoints")
-        with waiting(self.log, f"looking for a newer checkpoint in {store.uri}"):
-            pulled = self.sync.pull(self.out, local.step if local else 0, accept=self._check_stored_config)
-        if pulled is not None:
-            self.log(f"checkpoint {pulled} pulled from {self.sync.store.uri}")
-        newest = checkpoint.latest(self.out / "checkpoints")
-        self._pushed = newest.step if newest is not None and newest.step in self.sync.stored() else 0
-
-    def _check_stored_config(self, folder: Path) -> None:
-        """Refuse a stored checkpoint (verified, in run-folder layout under `folder`) of another run."""
-        found = checkpoint.newest_sound(folder / "checkpoints")
-        why = "no checkpoint" if found is None else self._not_this_run(found[1], folder / "config.yaml")
-        if why is not None:
-            raise ConfigError(f"{self.cfg.cloud.checkpoint_uri}: holds checkpoints of another run ({why}); "
-                              "use another --checkpoint-uri or delete them")
-
-    def _push(self, must: bool = False) -> bool:
-        """Mirror the newest checkpoint to --checkpoint-uri unless it is there already; True when it
-        stored one now. A failed push is logged and tried again later; with `must` it raises StoreError."""
-        if self.sync is None:  # no store: nothing to look for after every iteration
-            return False
-        newest = checkpoint.latest(self.out / "checkpoints")
-        if (newest is not None and newest.step > self._pushed
-                and self.sync.push(self.out, newest.step, must=must) is not None):
-            self._pushed = newest.step
-            if self.inflight is not None:  # resuming now starts at or after this checkpoint
-                self.inflight.prune(newest.step)
-            return True
-        return False
-
-    def _publish(self, done: int, reward_mean: float, writer) -> None:
-        """The store's copy of the run after `done` iterations: the newest checkpoint, the results
-        with each checkpoint stored (TensorBoard's events flushed first), and the status."""
-        if self._push() and self.results is not None:
-            writer.flush()
-            self.results.push()
-        self._report(done, reward_mean)
-
-    def _report(self, done: int, reward_mean: float | None, finished: bool = False) -> None:
-        """results/status.json after `done` iterations (one small put), when there is a store."""
-        if self.results is None:
-            return
-        self.results.write_status(status_record(
-            self.out.name, self.out, done, self.cfg.train.steps, reward_mean, self.cost.summary(),
-            fleet_counts(self.runtime.engine), self._pushed or None, finished=finished,
-            stop_reason=self.stop_reason if finished else None))
-
-
-def _add_evaluation(writer, written: Path, step: int) -> None:
-    """An evaluation's samples in TensorBoard: the DiT's grid as the image `eval/samples`, the LLM's
-    completions as the text `eval/completions` (a markdown table)."""
-    if written.suffix == ".png":
-        import numpy as np
-        from PIL import Image
-
-        writer.add_image("eval/samples", np.asarray(Image.open(written).convert("RGB")), step, dataformats="HWC")
-        return
-    rows = [loads(line, max_bytes=ROW_BYTES, what="evaluation row") for line in written.read_text().splitlines()]
-    table = "| prompt | seed | completion | reward |\n|---|---|---|---|\n" + "\n".join(
-        f"| {r['prompt']!r} | {r['seed']} | {r['completion']!r} | {r['reward']:.3f} |" for r in rows)
-    writer.add_text("eval/completions", table, step)
 
 
 def summarize(metrics_path: Path, steps: int, window: int = 5) -> dict[str, Any]:
