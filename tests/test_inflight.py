@@ -64,7 +64,7 @@ def test_a_controller_restarted_mid_rollout_resumes_from_the_stored_in_flight_st
     a, b = final_weights(tmp_path / "straight"), final_weights(tmp_path / "second")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     # The checkpoint after iteration 1 is stored: the snapshot of iteration 1 is gone.
-    assert [k for k in InflightStore(resumed.sync.store).store.list("inflight/")] == []
+    assert [k for k in InflightStore(resumed.folder.sync.store).store.list("inflight/")] == []
 
 
 def _result(seeds):

@@ -124,6 +124,16 @@ class ExplorationSession:
         self.samples += i
 
 
+def explores_first(ex: Any, step: int, start_step: int, explored: int | None = None) -> bool:
+    """Whether iteration `step` begins by exploring its seeds on the critical path — the rule,
+    written once (`exploration` config section `ex`): with `explore_first`, the first iteration of a
+    session (`start_step`: nothing trained before it to hide exploration behind), unless the random
+    planner runs (it chooses no seeds) or that iteration was `explored` already (a resumed explorer's
+    saved pool)."""
+    return (ex.enabled and ex.explore_first and ex.planner != "random" and step == start_step
+            and explored != step)
+
+
 class Explorer:
     """The planner state of a run with `exploration.enabled`."""
 
@@ -163,16 +173,10 @@ class Explorer:
         self.pool_step = step
         return ExplorationSession(self, step, version, self.pool, prompts, critical_path)
 
-    @property
-    def explores_first(self) -> bool:
-        """Whether a run's first iteration is explored on the critical path (the random planner
-        chooses no seeds, so it has nothing to explore for)."""
-        return self.cfg.exploration.explore_first and self.planner is not None
-
     def first_session(self, step: int, version: int) -> ExplorationSession | None:
         """The critical-path exploration of a run's first iteration `step` (`explore_first`), when
         nothing explored it during a train phase before; None when there is nothing to do."""
-        if not self.explores_first or self.pool_step == step:
+        if not explores_first(self.cfg.exploration, step, step, self.pool_step):
             return None
         return self.session(step, version, critical_path=True)
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
 from schedulers.update_placement import UpdatePlacement
+from spotlight.iteration import exploration
 
 PHASES = ("explore_first", "eval", "rollout", "reward", "advantage", "update", "publish", "record", "checkpoint")
 
@@ -93,8 +94,7 @@ class IterationController:
         def evaluates(step: int) -> bool:
             return evaluation and (step % t.eval_every == 0 or step == t.steps - 1)
 
-        first = explores_first or (lambda step: ex.enabled and ex.explore_first and ex.planner != "random"
-                                   and step == start_step)
+        first = explores_first or (lambda step: exploration.explores_first(ex, step, start_step))
         return cls(UpdatePlacement(t.update_on, prefer=prefer_fleet), clock, t.steps, start_step,
                    t.checkpoint_every, evaluates, first)
 

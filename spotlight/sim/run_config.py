@@ -33,7 +33,6 @@ from spotlight.config import ConfigError, RunConfig
 from spotlight.sim.config import Policy, SimConfig
 from spotlight.sim.progress_model import ProgressModel
 from spotlight.sim.step_time import StepTimes
-from spotlight.iteration.iteration_controller import IterationController
 from spotlight.iteration.iteration_time import checkpoint_seconds_estimate
 
 POLICY = "config"
@@ -98,10 +97,7 @@ def simulate_run(run: RunConfig, trace: Trace, progress: ProgressModel | None = 
                       None if trace.end_s is None else trace.end_s / speedup)
     progress = progress or ProgressModel.calibrated(iterations_scale=cfg.iterations_scale)
     od, spot, row = gpu_prices(cfg)
-    sim = Simulation(cfg, policy, trace, progress, (od, spot))
-    sim.eval_samples = run.train.eval_prompts * run.train.eval_seeds
-    sim.controller = IterationController.from_config(run, sim.clock, 0, evaluation=run.evaluates)
-    sim.iterations_log = []
+    sim = Simulation(cfg, policy, trace, progress, (od, spot), run=run)
     result = sim.run()
     return {"policies": {POLICY: {**result, "iterations_log": sim.iterations_log}}, "trace": trace.source,
             "fleet_events": dict(sim.engine.counters),

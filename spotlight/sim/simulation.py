@@ -23,6 +23,7 @@ from spotlight.sim.config import Policy, SimConfig
 from schedulers.update_placement import UpdatePlacement, fleet_update_refusal
 from spotlight.sim.modelled_executor import ModelledExecutor, request_size
 from spotlight.sim.simulated_iteration import SimulatedIteration
+from spotlight.config import RunConfig
 from spotlight.iteration.iteration_controller import IterationController
 from spotlight.iteration.run_loop import Completed, run_loop
 from spotlight.sim.progress_model import ProgressModel, SeedRewards
@@ -116,10 +117,13 @@ class Simulation:
     """One policy on one trace. `run()` returns the result dict (docs/simulator.md)."""
 
     def __init__(self, cfg: SimConfig, policy: Policy, trace: Trace, progress: ProgressModel, prices: tuple[float, float],
-                 on_iteration: Callable[[int], None] | None = None, ondemand_gpus: int | None = None):
+                 on_iteration: Callable[[int], None] | None = None, ondemand_gpus: int | None = None,
+                 run: RunConfig | None = None):
         """`ondemand_gpus`: hold that many on-demand GPUs, chosen by the caller (the oracle weighing
         each count); None: the policy's or `cfg.gpus`, or under a renting objective the count
-        `choose_ondemand` picks when the run starts."""
+        `choose_ondemand` picks when the run starts. `run`: the run config this simulates as
+        `spotlight train` would run it (`simulate --config`, `spotlight.sim.run_config`): its
+        evaluation samples, its iteration controller, and every iteration logged (`iterations_log`)."""
         self.cfg, self.policy, self.trace, self.progress = cfg, policy, trace, progress
         self.on_iteration = on_iteration
         """Called with the iterations done after each one (a progress bar); None: nobody is told."""
@@ -172,7 +176,7 @@ class Simulation:
         self.max_sp_degree = workers_st.heads
         """The largest SP degree the regroup policy may give a worker (degrees divide the heads): 1
         for a policy whose update may run on the fleet (> 1: SP groups, which compute rollouts only)."""
-        self.eval_samples = 0
+        self.eval_samples = run.train.eval_prompts * run.train.eval_seeds if run is not None else 0
         """Evaluation samples per evaluated iteration (a simulated run config's; named policies: none)."""
         self.checkpoint_s = cfg.checkpoint_s
         self._gain = 0.0
@@ -186,12 +190,12 @@ class Simulation:
         self.reached_at: float | None = None
         """When the target score was reached (None: not yet); `cost_at` the dollars spent by then."""
         self.cost_at: float | None = None
-        self.iterations_log: list[dict[str, Any]] | None = None
-        """Each iteration's phases and update placement, when asked for (`simulate --config`)."""
-        self.controller = IterationController(
-            UpdatePlacement("auto" if policy.fleet_update else "learner", prefer=self._update_on_fleet),
-            self.clock, cfg.iterations,
-            explores_first=lambda it: policy.explore == "critical_path")
+        self.iterations_log: list[dict[str, Any]] | None = [] if run is not None else None
+        """Each iteration's phases and update placement, for a run config (`simulate --config`)."""
+        self.controller = IterationController.from_config(run, self.clock, 0, evaluation=run.evaluates) \
+            if run is not None else IterationController(
+                UpdatePlacement("auto" if policy.fleet_update else "learner", prefer=self._update_on_fleet),
+                self.clock, cfg.iterations, explores_first=lambda it: policy.explore == "critical_path")
 
     def _size_requests(self) -> None:
         """Samples per rollout request for the fleet at its peak (`request_size`), and so the requests of an iteration."""

@@ -48,7 +48,7 @@ from schedulers.request import Kind, Request
 from schedulers.traces import Trace, replay_schedule
 from spotlight.checkpoints import checkpoint
 from spotlight.config import ConfigError, RunConfig, to_yaml
-from spotlight.iteration.exploration import Explorer
+from spotlight.iteration.exploration import Explorer, explores_first
 from spotlight.iteration.iteration_controller import IterationController
 from spotlight.iteration.run_loop import Completed, run_loop
 from spotlight.rl.policy import Rollout
@@ -179,8 +179,8 @@ class Trainer:
         ex = self.explorer
         self.controller = IterationController.from_config(
             cfg, WallClock(), self.start_step, evaluation=bool(self.eval_prompts),
-            explores_first=lambda step: (ex is not None and ex.explores_first and step == self.start_step
-                                         and ex.pool_step != step))
+            explores_first=lambda step: explores_first(cfg.exploration, step, self.start_step,
+                                                       ex.pool_step if ex is not None else None))
         self.saved = self.start_step
         self.folder.truncate_metrics(self.start_step)
         (self.out / "config.yaml").write_text(to_yaml(cfg))  # after the check: it is the resume key
@@ -231,7 +231,8 @@ class Trainer:
         except (ValueError, KeyError, TypeError, IndexError, AttributeError) as err:
             why = f"unreadable ({type(err).__name__})"
             explorer = Explorer(self.cfg, self.prompts, self.log)  # nothing half-loaded
-        then = "explored first, on the critical path" if explorer.explores_first else "on random seeds"
+        first = explores_first(self.cfg.exploration, self.start_step, self.start_step)
+        then = "explored first, on the critical path" if first else "on random seeds"
         self.log(f"explorer state for iteration {self.start_step}: {why}; it starts {then}")
         return explorer
 
