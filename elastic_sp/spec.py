@@ -8,7 +8,7 @@ of denoising steps (when a request is done). Everything else — building the tr
 weights, the policy that samples with it, the prompt a request names — comes from the spec's
 *builder*: a module, named by its import path, that the member process imports at run time
 (`Builder` below says what it provides). The workload's run config travels as opaque text that
-only the builder reads. This is so because imports point down (DESIGN.md): elastic_sp sits below
+only the builder reads. This is so because imports point down (docs/design.md, "Rules"): elastic_sp sits below
 `spotlight/` and must not import it — tests/test_imports.py checks that — while the model,
 sampler and config it serves are spotlight's (`spotlight.rl.sp_member` is the builder for the
 DiT policy, and `sp_member.serve_spec(cfg, ...)` fills a spec from a `RunConfig`).

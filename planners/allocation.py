@@ -1,7 +1,7 @@
 """Exploration allocation: how many candidate seeds of each prompt to score with stale weights.
 
 While the trainer trains, idle workers score candidate seeds of the next iteration's prompts with
-the previous weights (DESIGN.md, idea 1); the next rollout uses, per prompt, the G explored seeds
+the previous weights (docs/design.md, idea 1); the next rollout uses, per prompt, the G explored seeds
 whose rewards contrast most (`selection.max_variance_subset`). A planner splits the exploration
 budget over the prompts in rounds: `next_round` says how many more seeds each prompt gets now, the
 caller scores them into the `SeedPool`, and asks again until it gets `{}` or runs out of time.

@@ -1,7 +1,7 @@
 """The seed pool: the candidate seeds of one iteration's prompts and the rewards seen for them.
 
 A seed fixes a sample's whole noise sequence, so (prompt, seed, weight version) fixes its reward.
-Explorers score candidate seeds with stale weights while the trainer trains (DESIGN.md, idea 1);
+Explorers score candidate seeds with stale weights while the trainer trains (docs/design.md, idea 1);
 the pool collects those scores for the planner and for the final seed selection.
 
 Invariants:

@@ -1,6 +1,6 @@
 """Variance-maximising selection of a GRPO group from a prompt's explored seeds.
 
-GRPO learns only from reward differences inside a group (DESIGN.md, idea 1), so of the seeds
+GRPO learns only from reward differences inside a group (docs/design.md, idea 1), so of the seeds
 explored for a prompt the next rollout uses the g whose rewards have the largest population
 variance.
 

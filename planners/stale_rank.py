@@ -1,7 +1,7 @@
 """The stale-rank health monitor: is seed exploration on stale weights still worth trusting?
 
 Exploration ranks a prompt's seeds by their rewards under the previous weights θ(t-1); the
-rollout then uses the top-contrast seeds under θ(t) (DESIGN.md, idea 1). That pays only while the
+rollout then uses the top-contrast seeds under θ(t) (docs/design.md, idea 1). That pays only while the
 two rankings agree. After each rollout the monitor compares, per prompt, the stale and the fresh
 rewards of the same seeds by Spearman rank correlation; when the mean falls below a threshold
 (a big update, a learning-rate spike), the controller falls back to random seeds until agreement

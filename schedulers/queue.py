@@ -1,6 +1,6 @@
 """The pull queue: rollout and exploration requests handed out to workers that ask for work.
 
-Workers *pull* when idle, so faster or more numerous workers simply take more (DESIGN.md, idea 3).
+Workers *pull* when idle, so faster or more numerous workers simply take more (docs/design.md, idea 3).
 A pulled request is *leased* to its worker until a deadline that heartbeats push back; a worker
 commits partial progress with `checkpoint`, hands work back on a preemption notice with
 `give_back`, and ends it with `complete`. Work whose worker vanishes without notice comes back by

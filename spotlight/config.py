@@ -753,7 +753,7 @@ class RuntimeConfig:
 
 @dataclass
 class ExplorationConfig:
-    """Seed exploration on stale weights (DESIGN.md, idea 1): while the learner trains θ(t+1), idle
+    """Seed exploration on stale weights (docs/design.md, idea 1): while the learner trains θ(t+1), idle
     rollout workers score candidate seeds of the next iteration's prompts with θ(t); the next rollout
     uses, per prompt, the G seeds whose rewards contrast most."""
 

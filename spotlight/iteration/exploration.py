@@ -1,4 +1,4 @@
-"""Seed exploration on stale weights, the controller's side (DESIGN.md, idea 1).
+"""Seed exploration on stale weights, the controller's side (docs/design.md, idea 1).
 
 A sample's seed fixes its whole noise sequence (initial noise and every SDE step's noise; see
 `seeding`), and which seeds of a prompt score high or low barely changes from one weight version to
