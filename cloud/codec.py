@@ -1,10 +1,9 @@
 """Plain data with tensors as bytes that decoding can never turn into code.
 
 Everything Spotlight reads back from a store (optimiser and RNG states, a rollout's committed
-in-flight state) or from a peer (the elastic-SP agent's control messages) goes through this codec
-instead of pickle: a pickle is a program, and whoever can write to the bucket or reach the port
-would run it on the trainer. Here the bytes are a safetensors file — the tensors, and in its
-metadata one JSON tree of the rest — and `decode` builds only:
+in-flight state) goes through this codec instead of pickle: a pickle is a program, and whoever can
+write to the bucket would run it on the trainer. Here the bytes are a safetensors file — the
+tensors, and in its metadata one JSON tree of the rest — and `decode` builds only:
 - JSON values (None, bools, ints, floats — nan and inf included — strings, lists, string-keyed dicts),
 - tuples, dicts with other keys, `pathlib.Path`s, `bytes`,
 - CPU tensors of safetensors' dtypes,
@@ -14,7 +13,7 @@ metadata one JSON tree of the rest — and `decode` builds only:
 Anything else — an unknown class name, a missing or extra field, a dangling tensor reference, a
 malformed header, bytes that are not safetensors — is a `DecodeError` with one line saying what,
 and nothing of the input has run. Integrity (is this what the writer wrote?) is not the codec's
-business: stored objects carry a manifest with their size and SHA-256, messages an HMAC.
+business: stored objects carry a manifest with their size and SHA-256.
 Invariants tested in tests/test_codec.py: `decode(encode(x)) == x` for every supported shape,
 tensors bit-identical; a pickle, truncated bytes and disallowed classes never decode.
 """
@@ -24,7 +23,6 @@ from __future__ import annotations
 import base64
 import dataclasses
 import enum
-import functools
 import json
 import math
 import os
@@ -54,10 +52,8 @@ def _name(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
-@functools.lru_cache(maxsize=64)
 def _types(allowed: tuple[type, ...]) -> dict[str, type]:
-    """Allowed types by name; cached because the agent's control messages name 45 types and are
-    encoded thousands of times (the set was ~25 of encode's ~40 µs per small message)."""
+    """Allowed types by name."""
     return {_name(c): c for c in allowed}
 
 

@@ -16,12 +16,11 @@ The agent only starts, stops and watches processes and holds weights; which grou
 form is the coordinator's business (`coordinator.py`). The coordinator sees every agent through
 the `Agent` interface below: it waits on the agent's `waitables()` and reads what they carry with
 `receive()` — the members' reports, and `Lost` for a member that died. `NodeAgent` is the agent
-in the coordinator's own process (one node, or tests); `agent_server.RemoteAgent` is the same
-interface over a connection to an agent that runs as its own long-lived process on its node (a
-signed connection carrying data only: `signed_connection`); `ray_agent.RayAgent` is it over Ray
-calls to an agent hosted in a Ray actor on its node (what `spotlight train` uses). Between an agent and its members,
-messages are pickles on pipes (`protocol.Channel`): those pipes join processes the agent itself
-started on the same node and never cross a network.
+in the coordinator's own process (one node, or tests); `ray_agent.RayAgent` is the same interface
+over Ray calls to an agent hosted in a Ray actor on its node (what `spotlight train` and
+`spotlight bench sp-regroup` use). Between an agent and its members, messages are pickles on pipes
+(`protocol.Channel`): those pipes join processes the agent itself started on the same node and
+never cross a network.
 """
 
 from __future__ import annotations
@@ -85,12 +84,12 @@ class MemberHandle:
     alive: bool = True
     exitcode: int | None = None
     process: Any = None
-    """The process object, for the agent that started it (None seen through a remote agent)."""
+    """The process object, for the agent that started it (None seen through a `ray_agent.RayAgent`)."""
     channel: P.Channel | None = None
 
 
 class Agent(Protocol):
-    """A node agent as the coordinator drives it (`NodeAgent` here, `agent_server.RemoteAgent`)."""
+    """A node agent as the coordinator drives it (`NodeAgent` here, `ray_agent.RayAgent`)."""
 
     node: str
     members: dict[str, MemberHandle]
@@ -113,7 +112,7 @@ class Agent(Protocol):
 
     def publish(self, version: int, state: Any) -> None:
         """New weights `state` (version `version`) become the node's live copy, and every live
-        member loads them after what it was told before (`agent_server.RemoteAgent`: not supported)."""
+        member loads them after what it was told before."""
         ...
 
     def kill(self, name: str) -> None: ...

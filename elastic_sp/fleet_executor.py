@@ -2,7 +2,7 @@
 
 `SPExecutor` implements `schedulers.fleet.Executor` over an engine-driven `coordinator.Coordinator`
 (`engine_driven=True`) and its node agents (`agent.NodeAgent` in this process, or
-`agent_server.RemoteAgent`):
+`ray_agent.RayAgent`):
 
 - a fleet node is one agent's node, and its devices are the members started on it (one member
   process per device, named NODE.GENERATION#j, so a node that joins again brings new names);

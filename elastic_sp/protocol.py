@@ -7,9 +7,8 @@ cheaper than torch's shared-memory handles (a file descriptor passed per tensor)
 (`Channel.send(..., shared=True)`). Pickles are safe here because a pipe joins the agent and a
 member process it started itself on the same node: it never crosses a network, and whoever could
 write into it already runs code as the agent. Where these messages do cross a network — between a
-coordinator and an agent server — they travel as data (`cloud.codec`, every class here but `Load`
-is in `agent_server.WIRE_TYPES`: weights are published only to agents on Ray, `ray_agent`) on a
-signed connection, never as pickles.
+coordinator and an agent on another node — Ray carries them (`ray_agent`), between processes of
+one Ray cluster.
 
 Every command and report that concerns a group carries its `generation`: a report from a
 generation that has been re-formed since is stale and ignored.

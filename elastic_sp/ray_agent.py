@@ -27,8 +27,7 @@ Ray runs on the actor process's main thread (SIGTERM's handler can be installed 
 methods of a threaded actor run in other threads).
 
 One thread of the host (its loop) owns the `NodeAgent` — the agent is not thread-safe — waiting on
-the members' pipes and sentinels and on the commands' wake-up socket at once, the way the agent
-server's single loop does.
+the members' pipes and sentinels and on the commands' wake-up socket at once.
 
 Weights: the actor starts with the run's current weights (an ObjectRef: Ray moves them to the node
 once) as the node's live copy, so every member copies them in memory; `publish` replaces the live

@@ -1,5 +1,5 @@
 """What every member of an elastic SP deployment builds: one immutable value, handed to each member
-process at start (and to a remote agent over its connection), so that all members — and the
+process at start (and to an agent on another node, through Ray), so that all members — and the
 single-process reference in tests — compute the same function.
 
 elastic_sp knows nothing of the model it serves beyond the transformer's attention: the heads and
@@ -13,8 +13,8 @@ only the builder reads. This is so because imports point down (docs/design.md, "
 sampler and config it serves are spotlight's (`spotlight.rl.sp_member` is the builder for the
 DiT policy, and `sp_member.serve_spec(cfg, ...)` fills a spec from a `RunConfig`).
 
-A spec is plain data (strings, numbers, a dict of numbers), so it crosses the agent server's
-connection as data (`agent_server.WIRE_TYPES`) without any of the workload's classes.
+A spec is plain data (strings, numbers, a dict of numbers), so it reaches an agent on another node
+without any of the workload's classes.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
                     [--preemption-trace TRACE] [--trace-speedup F] [--checkpoint-uri URI]
                     [--budget-usd X] [--deadline-h H]
     spotlight prices [--gpu GPU] [--json] [--table CSV] [--refresh aws|sky] [--region R] [--write CSV]
-    spotlight bench throughput|scheduler|sp-regroup|sp-train|update|lora [--json] [--agent process|local]
+    spotlight bench throughput|scheduler|sp-regroup|sp-train|update|lora [--json] [--agent ray|local]
                     [--executors 1,2,4]
     spotlight launch CONFIG [--checkpoint-uri URI] [--dryrun] [--out DIR] [--strict] [--name NAME]
     spotlight status URI [--json]
@@ -891,9 +891,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="sp-regroup: member processes (the first group's degree), 2..16")
     bench.add_argument("--heads", type=_int(*BENCH_LIMITS["heads"]), default=4,
                        help="sp-regroup: attention heads of the tiny DiT, 1..64")
-    bench.add_argument("--agent", choices=["process", "local"], default="process",
-                       help="sp-regroup: the node agent as its own process, reached over TCP as on a cluster "
-                            "(default), or inside the bench's process")
+    bench.add_argument("--agent", choices=["ray", "local"], default="ray",
+                       help="sp-regroup: the node agent as a Ray actor on a local Ray cluster, as `spotlight "
+                            "train` deploys it (default), or inside the bench's process")
     bench.set_defaults(func=cmd_bench)
 
     launch = sub.add_parser("launch", help="launch a run on a spot fleet with SkyPilot",

@@ -18,7 +18,7 @@ def test_sp_regroup_bench_prints_one_json_object_with_regroup_and_cold_start_tim
     proc = _bench("--json", "--world", "2", "--heads", "2", "--repeats", "1")
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)  # the whole of stdout is the one object
-    assert out["world"] == 2 and out["degrees"] == [1, 2] and out["agent"] == "process"
+    assert out["world"] == 2 and out["degrees"] == [1, 2] and out["agent"] == "ray"
     assert out["max_abs_err"] < 1e-5 and set(out["max_abs_err_by_degree"]) == {"1", "2"}
     assert out["regroup_degrees"] == [1]  # one survivor of a group of 2 serves alone
     assert 0 < out["rendezvous_s"] and 0 < out["regroup_s"] < out["cold_start_s"]

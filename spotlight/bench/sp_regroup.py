@@ -3,9 +3,10 @@ against recovering by a restart; and how close SP output is to the single-proces
 
 Setup: one node agent with the tiny DiT's weights in shared memory (loaded once from a checkpoint
 file), `world` member processes, one SP group of degree `world` serving a rollout request. With
-`agent="process"` (the default, as deployed) the agent is its own process
-(`elastic_sp.agent_server`) and every command and report crosses its TCP connection; with
-`agent="local"` it lives in the bench's process.
+`agent="ray"` (the default, as `spotlight train` deploys it) the agent is a Ray actor
+(`elastic_sp.ray_agent`) on a local Ray cluster the bench starts (or the one this process has
+joined), and every command and report is a Ray call; with `agent="local"` it lives in the bench's
+process.
 
 1. max_abs_err: for each degree the heads allow (up to `world`), one forward on a group of that
    degree against the single-process forward, at 64 image tokens and at 25 (padded).
@@ -25,10 +26,12 @@ paths (the load average is reported).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import statistics
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,15 +39,14 @@ import torch
 from tqdm import tqdm
 
 from elastic_sp.agent import NodeAgent
-from elastic_sp.agent_server import RemoteAgent
 from elastic_sp.coordinator import Coordinator
 from elastic_sp.regroup_policy import UlyssesStepTime, valid_degrees
 from elastic_sp.spec import ServeSpec
-from elastic_sp.weights import NodeWeights, save_checkpoint
+from elastic_sp.weights import NodeWeights, load_checkpoint, save_checkpoint
 from schedulers.clock import WallClock
 from schedulers.queue import PullQueue
 from schedulers.request import Kind, Request
-from spotlight.config import default_config
+from spotlight.config import RuntimeConfig, default_config
 from spotlight.rl.dit_model import velocity
 from spotlight.rl.sp_member import serve_spec, tiny_arch
 
@@ -68,8 +70,10 @@ class _Run:
     def __init__(self, spec: ServeSpec, checkpoint: Path, world: int, agent: str) -> None:
         self.spec, self.world = spec, world
         self.queue = PullQueue(WallClock(), lease_s=3600.0)
-        if agent == "process":
-            self.agent = RemoteAgent.start("node0", spec, checkpoint, load_weights=True)
+        if agent == "ray":
+            from elastic_sp.ray_agent import RayAgent
+
+            self.agent = RayAgent.start("node0", spec, load_checkpoint(checkpoint), checkpoint=str(checkpoint))
         else:
             self.agent = NodeAgent("node0", spec, NodeWeights.from_checkpoint(checkpoint), checkpoint=checkpoint)
         self.coord = Coordinator(spec, [self.agent], self.queue, step_time=UlyssesStepTime())
@@ -111,15 +115,32 @@ class _Run:
         return self.queue.result(rid)
 
 
+@contextlib.contextmanager
+def _ray_if(needed: bool) -> Iterator[None]:
+    """A local Ray cluster for the agent actor while inside, unless this process has joined one
+    already (then it is left as it was)."""
+    if not needed:
+        yield
+        return
+    from spotlight.runtime import ray_cluster
+
+    started = ray_cluster.connect(RuntimeConfig())  # no address: a new local cluster
+    try:
+        yield
+    finally:
+        if started:
+            ray_cluster.shutdown()
+
+
 def run_sp_regroup_bench(world: int = 4, repeats: int = 3, heads: int = 4, steps: int = 8, kill_at_step: int = 2,
-                         rendezvous_repeats: int = 5, cold: bool = True, agent: str = "process",
+                         rendezvous_repeats: int = 5, cold: bool = True, agent: str = "ray",
                          progress: bool = False) -> dict[str, Any]:
     """The figures described in the module docstring, as one dict (medians over `repeats`); with
     `progress`, a bar on stderr counts its measurements."""
     if world < 2:
         raise ValueError(f"--world must be >= 2 (a group must lose a member and go on), got {world}")
-    if agent not in ("process", "local"):
-        raise ValueError(f"--agent must be process or local, got {agent!r}")
+    if agent not in ("ray", "local"):
+        raise ValueError(f"--agent must be ray or local, got {agent!r}")
     if repeats < 1:
         raise ValueError(f"--repeats must be >= 1, got {repeats}")
     if not 0 < kill_at_step < steps:
@@ -133,7 +154,7 @@ def run_sp_regroup_bench(world: int = 4, repeats: int = 3, heads: int = 4, steps
     # of the in-place regroup and of the restart
     bar = tqdm(total=1 + len(degrees) + rendezvous_repeats + 1 + repeats + (repeats if cold else 0),
                desc="bench sp-regroup", unit="step", disable=not progress, file=sys.stderr)
-    with bar, tempfile.TemporaryDirectory(prefix="sp-regroup-") as tmp:
+    with bar, tempfile.TemporaryDirectory(prefix="sp-regroup-") as tmp, _ray_if(agent == "ray"):
         model = spec.build_model()
         checkpoint = save_checkpoint(model.state_dict(), Path(tmp) / "model.safetensors")
         run = _Run(spec, checkpoint, world, agent)
