@@ -69,6 +69,14 @@ DEFAULT_REGION = {"aws": "us-east-1", "gcp": "us-central1"}
 """The region a refresh reads when none is given: where the shipped prices were taken."""
 
 
+def region_of(provider: str, region: str | None) -> str | None:
+    """Where `provider`'s prices named `region` hold: `region`, or — when it is empty or None (a
+    row of a table from before the region column, an unset `cloud.region`) — the provider's
+    `DEFAULT_REGION`; None for a provider that has none. The one place that rule is written
+    (tests/test_prices_region.py::test_region_of_is_the_named_region_else_the_default)."""
+    return region or DEFAULT_REGION.get(provider)
+
+
 class PriceError(ConfigError):
     """A bad price table or an unknown GPU / instance type; `str(err)` is the one line a user sees."""
 
@@ -94,9 +102,19 @@ class PriceRow:
         return self.instance_type, self.region
 
     @property
+    def where(self) -> str | None:
+        """The region these prices hold in (`region_of`: the provider's default for a row naming
+        none); None when the row names none and its provider has no default."""
+        return region_of(self.provider, self.region)
+
+    @property
     def home(self) -> bool:
         """Priced in the provider's default region (or in no named region)."""
-        return self.region in ("", DEFAULT_REGION.get(self.provider))
+        return self.where == DEFAULT_REGION.get(self.provider)
+
+    def holds_in(self, region: str) -> bool:
+        """Whether these prices hold in `region` (a row naming none holds in its provider's default)."""
+        return region in (self.region, self.where)
 
     def to_dict(self) -> dict[str, Any]:
         """Every field, in the CSV's column order (`WRITE_ORDER`: the region beside the instance type)."""
@@ -259,7 +277,7 @@ class PriceTable:
         if region is None:
             return next((r for r in mine if r.home), mine[0])
         for r in mine:
-            if r.region == region or (not r.region and region == DEFAULT_REGION.get(r.provider)):
+            if r.holds_in(region):
                 return r
         raise PriceError(f"instance type {_quote(instance_type)} has no price in region {_quote(region)}: the price "
                          f"table{self._named()} prices it in {', '.join(r.region or '(default)' for r in mine)}")
@@ -285,8 +303,7 @@ class PriceTable:
             if region is None:
                 pool = [self.row(name) for name in dict.fromkeys(r.instance_type for r in candidates)]
             else:
-                pool = [r for r in candidates if r.region == region
-                        or (not r.region and region == DEFAULT_REGION.get(r.provider))]
+                pool = [r for r in candidates if r.holds_in(region)]
                 if not pool:
                     raise PriceError(f"no {candidates[0].gpu} price in region {_quote(region)} in the price "
                                      f"table{self._named()}")
@@ -368,7 +385,7 @@ class PriceScenario:
     @property
     def region(self) -> str:
         """The row's region, or its provider's default where the table names none."""
-        return self.row.region or DEFAULT_REGION.get(self.row.provider, "")
+        return self.row.where or ""
 
     @property
     def name(self) -> str:
@@ -452,7 +469,7 @@ def refresh_from_aws(table: PriceTable, region: str | None = None, days: float =
     """
     from cloud import aws
 
-    region = region or DEFAULT_REGION["aws"]
+    region = region_of("aws", region)
     mine = [r for r in table.rows() if r.provider == "aws" and r.region in ("", region)]
     wanted = list(dict.fromkeys(r.instance_type for r in mine))
     if not wanted:
@@ -504,7 +521,7 @@ def refresh_from_sky(table: PriceTable, python: Path, region: str | None = None,
     wanted: dict[tuple[str, str, str], list[PriceRow]] = {}
     skipped: list[str] = []
     for r in rows:
-        where = r.region or region or DEFAULT_REGION.get(r.provider)
+        where = region_of(r.provider, r.region or region)
         if where is None:
             skipped.append(f"{r.instance_type}: no region to ask SkyPilot's catalog for (the row names none "
                            f"and {r.provider} has no default region)")

@@ -493,7 +493,7 @@ def cmd_prices(args: argparse.Namespace) -> int:
     # A row without a region (a table from before the column) holds in its provider's default
     # region (cloud/prices.py): shown in brackets, as assumed rather than read.
     def region(r: prices.PriceRow) -> str:
-        return r.region or prices.DEFAULT_REGION.get(r.provider, "unknown")
+        return r.where or "unknown"
 
     def shown_region(r: prices.PriceRow) -> str:
         return r.region or f"({region(r)})"
@@ -517,7 +517,7 @@ def cmd_prices(args: argparse.Namespace) -> int:
         print("  ".join(v.rjust(w) if 4 <= i <= 6 else v.ljust(w) for i, (v, w) in enumerate(zip(c, widths)))
               + "  " + c[-1])
     if any(not r.region for r in rows):
-        unknown = any(not r.region and r.provider not in prices.DEFAULT_REGION for r in rows)
+        unknown = any(r.where is None for r in rows)
         print("(region): the table names no region for the row; its provider's default region is assumed"
               + (" ((unknown): the provider has none)" if unknown else ""))
     return 0
