@@ -49,6 +49,7 @@ from pathlib import Path
 
 from cloud.store import StoreError
 from spotlight.config import ConfigError, RunConfig, default_config, load_config, to_yaml
+from spotlight.rl.reward_names import component_field
 from schedulers.input_file import InputError, error_line, short
 from spotlight.sim.report import plural
 
@@ -319,9 +320,9 @@ def check_train_inputs(cfg: RunConfig, args: argparse.Namespace, out: Path) -> N
         except ConfigError as err:
             raise ConfigError(f"{where}{err}") from None
     for i, term in enumerate(cfg.reward.terms):  # each reward component's weights, or its function's file or module
-        field = f"reward.components[{i}]" if cfg.reward.components else "reward"
         if term.model_path and not Path(term.model_path).is_dir():
-            raise ConfigError(f"{where}{field}.model_path: {short(term.model_path)} is not an existing folder (expected "
+            field = component_field(cfg.reward, i, "model_path")
+            raise ConfigError(f"{where}{field}: {short(term.model_path)} is not an existing folder (expected "
                               "local weights; nothing is downloaded)")
         if term.name == "clip_score" and not (term.model_path or cfg.reward.model_path):
             raise ConfigError(f"{where}reward.model_path: expected a local CLIP/PickScore folder for clip_score, got null")

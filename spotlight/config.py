@@ -33,23 +33,11 @@ from cloud.model_cache import cached_folder, is_remote, local_folder, source_pro
 from schedulers.update_placement import PLACES, SP_ROLLOUT_ONLY
 from schedulers.input_file import (SEED_MAX, ConfigError, InputError, InputFileError, at_most, check, load_yaml,
                                    parse_yaml, short)
+from spotlight.rl.reward_names import BUILTIN_REWARDS, check_name, component_field  # noqa: F401 — BUILTIN_REWARDS re-exported
 
 MAX_CONFIG_BYTES = 1 << 20
 """Largest config file read (1 MiB; the shipped ones are under 1 KB)."""
-BUILTIN_REWARDS = ("colour", "jpeg_compressibility", "jpeg_incompressibility", "arithmetic", "clip_score",
-                   "ocr", "answer_match")
-"""The rewards `spotlight.rl.rewards.BUILTIN` builds (tests/test_config.py checks the two agree);
-others come from the `spotlight.rewards` entry-point group. Named here so that a config is checked
-at load without importing torch."""
 _DEVICE = re.compile(r"cpu|cuda(:\d{1,3})?|mps")
-
-
-def reward_names() -> list[str]:
-    """Every reward name a config may use: the built-in ones and the registered entry points
-    (their names only; nothing is imported)."""
-    from importlib.metadata import entry_points
-
-    return sorted(set(BUILTIN_REWARDS) | {ep.name for ep in entry_points(group="spotlight.rewards")})
 
 
 def model_config(file: Path, where: str) -> dict[str, Any] | str:
@@ -446,9 +434,8 @@ class RewardComponent:
         check((self.name is None) != (self.function is None), "name",
               "exactly one of name (a built-in reward) and function (module:callable or file.py:callable)",
               self.name if self.name is not None else self.function)
-        if self.name is not None and self.name not in BUILTIN_REWARDS:
-            names = reward_names()
-            check(self.name in names, "name", f"one of {', '.join(names)}", self.name)
+        if self.name is not None:
+            check_name(self.name, "name")
         if self.function is not None:
             check(len(self.function) <= 1000 and _FUNCTION.fullmatch(self.function) is not None, "function",
                   "package.module:callable or path/to/file.py:callable", self.function)
@@ -486,9 +473,8 @@ class RewardConfig:
     longer is stopped, tried once more, then stops the run naming the component."""
 
     def __post_init__(self) -> None:
-        if not self.components and self.name not in BUILTIN_REWARDS:
-            names = reward_names()
-            check(self.name in names, "name", f"one of {', '.join(names)}", self.name)
+        if not self.components:
+            check_name(self.name, "name")
         check(self.colour_width > 0, "colour_width", "a number > 0", self.colour_width)
         at_most(self, ("colour_width",), 1e6)
         check(len(self.components) <= 32, "components", "at most 32 components", len(self.components))
@@ -859,7 +845,7 @@ class RunConfig:
         other, own = (DIT_REWARDS, "an image reward") if kind == "llm" else (LLM_REWARDS, "a text reward")
         article = "an" if kind == "llm" else "a"
         for i, term in enumerate(self.reward.terms):
-            where = f"reward.components[{i}].name" if self.reward.components else "reward.name"
+            where = component_field(self.reward, i, "name")
             check(term.name not in other, where, f"a reward for {article} {kind} policy ({term.name} is {own})",
                   term.name)
         if self.prompts.path is None:
