@@ -51,7 +51,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from schedulers.input_file import ConfigError, InputFileError, open_regular
+from schedulers.input_file import ConfigError, InputFileError, read_bytes
 
 SHIPPED = Path(__file__).with_name("prices.csv")
 COLUMNS = ("provider", "instance_type", "gpu", "gpus", "ondemand_usd_h", "spot_usd_h", "source", "date")
@@ -148,18 +148,14 @@ def _quote(text: str) -> str:
 
 
 def read_table_text(path: Path, what: str) -> str:
-    """The text of a CSV table: a regular file (`schedulers.input_file.open_regular`: a FIFO or a
-    device is refused before it is opened), at most MAX_TABLE_BYTES, UTF-8; anything else is one
-    PriceError line."""
+    """The text of a CSV table: a regular file of at most MAX_TABLE_BYTES (`schedulers.input_file.read_bytes`:
+    a FIFO or a device is refused before it is opened), UTF-8; anything else is one PriceError line."""
     try:
-        with open_regular(path, what) as f:
-            data = f.read(MAX_TABLE_BYTES + 1)
+        data = read_bytes(path, what, MAX_TABLE_BYTES)
     except InputFileError as err:
         raise PriceError(str(err)) from None
     except OSError as err:
         raise PriceError(f"{path}: cannot read {what} ({err.strerror or type(err).__name__})") from None
-    if len(data) > MAX_TABLE_BYTES:
-        raise PriceError(f"{path}: larger than {MAX_TABLE_BYTES >> 20} MiB (expected a {what} of at most that size)")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError:

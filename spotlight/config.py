@@ -28,6 +28,7 @@ from typing import Any, Literal
 
 import yaml
 
+from cloud.bounded_json import JsonRefused, load_file
 from cloud.config import CloudConfig
 from cloud.model_cache import cached_folder, is_remote, local_folder, source_problem
 from schedulers.update_placement import PLACES, SP_ROLLOUT_ONLY
@@ -46,10 +47,10 @@ def model_config(file: Path, where: str) -> dict[str, Any] | str:
     if not file.is_file():
         return f"{where} is missing"
     try:
-        if file.stat().st_size > MAX_CONFIG_BYTES:
-            return f"{where} is over {MAX_CONFIG_BYTES >> 20} MiB (expected a model config)"
-        data = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as err:
+        data = load_file(file, max_bytes=MAX_CONFIG_BYTES, what=where)
+    except JsonRefused as err:  # over MAX_CONFIG_BYTES, nested too deeply, not JSON
+        return f"{where} is not readable JSON ({err.reason})"
+    except OSError as err:
         return f"{where} is not readable JSON ({type(err).__name__})"
     return data if isinstance(data, dict) else f"{where} is not a JSON object"
 
@@ -115,10 +116,8 @@ class DiTConfig:
         to another node (an SP member's spec, a worker) is validated again there, against its copy."""
         file = self.folder / "vae" / "config.json" if self.folder is not None else None
         if file is not None and file.is_file():
-            try:
-                downsample = json.loads(file.read_text()).get("temperal_downsample")
-            except (OSError, ValueError, AttributeError):
-                downsample = None
+            vae = model_config(file, "vae/config.json")
+            downsample = vae.get("temperal_downsample") if isinstance(vae, dict) else None
             if isinstance(downsample, list) and len(downsample) <= 8:
                 return 2 ** len(downsample)
         return 1 if self.preset == "tiny" else 8
