@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cloud.config import CloudConfig
-from cloud.prices import DEFAULT_REGION, SHIPPED, NodePrice, PriceError, PriceTable
+from cloud.prices import SHIPPED, NodePrice, PriceError, PriceTable
 
 
 @dataclass(frozen=True)
@@ -108,7 +108,7 @@ def _price(table: PriceTable, gpu: str, gpus: int, instance_type: str | None, re
         if region is None:
             raise
         price = table.node_price(gpu, gpus, instance_type)
-        why = f"no {gpu} price in {region}: priced in {price.row.region or DEFAULT_REGION.get(price.row.provider)}"
+        why = f"no {gpu} price in {region}: priced in {price.row.where}"
     return Priced(gpu, gpus, NodePrice(price.ondemand_usd_h * scale, price.spot_usd_h * scale, gpus, price.row), why)
 
 
@@ -184,7 +184,7 @@ def lines(b: Bill) -> list[str]:
     priced = b.spot if b.spot_nodes else b.spot[:1]  # spot[0] is the head's kind too
     rows = {p.price.row.key: p.price.row for p in priced if p.price is not None}
     for r in rows.values():
-        region = r.region or DEFAULT_REGION.get(r.provider, "?")
+        region = r.where or "?"
         share = f"{b.head.gpus}/{r.gpus} of " if r.gpus != b.head.gpus else ""
         row("prices", f"{r.gpu}: {share}{r.instance_type}, {r.provider} {region}, {r.date}: {r.source}")
     if b.budget_usd is None:

@@ -2,13 +2,16 @@
 
 Whoever can write to a run folder or a bucket can plant a file there, and a manifest, a state file
 or a fleet record is read on every restart: a planted file must cost one refused read, never a
-traceback nor gigabytes. So every read here is bounded, in this order, before `json.loads` runs:
+traceback nor gigabytes. So every read here is bounded, in this order, before `json.loads` runs, by the one bounded reader
+`schedulers.bounded_read` (which user input files go through too):
 - size: at most `max_bytes`. A file must be a regular one (a FIFO, a device or a folder is refused
   before a byte is read), its size is checked first and it is read with at most `max_bytes + 1`
-  bytes, so a 400 MB file costs nothing; stores bound their reads with `Store.get(key, max_bytes)`;
+  bytes, so a 400 MB file costs nothing (`read_bounded`); stores bound their reads with
+  `Store.get(key, max_bytes)`;
 - depth: at most `max_depth` levels of `[` and `{`, counted by a linear scan outside strings that
-  never recurses (json's C scanner recurses once per level and raises RecursionError — not a
-  ValueError — past ~1,000 levels, so a 100k-deep file escaped every `except ValueError`: issue 27);
+  never recurses (`depth_over`: json's C scanner recurses once per level and raises RecursionError
+  — not a ValueError — past ~1,000 levels, so a 100k-deep file escaped every `except ValueError`:
+  issue 27);
 - syntax: what `json.loads` accepts (NaN and Infinity included, as Python writes them: metrics
   rows may hold a NaN loss).
 Each refusal is a `JsonRefused`, a ValueError, so the `except ValueError` every reader already has
@@ -22,25 +25,12 @@ User input files (configs, traces) are read by `schedulers.input_file`, with its
 from __future__ import annotations
 
 import json
-import os
-import re
-import stat
-from array import array
-from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
-MAX_DEPTH = 64
-"""Deepest nesting accepted unless a reader says otherwise: what Spotlight writes is at most 5
-deep (the explorer state with a bandit planner), and the user's configs are held to 64 too."""
+from schedulers.bounded_read import MAX_DEPTH, NotRegular, TooLarge, depth_over, read_bounded, size_text
 
-_ESCAPE = re.compile(rb"\\.", re.DOTALL)
-"""A backslash and the character it escapes: valid JSON has them inside strings only."""
-_STRING = re.compile(rb'"[^"]*"')
-"""A string once escapes are gone, brackets inside it included."""
-_NOT_BRACKET = bytes(c for c in range(256) if c not in b'[]{}"')
-_STEPS = bytes.maketrans(b"[{]}", b"\x01\x01\xff\xff")
-"""An opening bracket is +1, a closing one -1 (0xff as a signed byte)."""
+__all__ = ["MAX_DEPTH", "JsonRefused", "depth_over", "load_file", "loads", "size_text"]
 
 
 class JsonRefused(ValueError):
@@ -79,41 +69,13 @@ def load_file(path: str | Path, *, max_bytes: int, max_depth: int = MAX_DEPTH, w
     (FileNotFoundError for a missing one), for the reader to tell apart from a bad one."""
     path = Path(path)
     what = what or path.name
-    # O_NONBLOCK: opening a FIFO planted in its place would wait for a writer forever; a regular
-    # file ignores the flag.
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise JsonRefused(what, "not a regular file")
-        if info.st_size > max_bytes:  # refused before a byte is read
-            raise JsonRefused(what, f"larger than {size_text(max_bytes)}")
-        with open(fd, "rb", closefd=False) as f:
-            data = f.read(max_bytes + 1)  # + 1: a file that grew since is refused by `loads`
-    finally:
-        os.close(fd)
+        data = read_bounded(path, max_bytes)
+    except NotRegular:
+        raise JsonRefused(what, "not a regular file") from None
+    except TooLarge:
+        raise JsonRefused(what, f"larger than {size_text(max_bytes)}") from None
     return loads(data, max_bytes=max_bytes, max_depth=max_depth, what=what)
-
-
-def depth_over(data: bytes | bytearray | str, max_depth: int) -> bool:
-    """Whether JSON text `data` nests `[`/`{` deeper than `max_depth` levels outside its strings:
-    one linear pass, no recursion (valid or not: the parser judges the rest)."""
-    opens = data.count("[") + data.count("{") if isinstance(data, str) else data.count(b"[") + data.count(b"{")
-    if opens <= max_depth:  # the common case, a small record: two C-speed counts and done
-        return False
-    raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data
-    if b"\\" in raw:
-        raw = _ESCAPE.sub(b"", raw)  # so that an escaped quote \" no longer ends a string
-    # Brackets and quotes only, then strings out, then a stray quote (an unterminated string) out.
-    # Each step is one C-speed pass: 0.13 s for 30 MB of explorer state here (json.loads: 1.5 s).
-    brackets = _STRING.sub(b"", bytes(raw).translate(None, _NOT_BRACKET)).replace(b'"', b"")
-    # The depth after each bracket is the running sum of +1/-1, `accumulate`d over signed bytes.
-    return max(accumulate(array("b", brackets.translate(_STEPS))), default=0) > max_depth
-
-
-def size_text(n: int) -> str:
-    """`n` bytes for a message: "1 MiB" when it is a whole number of MiB, else "4096 bytes"."""
-    return f"{n >> 20} MiB" if n >= 1 << 20 and n % (1 << 20) == 0 else f"{n} bytes"
 
 
 def _over(data: bytes | bytearray | str, max_bytes: int) -> bool:

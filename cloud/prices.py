@@ -51,7 +51,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from schedulers.input_file import ConfigError, InputFileError, open_regular
+from schedulers.input_file import ConfigError, InputFileError, read_bytes
 
 SHIPPED = Path(__file__).with_name("prices.csv")
 COLUMNS = ("provider", "instance_type", "gpu", "gpus", "ondemand_usd_h", "spot_usd_h", "source", "date")
@@ -67,6 +67,14 @@ MAX_GPUS_PER_ROW = 64
 """Most GPUs of one instance type (the largest sold today have 8 or 16)."""
 DEFAULT_REGION = {"aws": "us-east-1", "gcp": "us-central1"}
 """The region a refresh reads when none is given: where the shipped prices were taken."""
+
+
+def region_of(provider: str, region: str | None) -> str | None:
+    """Where `provider`'s prices named `region` hold: `region`, or — when it is empty or None (a
+    row of a table from before the region column, an unset `cloud.region`) — the provider's
+    `DEFAULT_REGION`; None for a provider that has none. The one place that rule is written
+    (tests/test_prices_region.py::test_region_of_is_the_named_region_else_the_default)."""
+    return region or DEFAULT_REGION.get(provider)
 
 
 class PriceError(ConfigError):
@@ -94,9 +102,19 @@ class PriceRow:
         return self.instance_type, self.region
 
     @property
+    def where(self) -> str | None:
+        """The region these prices hold in (`region_of`: the provider's default for a row naming
+        none); None when the row names none and its provider has no default."""
+        return region_of(self.provider, self.region)
+
+    @property
     def home(self) -> bool:
         """Priced in the provider's default region (or in no named region)."""
-        return self.region in ("", DEFAULT_REGION.get(self.provider))
+        return self.where == DEFAULT_REGION.get(self.provider)
+
+    def holds_in(self, region: str) -> bool:
+        """Whether these prices hold in `region` (a row naming none holds in its provider's default)."""
+        return region in (self.region, self.where)
 
     def to_dict(self) -> dict[str, Any]:
         """Every field, in the CSV's column order (`WRITE_ORDER`: the region beside the instance type)."""
@@ -130,18 +148,14 @@ def _quote(text: str) -> str:
 
 
 def read_table_text(path: Path, what: str) -> str:
-    """The text of a CSV table: a regular file (`schedulers.input_file.open_regular`: a FIFO or a
-    device is refused before it is opened), at most MAX_TABLE_BYTES, UTF-8; anything else is one
-    PriceError line."""
+    """The text of a CSV table: a regular file of at most MAX_TABLE_BYTES (`schedulers.input_file.read_bytes`:
+    a FIFO or a device is refused before it is opened), UTF-8; anything else is one PriceError line."""
     try:
-        with open_regular(path, what) as f:
-            data = f.read(MAX_TABLE_BYTES + 1)
+        data = read_bytes(path, what, MAX_TABLE_BYTES)
     except InputFileError as err:
         raise PriceError(str(err)) from None
     except OSError as err:
         raise PriceError(f"{path}: cannot read {what} ({err.strerror or type(err).__name__})") from None
-    if len(data) > MAX_TABLE_BYTES:
-        raise PriceError(f"{path}: larger than {MAX_TABLE_BYTES >> 20} MiB (expected a {what} of at most that size)")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError:
@@ -259,7 +273,7 @@ class PriceTable:
         if region is None:
             return next((r for r in mine if r.home), mine[0])
         for r in mine:
-            if r.region == region or (not r.region and region == DEFAULT_REGION.get(r.provider)):
+            if r.holds_in(region):
                 return r
         raise PriceError(f"instance type {_quote(instance_type)} has no price in region {_quote(region)}: the price "
                          f"table{self._named()} prices it in {', '.join(r.region or '(default)' for r in mine)}")
@@ -285,8 +299,7 @@ class PriceTable:
             if region is None:
                 pool = [self.row(name) for name in dict.fromkeys(r.instance_type for r in candidates)]
             else:
-                pool = [r for r in candidates if r.region == region
-                        or (not r.region and region == DEFAULT_REGION.get(r.provider))]
+                pool = [r for r in candidates if r.holds_in(region)]
                 if not pool:
                     raise PriceError(f"no {candidates[0].gpu} price in region {_quote(region)} in the price "
                                      f"table{self._named()}")
@@ -368,7 +381,7 @@ class PriceScenario:
     @property
     def region(self) -> str:
         """The row's region, or its provider's default where the table names none."""
-        return self.row.region or DEFAULT_REGION.get(self.row.provider, "")
+        return self.row.where or ""
 
     @property
     def name(self) -> str:
@@ -452,7 +465,7 @@ def refresh_from_aws(table: PriceTable, region: str | None = None, days: float =
     """
     from cloud import aws
 
-    region = region or DEFAULT_REGION["aws"]
+    region = region_of("aws", region)
     mine = [r for r in table.rows() if r.provider == "aws" and r.region in ("", region)]
     wanted = list(dict.fromkeys(r.instance_type for r in mine))
     if not wanted:
@@ -504,7 +517,7 @@ def refresh_from_sky(table: PriceTable, python: Path, region: str | None = None,
     wanted: dict[tuple[str, str, str], list[PriceRow]] = {}
     skipped: list[str] = []
     for r in rows:
-        where = r.region or region or DEFAULT_REGION.get(r.provider)
+        where = region_of(r.provider, r.region or region)
         if where is None:
             skipped.append(f"{r.instance_type}: no region to ask SkyPilot's catalog for (the row names none "
                            f"and {r.provider} has no default region)")

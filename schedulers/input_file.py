@@ -5,13 +5,15 @@ Invariants (tests/test_bad_input.py feeds every command files that break each on
 - only a regular file is opened: a FIFO, a device or a socket is refused by its `stat` before
   `open` (opening a FIFO waits for a writer forever; /dev/zero would be read to `max_bytes`), and
   the opened file is checked again, so one swapped in meanwhile is refused too (`open_regular`);
-- at most `max_bytes` are ever read, whatever the file claims to be;
+- at most `max_bytes` are ever read, whatever the file claims to be (both by the one bounded reader,
+  `schedulers.bounded_read`, which the JSON Spotlight reads back goes through too);
 - text is strict UTF-8 without NUL bytes; anything else is "not a text file";
 - YAML is read by `_Loader`: PyYAML's safe loader, refusing anchors and aliases (a 332-byte alias
   bomb expands to gigabytes), nesting deeper than `MAX_DEPTH` (100k `[` would overflow the
   recursive composer), duplicate mapping keys (YAML says they are an error; PyYAML keeps the last),
   and integers longer than `MAX_INT_DIGITS` digits;
-- JSON is read with the same duplicate-key and depth rules, and without NaN or Infinity;
+- JSON is read with the same duplicate-key and depth rules (the depth by `bounded_read.depth_over`),
+  and without NaN or Infinity;
 - every message is one line starting with the file name, and values are quoted by `short`, at most
   `QUOTE_CHARS` characters; `error_line` makes the line a command prints of it, with every control
   character of a key or file name quoted in it escaped (a newline there must not forge a second
@@ -24,17 +26,16 @@ TraceError) so that the CLI reports it like any other bad input.
 from __future__ import annotations
 
 import json
-import os
 import reprlib
-import stat
 import unicodedata
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import yaml
 
-MAX_DEPTH = 64
-"""Most nesting levels of a YAML or JSON document (a run config has 4)."""
+from schedulers import bounded_read
+from schedulers.bounded_read import MAX_DEPTH, NotRegular, TooLarge, depth_over, read_bounded, size_text
+
 MAX_INT_DIGITS = 100
 """Longest integer literal read from YAML: every integer setting is far below 10**100, and Python
 refuses to parse more than 4,300 digits anyway (with a ValueError, not a YAML error)."""
@@ -117,17 +118,13 @@ def error_line(message: str, prefix: str = "spotlight: error: ", limit: int = LI
     return line[:limit - tail - len(_CUT)] + _CUT + line[-tail:]
 
 
-_KINDS = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
-          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
-
-
-def _require_regular(mode: int, path: Path, what: str) -> None:
-    if stat.S_ISREG(mode):
-        return
-    if stat.S_ISDIR(mode):
-        raise InputFileError(f"{path}: is a folder (expected a {what} file)")
-    kind = next((name for test, name in _KINDS if test(mode)), "not a regular file")
-    raise InputFileError(f"{path}: {kind}, not a regular file (expected a {what} file)")
+def _not_regular(err: NotRegular, what: str) -> InputFileError:
+    """The line of a path that is not a regular file: "is a folder" or "KIND, not a regular file"."""
+    if err.kind == "a folder":
+        return InputFileError(f"{err.path}: is a folder (expected a {what} file)")
+    if err.kind == "not a regular file":
+        return InputFileError(f"{err.path}: not a regular file (expected a {what} file)")
+    return InputFileError(f"{err.path}: {err.kind}, not a regular file (expected a {what} file)")
 
 
 def open_regular(path: str | Path, what: str) -> BinaryIO:
@@ -138,20 +135,32 @@ def open_regular(path: str | Path, what: str) -> BinaryIO:
     too). The OSError of a file that cannot be opened (missing, no permission) is the caller's
     to word. Every file a user hands a command (a config, a trace, a price table, a step-time
     or prompt file) is opened here."""
-    path = Path(path)
     try:
-        mode = os.stat(path).st_mode
-    except ValueError:  # a NUL byte in the name (a config value can hold one): no file has that name
-        raise InputFileError(f"{short(str(path))}: not a file name (it holds a NUL byte)") from None
-    _require_regular(mode, path, what)
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        return bounded_read.open_regular(_file_name(path))
+    except NotRegular as err:
+        raise _not_regular(err, what) from None
+
+
+def _file_name(path: str | Path) -> Path:
+    """`path`, unless it holds a NUL byte (a config value can hold one): no file has that name, and
+    `os.stat` would raise a ValueError of its own."""
+    if "\0" in str(path):
+        raise InputFileError(f"{short(str(path))}: not a file name (it holds a NUL byte)")
+    return Path(path)
+
+
+def read_bytes(path: str | Path, what: str, max_bytes: int) -> bytes:
+    """The file's bytes (`bounded_read.read_bounded`), or InputFileError: a folder or anything but a
+    regular file, larger than `max_bytes`. The OSError of a file that cannot be opened (missing, no
+    permission) is the caller's to word."""
+    path = _file_name(path)
     try:
-        _require_regular(os.fstat(fd).st_mode, path, what)
-        os.set_blocking(fd, True)
-        return os.fdopen(fd, "rb")
-    except BaseException:
-        os.close(fd)
-        raise
+        return read_bounded(path, max_bytes)
+    except NotRegular as err:
+        raise _not_regular(err, what) from None
+    except TooLarge:
+        raise InputFileError(f"{path}: larger than {size_text(max_bytes)} (expected a {what} file of at most "
+                             "that size)") from None
 
 
 def read_text(path: str | Path, what: str, max_bytes: int) -> str:
@@ -160,24 +169,17 @@ def read_text(path: str | Path, what: str, max_bytes: int) -> str:
     ("config", "trace", ...)."""
     path = Path(path)
     try:
-        with open_regular(path, what) as f:
-            data = f.read(max_bytes + 1)  # bounded even when the size is not known in advance
+        data = read_bytes(path, what, max_bytes)
     except FileNotFoundError:
         raise InputFileError(f"{path}: no such {what} file") from None
     except OSError as err:
         raise InputFileError(f"{path}: cannot read {what} ({err.strerror or type(err).__name__})") from None
-    if len(data) > max_bytes:
-        raise InputFileError(f"{path}: larger than {_size(max_bytes)} (expected a {what} file of at most that size)")
     if b"\0" in data:
         raise InputFileError(f"{path}: a binary file, not text (expected a {what} file)")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as err:
         raise InputFileError(f"{path}: not a UTF-8 text file (byte {err.start}; expected a {what} file)") from None
-
-
-def _size(n: int) -> str:
-    return f"{n // (1 << 20)} MiB" if n % (1 << 20) == 0 else f"{n} bytes"
 
 
 def check(ok: bool, name: str, expected: str, got: Any) -> None:
@@ -314,22 +316,10 @@ def parse_json(text: str, path: str | Path) -> Any:
         raise InputFileError(f"{path}: nested too deeply (expected at most {MAX_DEPTH} levels)") from None
     except ValueError as err:  # an integer literal over Python's 4,300-digit limit
         raise InputFileError(f"{path}: not JSON: {short(str(err))}") from None
-    if _depth(data) > MAX_DEPTH:
+    if depth_over(text, MAX_DEPTH):
         raise InputFileError(f"{path}: nested too deeply (expected at most {MAX_DEPTH} levels)")
     return data
 
 
 def _not_json(name: str) -> Any:
     raise InputFileError(f"{name} is not a JSON number (expected finite numbers)")
-
-
-def _depth(data: Any) -> int:
-    """Nesting depth of parsed JSON, iteratively (bounded by ~1,000: the parser's own limit)."""
-    deepest, stack = 0, [(data, 1)]
-    while stack:
-        item, level = stack.pop()
-        if isinstance(item, (list, dict)):
-            deepest = max(deepest, level)
-            stack.extend((v, level + 1) for v in (item.values() if isinstance(item, dict) else item)
-                         if isinstance(v, (list, dict)))
-    return deepest

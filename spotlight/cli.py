@@ -49,6 +49,7 @@ from pathlib import Path
 
 from cloud.store import StoreError
 from spotlight.config import ConfigError, RunConfig, default_config, load_config, to_yaml
+from spotlight.rl.reward_names import component_field
 from schedulers.input_file import InputError, error_line, short
 from spotlight.text import plural
 
@@ -319,9 +320,9 @@ def check_train_inputs(cfg: RunConfig, args: argparse.Namespace, out: Path) -> N
         except ConfigError as err:
             raise ConfigError(f"{where}{err}") from None
     for i, term in enumerate(cfg.reward.terms):  # each reward component's weights, or its function's file or module
-        field = f"reward.components[{i}]" if cfg.reward.components else "reward"
         if term.model_path and not Path(term.model_path).is_dir():
-            raise ConfigError(f"{where}{field}.model_path: {short(term.model_path)} is not an existing folder (expected "
+            field = component_field(cfg.reward, i, "model_path")
+            raise ConfigError(f"{where}{field}: {short(term.model_path)} is not an existing folder (expected "
                               "local weights; nothing is downloaded)")
         if term.name == "clip_score" and not (term.model_path or cfg.reward.model_path):
             raise ConfigError(f"{where}reward.model_path: expected a local CLIP/PickScore folder for clip_score, got null")
@@ -486,7 +487,7 @@ def cmd_prices(args: argparse.Namespace) -> int:
     # A row without a region (a table from before the column) holds in its provider's default
     # region (cloud/prices.py): shown in brackets, as assumed rather than read.
     def region(r: prices.PriceRow) -> str:
-        return r.region or prices.DEFAULT_REGION.get(r.provider, "unknown")
+        return r.where or "unknown"
 
     def shown_region(r: prices.PriceRow) -> str:
         return r.region or f"({region(r)})"
@@ -510,7 +511,7 @@ def cmd_prices(args: argparse.Namespace) -> int:
         print("  ".join(v.rjust(w) if 4 <= i <= 6 else v.ljust(w) for i, (v, w) in enumerate(zip(c, widths)))
               + "  " + c[-1])
     if any(not r.region for r in rows):
-        unknown = any(not r.region and r.provider not in prices.DEFAULT_REGION for r in rows)
+        unknown = any(r.where is None for r in rows)
         print("(region): the table names no region for the row; its provider's default region is assumed"
               + (" ((unknown): the provider has none)" if unknown else ""))
     return 0

@@ -28,28 +28,17 @@ from typing import Any, Literal
 
 import yaml
 
+from cloud.bounded_json import JsonRefused, load_file
 from cloud.config import CloudConfig
 from cloud.model_cache import cached_folder, is_remote, local_folder, source_problem
 from schedulers.update_placement import PLACES, SP_ROLLOUT_ONLY
 from schedulers.input_file import (SEED_MAX, ConfigError, InputError, InputFileError, at_most, check, load_yaml,
                                    parse_yaml, short)
+from spotlight.rl.reward_names import BUILTIN_REWARDS, check_name, component_field  # noqa: F401 — BUILTIN_REWARDS re-exported
 
 MAX_CONFIG_BYTES = 1 << 20
 """Largest config file read (1 MiB; the shipped ones are under 1 KB)."""
-BUILTIN_REWARDS = ("colour", "jpeg_compressibility", "jpeg_incompressibility", "arithmetic", "clip_score",
-                   "ocr", "answer_match")
-"""The rewards `spotlight.rl.rewards.BUILTIN` builds (tests/test_config.py checks the two agree);
-others come from the `spotlight.rewards` entry-point group. Named here so that a config is checked
-at load without importing torch."""
 _DEVICE = re.compile(r"cpu|cuda(:\d{1,3})?|mps")
-
-
-def reward_names() -> list[str]:
-    """Every reward name a config may use: the built-in ones and the registered entry points
-    (their names only; nothing is imported)."""
-    from importlib.metadata import entry_points
-
-    return sorted(set(BUILTIN_REWARDS) | {ep.name for ep in entry_points(group="spotlight.rewards")})
 
 
 def model_config(file: Path, where: str) -> dict[str, Any] | str:
@@ -58,10 +47,10 @@ def model_config(file: Path, where: str) -> dict[str, Any] | str:
     if not file.is_file():
         return f"{where} is missing"
     try:
-        if file.stat().st_size > MAX_CONFIG_BYTES:
-            return f"{where} is over {MAX_CONFIG_BYTES >> 20} MiB (expected a model config)"
-        data = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as err:
+        data = load_file(file, max_bytes=MAX_CONFIG_BYTES, what=where)
+    except JsonRefused as err:  # over MAX_CONFIG_BYTES, nested too deeply, not JSON
+        return f"{where} is not readable JSON ({err.reason})"
+    except OSError as err:
         return f"{where} is not readable JSON ({type(err).__name__})"
     return data if isinstance(data, dict) else f"{where} is not a JSON object"
 
@@ -127,10 +116,8 @@ class DiTConfig:
         to another node (an SP member's spec, a worker) is validated again there, against its copy."""
         file = self.folder / "vae" / "config.json" if self.folder is not None else None
         if file is not None and file.is_file():
-            try:
-                downsample = json.loads(file.read_text()).get("temperal_downsample")
-            except (OSError, ValueError, AttributeError):
-                downsample = None
+            vae = model_config(file, "vae/config.json")
+            downsample = vae.get("temperal_downsample") if isinstance(vae, dict) else None
             if isinstance(downsample, list) and len(downsample) <= 8:
                 return 2 ** len(downsample)
         return 1 if self.preset == "tiny" else 8
@@ -446,9 +433,8 @@ class RewardComponent:
         check((self.name is None) != (self.function is None), "name",
               "exactly one of name (a built-in reward) and function (module:callable or file.py:callable)",
               self.name if self.name is not None else self.function)
-        if self.name is not None and self.name not in BUILTIN_REWARDS:
-            names = reward_names()
-            check(self.name in names, "name", f"one of {', '.join(names)}", self.name)
+        if self.name is not None:
+            check_name(self.name, "name")
         if self.function is not None:
             check(len(self.function) <= 1000 and _FUNCTION.fullmatch(self.function) is not None, "function",
                   "package.module:callable or path/to/file.py:callable", self.function)
@@ -486,9 +472,8 @@ class RewardConfig:
     longer is stopped, tried once more, then stops the run naming the component."""
 
     def __post_init__(self) -> None:
-        if not self.components and self.name not in BUILTIN_REWARDS:
-            names = reward_names()
-            check(self.name in names, "name", f"one of {', '.join(names)}", self.name)
+        if not self.components:
+            check_name(self.name, "name")
         check(self.colour_width > 0, "colour_width", "a number > 0", self.colour_width)
         at_most(self, ("colour_width",), 1e6)
         check(len(self.components) <= 32, "components", "at most 32 components", len(self.components))
@@ -859,7 +844,7 @@ class RunConfig:
         other, own = (DIT_REWARDS, "an image reward") if kind == "llm" else (LLM_REWARDS, "a text reward")
         article = "an" if kind == "llm" else "a"
         for i, term in enumerate(self.reward.terms):
-            where = f"reward.components[{i}].name" if self.reward.components else "reward.name"
+            where = component_field(self.reward, i, "name")
             check(term.name not in other, where, f"a reward for {article} {kind} policy ({term.name} is {own})",
                   term.name)
         if self.prompts.path is None:

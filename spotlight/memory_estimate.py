@@ -38,11 +38,11 @@ transformers 5, Ray 2.60 on a 2-core, 24 GiB machine; each says how.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from cloud.bounded_json import loads
 from spotlight.config import ConfigError, RunConfig, model_config
 
 MIB, GIB = 1 << 20, 1 << 30
@@ -215,7 +215,7 @@ def safetensors_shapes(folder: Path) -> Shapes:
                 size = int.from_bytes(f.read(8), "little")
                 if size > MAX_HEADER_BYTES:
                     return {}
-                header = json.loads(f.read(size))
+                header = loads(f.read(size), max_bytes=MAX_HEADER_BYTES, what=file.name)
             out.update({k: tuple(v["shape"]) for k, v in header.items() if k != "__metadata__"})
         except (OSError, ValueError, TypeError, KeyError, AttributeError):
             return {}

@@ -61,3 +61,22 @@ def test_region_shows_that_regions_rows_and_an_unknown_one_names_the_known(capsy
     err = capsys.readouterr().err.strip()
     assert err.startswith("spotlight: error: --region mars-1: no row of H100 of the table is in it (its regions: ")
     assert "us-west-2" in err and "\n" not in err
+
+
+def test_region_of_is_the_named_region_else_the_default():
+    """The one rule behind every region shown, matched and refreshed: an empty region is the
+    provider's default, and a provider without one has none (None)."""
+    from cloud.prices import PriceRow, region_of
+
+    assert region_of("aws", "eu-west-1") == "eu-west-1"
+    assert region_of("aws", "") == region_of("aws", None) == DEFAULT_REGION["aws"] == "us-east-1"
+    assert region_of("gcp", "") == "us-central1"
+    assert region_of("lambda", "") is None and region_of("lambda", "us-south-1") == "us-south-1"
+    row = PriceRow("aws", "p5.48xlarge", "H100", 8, 55.04, 26.78, "a page", "2025-06-05")
+    assert row.where == "us-east-1" and row.home and row.holds_in("us-east-1") and row.holds_in("")
+    assert not row.holds_in("us-west-2")
+    there = PriceRow("aws", "p5.48xlarge", "H100", 8, 55.04, 26.78, "a page", "2025-06-05", region="us-west-2")
+    assert there.where == "us-west-2" and not there.home and there.holds_in("us-west-2")
+    assert not there.holds_in("us-east-1") and not there.holds_in("")
+    nowhere = PriceRow("lambda", "gpu_8x_h100", "H100", 8, 23.92, 23.92, "a page", "2025-06-05")
+    assert nowhere.where is None and nowhere.home and not nowhere.holds_in("us-east-1")

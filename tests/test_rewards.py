@@ -5,7 +5,7 @@ import string
 import pytest
 import torch
 
-from spotlight.config import default_config, ConfigError, RewardConfig
+from spotlight.config import default_config, ConfigError, RewardComponent, RewardConfig
 from spotlight.rl.policy import Rollout
 from spotlight.rl.prompts import COLOURS, Prompt
 from spotlight.rl.rewards import build_reward, jpeg_kilobytes
@@ -389,3 +389,28 @@ def test_ray_reward_workers_split_a_batch_and_score_what_one_worker_scores(tmp_p
             RewardPool(default_config({"reward": {**reward, "num_gpus": 1}}), pinned, 1, None)
     finally:
         ray_cluster.shutdown()
+
+
+def test_a_component_is_named_one_way_everywhere():
+    """One rule names a reward component in every error (`reward_names`): a component by its index,
+    the one-component shorthand by `reward.name`; a bad name has one wording wherever it is checked."""
+    from spotlight.rl import reward_names
+    from spotlight.rl.rewards import build_component
+
+    many = RewardConfig(components=[RewardComponent(name="colour"), RewardComponent(function="f.py:score")])
+    one = RewardConfig(name="colour")
+    assert reward_names.component(many, 1) == "reward.components[1]" and reward_names.component(one, 0) == "reward.name"
+    assert reward_names.component_field(many, 1, "function") == "reward.components[1].function"
+    assert reward_names.component_field(one, 0, "model_path") == "reward.model_path"
+    assert [reward_names.spec(t) for t in many.terms] == ["colour", "f.py:score"]
+    with pytest.raises(ConfigError, match=r"^x\.name: expected one of .*colour.*, got 'aesthetics'$"):
+        reward_names.check_name("aesthetics", "x.name")
+    reward_names.check_name("colour", "x.name")
+    # A name that stopped being a reward after the config was read (an uninstalled entry point):
+    # building it names the component, in the same wording as the config's check.
+    many.components[0].name = "aesthetics"
+    with pytest.raises(ConfigError, match=r"^reward\.components\[0\]\.name: expected one of .*colour"):
+        build_component(many, 0)
+    one.name = "aesthetics"
+    with pytest.raises(ConfigError, match=r"^reward\.name: expected one of .*colour"):
+        build_reward(one)

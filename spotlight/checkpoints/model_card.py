@@ -13,6 +13,7 @@ import yaml
 
 from cloud.model_cache import cached_folder
 from spotlight.config import RunConfig
+from spotlight.rl.reward_names import spec
 
 
 def base_model(cfg: RunConfig) -> str:
@@ -107,8 +108,8 @@ def _reward(cfg: RunConfig) -> str:
     """The reward as a sum of its weighted components ("ocr", "0.5 x ocr + 1 x score")."""
     terms = cfg.reward.terms
     if len(terms) == 1 and terms[0].weight == 1:
-        return terms[0].name or terms[0].function
-    return " + ".join(f"{t.weight:g} x {t.name or t.function}" for t in terms)
+        return spec(terms[0])
+    return " + ".join(f"{t.weight:g} x {spec(t)}" for t in terms)
 
 
 def write_model_card(path: Path, cfg: RunConfig, iterations: int) -> None:

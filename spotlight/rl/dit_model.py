@@ -13,13 +13,13 @@ anything is built.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from spotlight.config import ConfigError, DiTConfig, InputError, RunConfig
+from cloud.bounded_json import load_file
+from spotlight.config import MAX_CONFIG_BYTES, ConfigError, DiTConfig, InputError, RunConfig
 from spotlight.rl.seeding import derive_seed
 
 # A random 2-layer config that trains on 2 CPU cores (sum(axes_dims_rope) == attention_head_dim;
@@ -83,7 +83,7 @@ def transformer_arch(cfg: DiTConfig) -> dict[str, Any]:
     when `cfg.pretrained_path` is set, else the preset's (`TINY_TRANSFORMER`, `QWEN_IMAGE_TRANSFORMER`)."""
     if not cfg.pretrained_path:
         return dict(TINY_TRANSFORMER if cfg.preset == "tiny" else QWEN_IMAGE_TRANSFORMER)
-    config = json.loads((transformer_folder(pretrained_folder(cfg)) / "config.json").read_text())
+    config = load_file(transformer_folder(pretrained_folder(cfg)) / "config.json", max_bytes=MAX_CONFIG_BYTES)
     return {k: tuple(v) if isinstance(v, list) else v for k, v in config.items() if not k.startswith("_")}
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Sequence
@@ -17,7 +16,8 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
-from spotlight.config import ConfigError, DiTConfig, RunConfig
+from cloud.bounded_json import load_file
+from spotlight.config import MAX_CONFIG_BYTES, ConfigError, DiTConfig, RunConfig
 from spotlight.rl.dit_model import (PixelDecoder, QwenVAEDecoder, build_transformer, check_pipeline_folder,
                                     model_dtype, pack, pretrained_folder, true_cfg, unpack, velocity)
 from spotlight.rl.dit_sampler import FlowSDESampler, SampleState
@@ -36,7 +36,7 @@ _WARM_START = 0x3A3  # stream tag of the warm start's data and noise
 def _local_scheduler_config(dit: DiTConfig) -> dict | None:
     """The checkpoint folder's scheduler/scheduler_config.json, when there is one."""
     file = pretrained_folder(dit) / "scheduler" / "scheduler_config.json" if dit.pretrained_path else None
-    return json.loads(file.read_text()) if file is not None and file.is_file() else None
+    return load_file(file, max_bytes=MAX_CONFIG_BYTES) if file is not None and file.is_file() else None
 
 
 def conditioning(cfg: RunConfig, model) -> tuple[PromptEncoder, Callable[[torch.Tensor], torch.Tensor]]:

@@ -45,6 +45,7 @@ from spotlight.config import ConfigError, RewardComponent, RewardConfig
 from spotlight.rl.policy import Rollout
 from spotlight.rl.prompts import arithmetic_answer, colour_of
 from spotlight.rl.reward_inputs import RewardError, pil_images
+from spotlight.rl.reward_names import check_name, component, component_field, spec
 from spotlight.rl.user_reward import UserReward, load
 
 
@@ -237,16 +238,10 @@ def available() -> dict[str, Callable[[RewardConfig], Reward]]:
 
 
 def build_reward(cfg: RewardConfig) -> Reward:
-    """The reward named `cfg.name` (the one-component shorthand)."""
-    factories = available()
-    if cfg.name not in factories:
-        raise ConfigError(f"reward.name: expected one of {', '.join(sorted(factories))}, got {cfg.name!r}")
-    return factories[cfg.name](cfg)
-
-
-def where(cfg: RewardConfig, i: int) -> str:
-    """How errors name term i of `cfg.terms`: `reward.components[i]`, or `reward.name`."""
-    return f"reward.components[{i}]" if cfg.components else "reward.name"
+    """The reward named `cfg.name` (the one-component shorthand); an unknown name (one uninstalled
+    since the config was read) is a `ConfigError` (`reward_names.check_name`)."""
+    check_name(cfg.name, "reward.name")
+    return available()[cfg.name](cfg)
 
 
 def build_component(cfg: RewardConfig, i: int, cwd: str | Path | None = None) -> Reward:
@@ -254,7 +249,8 @@ def build_component(cfg: RewardConfig, i: int, cwd: str | Path | None = None) ->
     `reward.model_path`), or the user's function (`user_reward.load`; a file path relative to `cwd`)."""
     term: RewardComponent = cfg.terms[i]
     if term.function is not None:
-        return UserReward(load(term.function, f"{where(cfg, i)}.function", cwd))
+        return UserReward(load(term.function, component_field(cfg, i, "function"), cwd))
+    check_name(term.name, component_field(cfg, i, "name"))  # before `named` checks it as its own `name`
     named = dataclasses.replace(cfg, name=term.name, components=[], model_path=term.model_path or cfg.model_path)
     return build_reward(named)
 
@@ -346,7 +342,7 @@ class RewardWorker:
     def _term(self, i: int, part: Rollout) -> torch.Tensor:
         """Component i's scores of `part`: tried twice, then a `RewardError` naming it."""
         term, reward = self.terms[i], self.rewards[i]
-        name = f"{where(self.cfg, i)} ({term.name if term.name is not None else term.function})"
+        name = f"{component(self.cfg, i)} ({spec(term)})"
         timeout = self.cfg.timeout_s
         problems = []
         for _ in range(2):

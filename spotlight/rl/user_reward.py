@@ -33,6 +33,7 @@ from typing import Any, Callable
 
 from schedulers.input_file import short
 from spotlight.config import ConfigError, RewardConfig
+from spotlight.rl.reward_names import component_field
 
 
 def parse(spec: str) -> tuple[str, str, bool]:
@@ -72,7 +73,7 @@ def check_config(cfg: RewardConfig, cwd: str | Path | None = None) -> None:
     """`check` every user function of `cfg`."""
     for i, term in enumerate(cfg.terms):
         if term.function is not None:
-            check(term.function, f"reward.components[{i}].function", cwd)
+            check(term.function, component_field(cfg, i, "function"), cwd)
 
 
 def _import_file(path: Path) -> Any:
