@@ -49,7 +49,7 @@ from pathlib import Path
 
 from cloud.store import StoreError
 from spotlight.config import ConfigError, RunConfig, default_config, load_config, to_yaml
-from spotlight.rl.reward_names import component_field
+from spotlight.reward_names import component_field
 from schedulers.input_file import InputError, error_line, short
 from spotlight.text import plural
 

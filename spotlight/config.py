@@ -34,7 +34,7 @@ from cloud.model_cache import cached_folder, is_remote, local_folder, source_pro
 from schedulers.update_placement import PLACES, SP_ROLLOUT_ONLY
 from schedulers.input_file import (SEED_MAX, ConfigError, InputError, InputFileError, at_most, check, load_yaml,
                                    parse_yaml, short)
-from spotlight.rl.reward_names import BUILTIN_REWARDS, check_name, component_field  # noqa: F401 — BUILTIN_REWARDS re-exported
+from spotlight.reward_names import BUILTIN_REWARDS, check_name, component_field  # noqa: F401 — BUILTIN_REWARDS re-exported
 
 MAX_CONFIG_BYTES = 1 << 20
 """Largest config file read (1 MiB; the shipped ones are under 1 KB)."""

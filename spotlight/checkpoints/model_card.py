@@ -13,7 +13,7 @@ import yaml
 
 from cloud.model_cache import cached_folder
 from spotlight.config import RunConfig
-from spotlight.rl.reward_names import spec
+from spotlight.reward_names import spec
 
 
 def base_model(cfg: RunConfig) -> str:

@@ -45,7 +45,7 @@ from spotlight.config import ConfigError, RewardComponent, RewardConfig
 from spotlight.rl.policy import Rollout
 from spotlight.rl.prompts import arithmetic_answer, colour_of
 from spotlight.rl.reward_inputs import RewardError, pil_images
-from spotlight.rl.reward_names import check_name, component, component_field, spec
+from spotlight.reward_names import check_name, component, component_field, spec
 from spotlight.rl.user_reward import UserReward, load
 
 

@@ -33,7 +33,7 @@ from typing import Any, Callable
 
 from schedulers.input_file import short
 from spotlight.config import ConfigError, RewardConfig
-from spotlight.rl.reward_names import component_field
+from spotlight.reward_names import component_field
 
 
 def parse(spec: str) -> tuple[str, str, bool]:
