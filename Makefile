@@ -6,6 +6,9 @@ STAMP := $(VENV)/.installed
 CONFIG ?= experiments/tiny_dit.yaml
 OUT ?= runs/$(basename $(notdir $(CONFIG)))
 PYTEST_ARGS ?=
+# Test processes (pytest-xdist): two on the 2-core CI machine, where the suite ran in 36 min on one
+# and N min on two (docs/measurements.md); each computes on one thread (tests/conftest.py).
+TEST_WORKERS ?= 2
 
 .PHONY: venv train test bench clean sky-venv lock
 
@@ -30,7 +33,7 @@ train: $(STAMP)
 	$(VENV)/bin/spotlight train $(CONFIG) --out $(OUT)
 
 test: $(STAMP)
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=25 $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(VENV)/bin/spotlight bench throughput

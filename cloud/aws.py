@@ -8,7 +8,7 @@ endpoint, i.e. an S3-compatible server such as MinIO or moto, also gets path-sty
 Retries come in two layers. botocore retries each HTTP request itself ("adaptive" mode,
 `request_attempts` attempts: its standard exponential backoff plus a client-side rate limiter that
 slows down after throttling answers), so one failed part of a multipart upload is re-sent alone —
-not the file (tests/test_cloud_store.py counts the requests the server received). Around that,
+not the file (tests/cloud/test_cloud_store.py counts the requests the server received). Around that,
 `cloud.retry.Backoff` retries whole operations under the injected clock on what is still transient
 — HTTP 5xx and 429, SlowDown/throttling codes, connection errors, timeouts, checksum mismatches in
 transit — for outages longer than botocore's few attempts; anything else (no credentials, no such

@@ -11,7 +11,7 @@ x `cloud.price_scale`. The longest the fleet can run under `cloud.budget_usd` is
 the fleet's dollars per hour, with every spot node on `cloud.gpu` at its spot price, and with every
 spot node on demand instead (the dearest case a deadline's fall-back leads to).
 
-Invariants (tests/test_launch_bill.py): every figure is the table's price x the scale x the node
+Invariants (tests/cloud/test_launch_bill.py): every figure is the table's price x the scale x the node
 count, recomputed from the table by the test; a GPU the table does not price is one line saying
 so, never an exception; nothing here reads the network or SkyPilot.
 """

@@ -17,7 +17,7 @@ traceback nor gigabytes. So every read here is bounded, in this order, before `j
 Each refusal is a `JsonRefused`, a ValueError, so the `except ValueError` every reader already has
 turns it into that reader's documented outcome (a skipped checkpoint, a fresh explorer, ...); its
 message is one line: "WHAT: larger than 1 MiB", "WHAT: not a regular file", "WHAT: nested deeper
-than 64 levels", "WHAT: not JSON (...)". tests/test_bounded_json.py checks each, and each reader with a 100k-deep file planted.
+than 64 levels", "WHAT: not JSON (...)". tests/cloud/test_bounded_json.py checks each, and each reader with a 100k-deep file planted.
 
 User input files (configs, traces) are read by `schedulers.input_file`, with its own messages.
 """

@@ -14,7 +14,7 @@ Anything else — an unknown class name, a missing or extra field, a dangling te
 malformed header, bytes that are not safetensors — is a `DecodeError` with one line saying what,
 and nothing of the input has run. Integrity (is this what the writer wrote?) is not the codec's
 business: stored objects carry a manifest with their size and SHA-256.
-Invariants tested in tests/test_codec.py: `decode(encode(x)) == x` for every supported shape,
+Invariants tested in tests/cloud/test_codec.py: `decode(encode(x)) == x` for every supported shape,
 tensors bit-identical; a pickle, truncated bytes and disallowed classes never decode.
 """
 

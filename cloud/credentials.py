@@ -21,7 +21,7 @@ Per store:
 - a folder: none (`spotlight.launch_config` refuses folders for a launch anyway).
 
 Invariant: a value returned here is only ever put into a subprocess's environment; messages name
-variables, never values (tests/test_cloud_sky.py checks the launch's files and output hold none).
+variables, never values (tests/cloud/test_cloud_sky.py checks the launch's files and output hold none).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ dependencies, which the CPU build here does not have: torch pins most of them it
 
 The lock and pyproject's `requires-python` agree: every pin admits every Python version the project
 admits (`python_conflicts`, checked here from the installed distributions' `Requires-Python`), and
-every pin has a wheel for each admitted minor version (tests/test_fleet_lock.py resolves the lock
+every pin has a wheel for each admitted minor version (tests/cloud/test_fleet_lock.py resolves the lock
 with pip for each, against PyPI). The same pins serve every admitted version: the dry runs resolve
 nothing beyond the lock but torch's CUDA dependencies, so no environment markers are needed.
 

@@ -5,7 +5,7 @@ store is made).
 Writes: an object is written by one upload (one multipart request up to 8 MiB, a resumable upload
 above, sent in `chunk_bytes` chunks, 64 MiB by default), which GCS commits whole or not at all, so
 a reader sees the previous object or the new one. The client retries a failed chunk alone (not the
-file: tests/test_cloud_gcs.py counts the bytes the server received).
+file: tests/cloud/test_cloud_gcs.py counts the bytes the server received).
 Every upload carries the client's crc32c of the bytes it sends and GCS refuses an object whose bytes
 do not match it; `put_file` returns "crc32c:<base64>" as GCS reports it in the upload's answer
 (`blob.crc32c`), never by reading the file again here.
@@ -27,7 +27,7 @@ once with one `StoreError` line naming the object's URI: no such bucket, no cred
 denied. A missing object is `MissingKey`. The library draws from Python's global `random` (its retry
 jitter, a multipart upload's boundary: one draw per upload of up to 8 MiB), which checkpoints save
 and a resumed run restores, so every operation puts the global `random`'s state back as it found
-it: a push changes no number the run draws later (tests/test_cloud_gcs.py).
+it: a push changes no number the run draws later (tests/cloud/test_cloud_gcs.py).
 
 Credentials, first found wins: $SPOTLIGHT_GCS_KEY_JSON (a service-account key's JSON text, how
 `spotlight launch` hands credentials to cloud nodes); anonymous when $STORAGE_EMULATOR_HOST points
@@ -35,9 +35,9 @@ the client at an emulator; else Application Default Credentials (GOOGLE_APPLICAT
 VM's service account). The key is never logged nor put in a message.
 
 Invariants and the tests that check them: the `Store` contract — atomic writes, checksums that
-refuse replaced or truncated objects, sorted listing, missing keys, keys — tests/test_cloud_contract.py
+refuse replaced or truncated objects, sorted listing, missing keys, keys — tests/cloud/test_cloud_contract.py
 (against gcp-storage-emulator on loopback); retries on the injected clock, one-line failures, a
-missing bucket, credentials and a key that never shows in a message — tests/test_cloud_gcs.py.
+missing bucket, credentials and a key that never shows in a message — tests/cloud/test_cloud_gcs.py.
 """
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ def service_account_info(text: str | bytes) -> dict[str, Any]:
     when a store opens (`_credentials`), and $SPOTLIGHT_GCS_KEY_JSON or the file
     $GOOGLE_APPLICATION_CREDENTIALS names when `spotlight launch` ships it (`cloud.credentials`), so
     that a launch refuses, before anything is written, whatever the head's store would refuse
-    (tests/test_launch_inputs.py, tests/test_cloud_gcs.py)."""
+    (tests/cloud/test_launch_inputs.py, tests/cloud/test_cloud_gcs.py)."""
     if len(text) > MAX_KEY_BYTES:
         raise NotAServiceAccountKey(f"is not a service-account key (longer than {MAX_KEY_BYTES // 1024} KiB; "
                                     "a key is ~2.3 KB)")

@@ -1,7 +1,7 @@
 """The local provider: a folder for a store, and preemption notices replayed from a trace.
 
 It is what simulation and tests run in place of a cloud, and it passes the same contract suite
-as `cloud.aws.AwsProvider` and `cloud.gcp.GcpProvider` (tests/test_cloud_contract.py).
+as `cloud.aws.AwsProvider` and `cloud.gcp.GcpProvider` (tests/cloud/test_cloud_contract.py).
 
 `TraceNoticeSource` is a `schedulers.preemption.NoticeSource` for one slot of
 `schedulers.traces.replay_schedule(trace, slots, speedup, notice_s)`: replay time 0 is `start` on

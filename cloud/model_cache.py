@@ -12,7 +12,7 @@ A *source* is what `policy.pretrained_path` names (`source_kind`):
 
 `fetch_model(source)` copies a remote source into `cache_folder(source)`: `$SPOTLIGHT_MODEL_CACHE`
 (else ~/.cache/spotlight/models) / a name derived from the source. Invariants, and the tests that
-check them (tests/test_model_cache.py):
+check them (tests/cloud/test_model_cache.py):
 - verified: each object is fetched with `Store.get_file(key, path, checksum=...)` against the
   checksum the store keeps for it (`Store.stat`: S3's CRC-64/NVME, GCS's crc32c), so a file in the
   cache is the object's bytes or is not there (`get_file` writes atomically);

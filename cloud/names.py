@@ -22,7 +22,7 @@ Each grammar is the real one of what it names, not a list of forbidden character
   `northamerica-northeast1` (every region of SkyPilot's catalogs and cloud/prices.csv);
 - a SkyPilot cluster or job name, an accelerator name, a local path SkyPilot uploads.
 
-tests/test_launch_inputs.py checks each against shell payloads and real-world names.
+tests/cloud/test_launch_inputs.py checks each against shell payloads and real-world names.
 """
 
 from __future__ import annotations

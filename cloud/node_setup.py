@@ -12,7 +12,7 @@ line each node's run script starts with. Invariants:
   installs nothing — setup run again on the same disk after a recovery, or an image built by running
   `SETUP` once (`cloud.image_id`). Another lock rebuilds the virtualenv from scratch (`--clear`), so
   no distribution of an older lock survives. `INSTALLED_LOCK` is written last: a setup cut short
-  is redone. (tests/test_fleet_lock.py: `test_a_node_installs_the_lock_once`.)
+  is redone. (tests/cloud/test_fleet_lock.py: `test_a_node_installs_the_lock_once`.)
 - `ACTIVATE` puts `NODE_VENV/bin` first on PATH when it exists and changes nothing otherwise, so the
   same run scripts work from a plain PATH (the tests run them as local processes).
 """

@@ -15,7 +15,7 @@ and date.
 Invariants: every row has a non-empty instance type and GPU name, a positive GPU count (at most
 `MAX_GPUS_PER_ROW`) and finite prices >= 0; an (instance type, region) pair is on one line only.
 Loading a table that breaks one raises a `PriceError` whose text is one line naming the file, the
-line and the column (`tests/test_cloud_cost.py`, `tests/test_prices.py`); so does a table larger
+line and the column (`tests/cloud/test_cloud_cost.py`, `tests/cloud/test_prices.py`); so does a table larger
 than `MAX_TABLE_BYTES`, one that is not UTF-8 text, or one the csv module cannot read. A GPU name the
 table does not price is a `PriceError` wherever one comes in (`rows`, `node_price`).
 
@@ -29,7 +29,7 @@ basis than the catalog snapshot its spot price comes from (`CATALOG_ONDEMAND`: A
 p5.48xlarge, spot $26.79 against the snapshot's pre-cut $98.32, 0.27x, beside the row's 0.49x
 against the post-cut list price). A pair is not a second line of the table: an (instance type,
 region) pair stays on one line, the one the meter and `spotlight prices --region` resolve.
-`tests/test_price_range.py` checks that every row of a range names its source and date.
+`tests/spotlight/sim/test_price_range.py` checks that every row of a range names its source and date.
 
 A node of the meter has `cloud.gpus_per_node` GPUs. When no row has exactly that many of the GPU,
 a node is priced at the cheapest row's per-GPU price times `gpus_per_node` (for example a 1-GPU
@@ -73,7 +73,7 @@ def region_of(provider: str, region: str | None) -> str | None:
     """Where `provider`'s prices named `region` hold: `region`, or — when it is empty or None (a
     row of a table from before the region column, an unset `cloud.region`) — the provider's
     `DEFAULT_REGION`; None for a provider that has none. The one place that rule is written
-    (tests/test_prices_region.py::test_region_of_is_the_named_region_else_the_default)."""
+    (tests/cloud/test_prices_region.py::test_region_of_is_the_named_region_else_the_default)."""
     return region or DEFAULT_REGION.get(provider)
 
 

@@ -4,7 +4,7 @@ learns it is about to be preempted.
 Implementations: `cloud.aws.AwsProvider` (S3, IMDSv2 notices), `cloud.gcp.GcpProvider` (GCE
 metadata notices; GCS, a folder or any S3-compatible endpoint) and `cloud.local.LocalProvider`
 (a folder, and notices replayed from a preemption trace under the injected clock — simulation and
-tests). All three pass the same contract suite (tests/test_cloud_contract.py): the store keeps the
+tests). All three pass the same contract suite (tests/cloud/test_cloud_contract.py): the store keeps the
 `cloud.store.Store` invariants and the notice source keeps `schedulers.preemption.NoticeSource`'s.
 """
 

@@ -405,7 +405,7 @@ def next_steps(name: str, uri: str, sky: Path | None, fleet: Path | None = None,
     jobs logs -n NAME`), how to stop every node now (`sky jobs cancel -y -n NAME`: a managed job's
     nodes are the jobs controller's to take down), the results (`spotlight pull`) and the
     walkthrough. SkyPilot 0.14.1's managed-jobs CLI, each command parsed by it in
-    tests/test_launch_next_steps.py. One task's log is `sky jobs logs JOB_ID TASK` only: the
+    tests/cloud/test_launch_next_steps.py. One task's log is `sky jobs logs JOB_ID TASK` only: the
     `sky jobs logs -n my-job train` of its own help does not parse in 0.14.1 (JOB_ID, an integer,
     is the first positional argument, so `train` is taken for it)."""
     exe = shlex.quote(shown(sky))

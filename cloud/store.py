@@ -2,7 +2,7 @@
 
 The `Store` Protocol is small on purpose, so that S3 (`cloud.aws.S3Store`), Google Cloud Storage
 (`cloud.gcs.GcsStore`) and a folder (`LocalStore`) pass the same contract tests
-(tests/test_cloud_contract.py):
+(tests/cloud/test_cloud_contract.py):
 - `put`/`put_file` are atomic: a reader sees the previous object or the whole new one, never a
   part (S3 gives this per object; `LocalStore` writes a hidden temporary file and renames it);
 - `put_file` returns the stored object's checksum, "ALGORITHM:VALUE" (S3: "crc64nvme:...",

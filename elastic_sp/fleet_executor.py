@@ -43,9 +43,9 @@ an error. An exploration request is sampled with the builder's explorer (`explor
 decoded), or with `spec.finish` what the builder's `finish` makes of it (`spotlight train` on Ray:
 `spotlight.runtime.ray_sp`, whose agents are Ray actors, `ray_agent`).
 
-Invariants (tests/test_fleet_contract.py: the contract's scenario beside the in-process, Ray and
+Invariants (tests/schedulers/test_fleet_contract.py: the contract's scenario beside the in-process, Ray and
 modelled executors; a notice and a death mid-request; regrouping in place as nodes join and die;
-tests/test_sp_train.py: publishing, exploration's own sampler and `spec.finish` in training runs):
+tests/spotlight/runtime/test_sp_train.py: publishing, exploration's own sampler and `spec.finish` in training runs):
 the same engine and queue counters as every other executor; with degree-1 groups results
 bit-identical to a `RolloutWorker`'s, a request given back or re-queued included; a group is
 reported `Ready` once, and ends with one report — `Served(noticed=True)`, `Died` or `Dissolved` —

@@ -34,7 +34,7 @@ once) as the node's live copy, so every member copies them in memory; `publish` 
 copy with a new version, which every live member loads after the commands it got before
 (`protocol.Load`). An `Exported` report is relayed without its tensors: they stay on the node.
 
-Invariants (tests/test_sp_train.py): a member's death shows up as `Lost` once, after what it said
+Invariants (tests/spotlight/runtime/test_sp_train.py): a member's death shows up as `Lost` once, after what it said
 before it; a SIGKILLed node shows up as every one of its live members `Lost`; commands reach
 members in the order the coordinator issued them.
 """

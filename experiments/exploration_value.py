@@ -18,7 +18,7 @@ and iterations whose update ran on the fleet; and **what exploration buys**, `sp
 iterations, hours and dollars it saves — negative where exploring costs, 0 where it buys nothing.
 
 Invariant: every "buys" figure is `spotlight_noexplore`'s minus `spotlight`'s of the same run
-(`tests/test_exploration_value.py`). A run of the five arms at one profile and size takes 1-2 min
+(`tests/experiments/test_exploration_value.py`). A run of the five arms at one profile and size takes 1-2 min
 on this project's machine (one core).
 """
 

@@ -33,7 +33,7 @@ Writes DIR/<gpu>-<resolution>.yaml for each resolution — a step-time file that
 --step-times FILE --resolution R` reads (`gpu`, `denoise_step_s`: one pass at degree 1,
 `cfg_factor`: the guided step over the plain one, `train_flops_factor`: the LoRA row over the
 plain forward, all measured) — and DIR/measured.json with every figure. Not measured here: the
-NCCL Ulysses path (tests/test_elastic_sp_gpu.py checks it on two GPUs).
+NCCL Ulysses path (tests/elastic_sp/test_elastic_sp_gpu.py checks it on two GPUs).
 """
 
 from __future__ import annotations

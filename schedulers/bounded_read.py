@@ -16,7 +16,7 @@ Invariants, each a refusal its caller words in its own error type (`schedulers.i
 - JSON text nests at most `MAX_DEPTH` levels unless a reader says otherwise, counted by
   `depth_over`, a linear scan that never recurses (json's C scanner recurses once per level and
   raises RecursionError — not a ValueError — past ~1,000 levels: issue 27).
-tests/test_bounded_read.py checks each refusal, through both `input_file.read_text` and
+tests/schedulers/test_bounded_read.py checks each refusal, through both `input_file.read_text` and
 `bounded_json.load_file`.
 
 This module imports nothing of the project: `schedulers` and `cloud` both read through it.

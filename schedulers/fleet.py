@@ -36,7 +36,7 @@ Time: actions are due on the *replay clock*, which runs `speedup` times faster t
 clock, and only during the phases named in `replay_phases` (a live replay runs the trace only while
 rolling out, when a preemption costs something; the simulator runs it always).
 
-Invariants (tests/test_fleet_contract.py runs one scenario through every executor):
+Invariants (tests/schedulers/test_fleet_contract.py runs one scenario through every executor):
 - a request is computed by at most one live worker at a time, and committed exactly once (the
   queue's invariants; the engine never completes anything itself);
 - every worker the engine registered is in exactly one phase (`WorkerPhase`);
@@ -350,7 +350,7 @@ def partial_crew_pays(size: int, per_request: int, waiting: int, full: int) -> b
     while `full` crews of `per_request` GPUs could: it computes one in ceil(per_request / size)
     request times, the full crews clear the waiting ones in ceil(waiting / full) — it takes one
     only where that is no later (a crew of one GPU taking a round's last request from eight-GPU
-    crews made the round ~60% longer in the simulator: tests/test_node_crews.py). Where no full
+    crews made the round ~60% longer in the simulator: tests/spotlight/runtime/test_node_crews.py). Where no full
     crew exists, every crew takes what it can. The engine's rule, and the simulator's pricing of
     a round (`spotlight.sim.crews`)."""
     return full == 0 or -(-waiting // full) >= -(-per_request // size)
@@ -478,7 +478,7 @@ class FleetEngine:
         simulator releases before an iteration); a worker that still holds one is ended as
         `use_ondemand` ends one: its request goes back to the queue at its last commit. The node
         stays on offer (`Node.released`) until a notice or a death withdraws it.
-        (tests/test_fleet_release.py)"""
+        (tests/schedulers/test_fleet_release.py)"""
         n = self.nodes[node]
         if not (n.spot and n.alive):
             raise ValueError(f"release: {node} is not a live spot node")

@@ -1,7 +1,7 @@
 """Input files: reading a file a user hands us (a config, a trace, a step-time override) so that a
 bad one costs one error line, never a traceback, unbounded memory or unbounded time.
 
-Invariants (tests/test_bad_input.py feeds every command files that break each one):
+Invariants (tests/spotlight/test_bad_input.py feeds every command files that break each one):
 - only a regular file is opened: a FIFO, a device or a socket is refused by its `stat` before
   `open` (opening a FIFO waits for a writer forever; /dev/zero would be read to `max_bytes`), and
   the opened file is checked again, so one swapped in meanwhile is refused too (`open_regular`);

@@ -152,7 +152,7 @@ class PullQueue:
         ones a request names) to `worker`; nothing for a worker with a pending preemption notice.
         Exploration fills what is left: a pull that does not take gradient work (`Kind.TRAIN`, which
         a node's crew serves: `schedulers.fleet`) gets no exploration while gradient work is queued,
-        so its worker comes back idle and joins its node's crew (tests/test_node_crews.py)."""
+        so its worker comes back idle and joins its node's crew (tests/spotlight/runtime/test_node_crews.py)."""
         if max_requests < 1:
             raise ValueError(f"max_requests must be >= 1, got {max_requests}")
         with self._lock:

@@ -6,7 +6,7 @@ the pull queue after a step (`Request.state`), what an SP group's rank 0 reports
 snapshot of the in-flight rollouts holds; the sampler that produces it (`spotlight.rl.dit_sampler`)
 keeps the invariant that stopping after any step and resuming from the state gives a bit-identical
 result to never stopping (the random stream of a step is a function of the step, so no generator
-state is stored here). tests/test_dit_sampler.py checks it.
+state is stored here). tests/spotlight/rl/test_dit_sampler.py checks it.
 
 It lives with the scheduler, not the sampler, because the lower packages that carry it — the queue,
 the SP coordinator and its wire format — must not import `spotlight/`.

@@ -18,7 +18,7 @@
 
 Bad input (a config, a trace, a flag value) ends with one `spotlight: error: ...` line and exit
 code 2 — never a traceback — and creates nothing: every command checks its inputs and the places
-it will write before it writes (tests/test_bad_input.py feeds each command malformed inputs).
+it will write before it writes (tests/spotlight/test_bad_input.py feeds each command malformed inputs).
 Every such line is printed by `_say`, which escapes the control characters a key or a file name
 quoted in it may hold (`schedulers.input_file.error_line`); an input that is not a regular file
 (a FIFO, a device) is refused before it is opened (`schedulers.input_file.open_regular`). A write

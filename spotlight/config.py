@@ -996,7 +996,7 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     """`base` with `over`'s values set in it, section into section. A section of `base` that is
     not a mapping (`train: [1, 2]`) is kept as it is, whatever `over` sets in it, so that
     `from_dict` refuses it as it would without overrides: a flag (`--steps 1`) must not replace a
-    malformed section with the defaults (tests/test_bad_input.py, "train: [1, 2] with --steps")."""
+    malformed section with the defaults (tests/spotlight/test_bad_input.py, "train: [1, 2] with --steps")."""
     out = dict(base)
     for key, value in over.items():
         if isinstance(value, dict) and isinstance(out.get(key), dict):

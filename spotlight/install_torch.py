@@ -1,7 +1,7 @@
 """The torch install: which build of `torch==TORCH_VERSION` this machine gets, and installing it.
 
 `make` runs this file with the virtualenv's Python *before* this package or any dependency is
-installed (`$(PY) spotlight/install_torch.py`, tests/test_install_torch.py checks the Makefile
+installed (`$(PY) spotlight/install_torch.py`, tests/spotlight/test_install_torch.py checks the Makefile
 says so), so it imports the standard library only, never `spotlight`
 (`test_the_module_imports_the_standard_library_only`). It exists because a bare `pip install
 torch` on Linux x86_64 is PyPI's CUDA build, which pulls several GB of `nvidia-*`/`cuda-*` wheels

@@ -8,11 +8,11 @@ Invariants:
 - Arithmetic on the config, config.json files and safetensors headers only: no model is built, no
   weight read, and torch is not imported (for a CUDA device it already is, to ask the GPU's free
   memory): the check decides in milliseconds and a few MB
-  (tests/test_memory_estimate.py::test_refusals_are_one_line_fast_and_small).
+  (tests/spotlight/test_memory_estimate.py::test_refusals_are_one_line_fast_and_small).
 - Parameter counts are exact: `param_shapes` names each parameter with the shape the built model
-  gives it (tests/test_memory_estimate.py::test_param_shapes_are_the_models).
+  gives it (tests/spotlight/test_memory_estimate.py::test_param_shapes_are_the_models).
 - The estimate covers the measured peak of the tiny configs and is within 1.5x of it
-  (tests/test_memory_estimate.py::test_estimate_covers_measured_peaks).
+  (tests/spotlight/test_memory_estimate.py::test_estimate_covers_measured_peaks).
 
 What the peak holds (`Estimate`, bytes):
 - parameters: every model the policy loads (a pipeline's text encoder and VAE too), in its compute

@@ -7,8 +7,8 @@ kind it suits, building it (`rewards.build_component`), a user function's file
 scores (`rewards.RewardWorker`) — names it the same way, by `component` and `component_field`:
 `reward.components[1]`, `reward.components[1].function`, or for the shorthand `reward.name` and
 `reward.model_path`. A name is valid when `check_name` says so, with one wording ("FIELD: expected
-one of NAMES, got 'x'"). tests/test_rewards.py::test_a_component_is_named_one_way_everywhere checks
-the labels, tests/test_config.py the names.
+one of NAMES, got 'x'"). tests/spotlight/rl/test_rewards.py::test_a_component_is_named_one_way_everywhere checks
+the labels, tests/spotlight/test_config.py the names.
 
 Imports neither torch nor `spotlight.config` (which calls it while it parses a config).
 """
@@ -21,7 +21,7 @@ from schedulers.input_file import check
 
 BUILTIN_REWARDS = ("colour", "jpeg_compressibility", "jpeg_incompressibility", "arithmetic", "clip_score",
                    "ocr", "answer_match")
-"""The rewards `spotlight.rl.rewards.BUILTIN` builds (tests/test_config.py checks the two agree);
+"""The rewards `spotlight.rl.rewards.BUILTIN` builds (tests/spotlight/test_config.py checks the two agree);
 others come from the `spotlight.rewards` entry-point group. Named here so that a config is checked
 at load without importing torch."""
 

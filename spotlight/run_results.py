@@ -6,7 +6,7 @@ What the store holds is written by the head: results/ and results/status.json
 and a launched fleet's records fleet/head.json and fleet/done.json (read here unverified, for
 display only: their HMAC is the fleet's business).
 
-Invariants (tests/test_results_home.py):
+Invariants (tests/spotlight/test_results_home.py):
 - A pull writes only below DIR, only files results/MANIFEST.json names (each key checked with
   `cloud.store.check_key`, so a planted manifest cannot write outside DIR), each verified by the
   store against the manifest's checksum and size; it downloads into a hidden folder beside DIR

@@ -2,7 +2,7 @@
 
 The child writes its peak RSS (VmHWM: the memory map its exec made, nothing inherited) to the file
 named first on its command line when it exits. Not `ru_maxrss` from wait4: Linux carries the forking
-process's high-water mark into the child through fork and exec (tests/test_bad_input.py)."""
+process's high-water mark into the child through fork and exec (tests/spotlight/test_bad_input.py)."""
 
 PEAK_REPORTING_CLI = """
 import atexit, runpy, sys

@@ -4,10 +4,34 @@ import os
 # with it unset turns token auth on and writes ~/.ray/auth_token). Before `import ray`: Ray reads it once.
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
+# Under pytest-xdist (`-n 2`, the README's test command) two test processes share the 2 cores: with
+# torch's default of one OpenMP thread per core in each, two torch processes ran 20x slower than
+# one (measured on this 2-core machine), so each worker, and every process it starts, computes on
+# one thread. Before `import torch`: OpenMP reads it once.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = "1"
+
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(1)
+
 from spotlight.config import default_config
+
+
+def pytest_collection_modifyitems(config, items):
+    """For pytest-xdist's `--dist loadgroup` (the README's test command, two workers): the tests of a
+    module that share a module-scoped fixture (a Ray cluster, a trained run) run on one worker, so
+    it is built once; every other test goes to whichever worker is free. The slow end-to-end runs
+    are handed out first, so that the suite does not end waiting on one of them."""
+    for item in items:
+        if any(defs[-1].scope == "module" for defs in item._fixtureinfo.name2fixturedefs.values()):
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+    # A module's tests stay together (its module-scoped fixtures are built once); modules with a
+    # slow test come first, in file order otherwise (a stable sort).
+    slow_modules = {item.module.__name__ for item in items if item.get_closest_marker("slow") is not None}
+    items.sort(key=lambda item: item.module.__name__ not in slow_modules)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -173,3 +173,18 @@ def test_the_check_finds_a_key_the_doc_does_not_have():
     assert _undocumented({"made_up_s", "reward_other_mean", "time_nap_s"}, documented, labels) == [
         "made_up_s", "reward_other_mean", "time_nap_s"]
     assert _undocumented(["fleet.made_up"], _documented(SUMMARY), labels) == ["fleet.made_up"]
+
+
+def test_every_test_file_the_code_and_docs_name_exists():
+    """A docstring that claims an invariant names the test that checks it (STYLE.md): a moved or
+    renamed test file must not leave the claim pointing nowhere."""
+    import re
+    import subprocess
+
+    files = subprocess.run(["git", "ls-files", "*.py", "*.md", "*.yaml"], cwd=REPO, capture_output=True,
+                           text=True, check=True).stdout.split()
+    named = {m for f in files if (REPO / f).is_file()
+             for m in re.findall(r"tests/[a-z0-9_/]+\.py", (REPO / f).read_text(errors="replace"))}
+    assert "tests/test_imports.py" in named
+    missing = sorted(t for t in named if not (REPO / t).is_file())
+    assert not missing, f"named but not there: {missing}"

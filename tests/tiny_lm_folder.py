@@ -12,7 +12,7 @@ model folder looks like to `policy.llm.pretrained_path`, at toy size.
 
 Saved with `save_pretrained`, the folder loads through `AutoModelForCausalLM.from_pretrained(path,
 local_files_only=True)` and `AutoTokenizer.from_pretrained(path, local_files_only=True)`
-(tests/test_llm_folder.py).
+(tests/spotlight/rl/test_llm_folder.py).
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def save_tiny_lm(path: Path | str, seed: int = 0, tie_word_embeddings: bool = Fa
 
     `tie_word_embeddings`: lm_head shares the embedding matrix, as in Qwen2.5-0.5B/1.5B/3B. Off by
     default: the warm-start cache and full-parameter checkpoints save the state dict with
-    safetensors, which refuses two names for one storage (tests/test_llm_folder.py, the xfail)."""
+    safetensors, which refuses two names for one storage (tests/spotlight/rl/test_llm_folder.py, the xfail)."""
     path = Path(path)
     tokenizer = build_tokenizer()
     eos, pad = tokenizer.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"])

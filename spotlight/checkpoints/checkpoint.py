@@ -14,15 +14,15 @@ Layout: DIR/checkpoints/step-000010/
 Invariants:
 - A folder named step-* is complete: files are written to a temporary folder, each file and the
   folder are fsynced, then the folder is renamed and its parent fsynced — a kill or a host crash
-  mid-write leaves the previous checkpoint as the newest one (tests/test_trainer.py).
+  mid-write leaves the previous checkpoint as the newest one (tests/spotlight/train/test_trainer.py).
 - A checkpoint is used only once it verifies (`verify`): its manifest parses and names this step,
   every file has the listed size (and SHA-256), every file decodes; and `load` applies nothing
   unless the weights match the model's names, shapes and dtypes, the optimiser and RNG states
   load, and — for a run that keeps an EMA — the EMA is there with the names, shapes and dtypes of
-  the run's (a run without one ignores a checkpoint's: tests/test_ema.py). Resuming walks back
+  the run's (a run without one ignores a checkpoint's: tests/spotlight/rl/test_ema.py). Resuming walks back
   from the newest checkpoint to the newest one that verifies and loads;
   each one skipped is moved aside to `.skipped-step-N` with the reason logged, so it is never taken
-  again and never pushed (tests/test_checkpoint_recovery.py truncates and empties each file in turn).
+  again and never pushed (tests/spotlight/checkpoints/test_checkpoint_recovery.py truncates and empties each file in turn).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ Invariants:
 - A run folder's checkpoints are checked against the run's identity before anything is loaded
   or moved (`spotlight.train.trainer.Trainer`): a checkpoint of another run is refused with one
   line and left where it is, never renamed away, whether or not the folder's config.yaml is there
-  (tests/test_resume_identity.py).
+  (tests/spotlight/checkpoints/test_resume_identity.py).
 - A change to a `NEUTRAL` setting resumes: those settings decide where a run runs, how long, and
   how much memory a step takes — not what the weights are meant to be.
 """

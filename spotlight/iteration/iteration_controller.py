@@ -20,7 +20,7 @@ An iteration's phases, in order (`PHASES`; an iteration runs a subsequence, `pla
 
 Invariant: two runs with the same settings run the same phases in the same order and place
 every update alike whether they train or simulate
-(`tests/test_iteration_controller.py::test_train_and_simulate_run_the_same_iterations`).
+(`tests/spotlight/iteration/test_iteration_controller.py::test_train_and_simulate_run_the_same_iterations`).
 """
 
 from __future__ import annotations

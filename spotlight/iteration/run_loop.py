@@ -11,7 +11,7 @@ perfect foresight and has no engine, no cost control and no iteration to interru
 
 Invariant: an iteration runs only after the cost control allowed it, its cost is measured before
 the next question, and a stop is asked for before an iteration starts, never in the middle of
-one (`tests/test_run_loop.py`).
+one (`tests/spotlight/iteration/test_run_loop.py`).
 """
 
 from __future__ import annotations

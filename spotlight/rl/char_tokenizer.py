@@ -6,7 +6,7 @@ The vocabulary is fixed (ids below are stable), so a model trained with it keeps
 runs; it round-trips through `save_pretrained` / `AutoTokenizer.from_pretrained(local_dir)`.
 Encoding with special tokens (transformers' default: `tok(text)`) puts `<bos>` first, as the
 policy's every sample starts, so a saved policy (`final/`) answers through plain `AutoTokenizer`
-+ `generate` what it answers in training (tests/test_llm_policy.py). The policy itself encodes
++ `generate` what it answers in training (tests/spotlight/rl/test_llm_policy.py). The policy itself encodes
 with `add_special_tokens=False` and prefixes `<bos>` on its own, so the same code path works for
 pretrained tokenizers that have no bos token.
 """

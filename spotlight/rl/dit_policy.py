@@ -84,7 +84,7 @@ class DiTPolicy:
         """The run's policy: its transformer (`build_transformer`), text encoder and decoder
         (`conditioning`), and with `train.gradient_checkpointing` diffusers' own gradient
         checkpointing on the transformer — it acts only where gradients are taken (the update,
-        the warm start) and gives the same gradients (tests/test_dit_pipeline.py)."""
+        the warm start) and gives the same gradients (tests/spotlight/rl/test_dit_pipeline.py)."""
         if cfg.policy.dit.pretrained_path:
             pretrained_folder(cfg.policy.dit)  # a remote folder is fetched to this node's cache first
         check_pipeline_folder(cfg)

@@ -13,7 +13,7 @@ Invariants:
   reduction: the same inputs give the same bits, on any number of threads). A parameter that has
   not moved leaves its average exactly where it is: `lerp(e, e, w) == e`, where
   `decay * e + (1 - decay) * e` drifts (measured here: 174 of 1,037 float32 elements moved by an
-  ulp at decay 0.999). tests/test_ema.py checks the closed form and the fixed point.
+  ulp at decay 0.999). tests/spotlight/rl/test_ema.py checks the closed form and the fixed point.
 - `swapped_in` puts the model's own tensors back bit for bit, and touches no parameter object
   (an optimiser's state is keyed by them).
 """

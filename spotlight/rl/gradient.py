@@ -10,7 +10,7 @@ crew of GPUs a share of the micro-batches each, the crew's lead folding them in 
 sends its sum (one transfer per chunk); the learner alone computes the same chunks in the same
 tree. Floating-point addition is not associative, so a fixed tree is what makes the sum, hence the
 weights, independent of who computed what: an update spread over a fleet with preemptions ends
-bit-identical to one the learner computed alone with the same k (tests/test_fleet_update.py).
+bit-identical to one the learner computed alone with the same k (tests/spotlight/runtime/test_fleet_update.py).
 With k = 1 every chunk is one micro-batch and the tree is the plain fold in index order.
 """
 

@@ -11,8 +11,8 @@ are decoded without special tokens. Invariants:
 
 - Every random draw of a sample comes from `seeding.generator(run seed, prompt id, sample seed,
   token step)`, and tokens are drawn by Gumbel-max with that per-sample noise, so a sample's tokens
-  do not depend on the batch, micro-batch or process that samples it (tests/test_llm_policy.py and,
-  through a chat template, tests/test_llm_folder.py).
+  do not depend on the batch, micro-batch or process that samples it (tests/spotlight/rl/test_llm_policy.py and,
+  through a chat template, tests/spotlight/rl/test_llm_folder.py).
 - Prompts are left-padded (masked out, positions counted from the first real token), so padding
   changes neither the logits of a sample nor its log-probs (beyond float rounding).
 - Sampling runs the prompt once and then one position per token against a KV cache
@@ -28,7 +28,7 @@ are decoded without special tokens. Invariants:
   `train.gradient_checkpointing` only the checkpointed decoder layers themselves are flagged as
   training during the update's forward (what transformers checks before it checkpoints); their
   submodules stay in eval mode, and the gradient is the one without checkpointing
-  (tests/test_llm_folder.py).
+  (tests/spotlight/rl/test_llm_folder.py).
 """
 
 from __future__ import annotations

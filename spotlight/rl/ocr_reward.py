@@ -16,7 +16,7 @@ target, is a `RewardError` naming its id (flow_grpo would fail on it too).
 
 The engine is rapidocr 3.x on onnxruntime with the PP-OCR detection and recognition models its
 wheel carries, given to it by path: rapidocr's download code is never reached, so nothing is
-fetched at run time (tests/test_ocr_reward.py scores with sockets refused). Set as flow_grpo's
+fetched at run time (tests/spotlight/rl/test_ocr_reward.py scores with sockets refused). Set as flow_grpo's
 PaddleOCR 2.9.1 is: no angle classifier (`use_angle_cls=False`); detection on the image scaled
 down so that its longer side is at most 960 px, never up (PaddleOCR 2.x's `det_limit_side_len`,
 `det_limit_type="max"`; rapidocr's own default scales the shorter side *up* to 736 px, ~15x slower

@@ -10,7 +10,7 @@ Two implementations behind one call signature:
 Invariant of both: a prompt's conditioning does not depend on the prompts it is batched with —
 its embedding rows are the same numbers alone or in any batch; only the zero padding after them
 (mask 0) can (the real encoder pads to the batch's longest prompt, the stand-in to `text_tokens`)
-(tests/test_dit_pipeline.py, test_an_equal_length_batch_through_the_real_encoder_is_its_prompts_alone).
+(tests/spotlight/rl/test_dit_pipeline.py, test_an_equal_length_batch_through_the_real_encoder_is_its_prompts_alone).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ Three forms, as Flow-GRPO users already have them:
 - a flow_grpo dataset folder: its `train_metadata.jsonl` or `train.txt` (metadata first), and for
   evaluation its `test_metadata.jsonl` or `test.txt`.
 
-Invariants (tests/test_prompt_file.py feeds each broken form):
+Invariants (tests/spotlight/rl/test_prompt_file.py feeds each broken form):
 - at most `MAX_BYTES` are read, as UTF-8 text without NUL bytes (`schedulers.input_file.read_text`);
 - at most `MAX_PROMPTS` prompts of at most `MAX_PROMPT_CHARS` characters each;
 - blank lines are skipped; a prompt keeps its text as written, surrounding whitespace removed;

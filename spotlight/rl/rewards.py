@@ -17,7 +17,7 @@ function plugs in by `function:` (`spotlight.rl.user_reward`).
 
 `RewardWorker` is the reward role: it scores `reward.terms` — each component on each request's
 samples (a prompt's group) separately, so that how requests are split between workers changes no
-score (`split_parts`, tests/test_rewards.py::test_split_workers_score_what_one_worker_scores) —
+score (`split_parts`, tests/spotlight/rl/test_rewards.py::test_split_workers_score_what_one_worker_scores) —
 and sums them by weight. A component that raises, outlives `reward.timeout_s`, returns the wrong
 count or a non-finite value is tried once more, then stops the run with a one-line `RewardError`:
 never a silent zero.

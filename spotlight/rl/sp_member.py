@@ -12,8 +12,8 @@ config — `build_model` is `dit_model.build_transformer`'s model: loaded from t
 copy in the node's model cache, `cloud.model_cache` — as every rollout worker loads it), else initialised from the run seed as it does (so the stock tiny arch gives the trainer's
 initial weights); `build_policy` is the trainer's `DiTPolicy` on the same sampler, text encoder
 and decoder (`dit_policy.conditioning`: a pipeline folder's own). With degree-1 groups, results
-are bit-identical to a `RolloutWorker`'s (tests/test_fleet_contract.py); a degree-2 group on a
-pipeline folder gives the images of degree 1 (tests/test_dit_pipeline.py).
+are bit-identical to a `RolloutWorker`'s (tests/schedulers/test_fleet_contract.py); a degree-2 group on a
+pipeline folder gives the images of degree 1 (tests/spotlight/rl/test_dit_pipeline.py).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ publication after the update carries (the tensors `weights()` hands out), and wi
 the fleet `update_gradient_bytes`, the gradients that arrived for it, every round's: one per
 `TRAIN` request, each the sum of `train.parts_per_request` micro-batches. The
 simulator's byte model (`spotlight.sim.transfers`) is checked against them
-(tests/test_transfer_bytes.py).
+(tests/spotlight/sim/test_transfer_bytes.py).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The one door between the controller and a runtime: what `spotlight.train.trainer.Trainer` (and
 `spotlight.train.training_iteration`) may ask of the local runtime (`spotlight.runtime.local`) and the
 Ray runtime (`spotlight.runtime.ray_runtime`). Nothing outside a runtime reaches past this protocol
-(`tests/test_runtime_protocol.py` checks that both runtimes declare every member and that no caller
+(`tests/spotlight/runtime/test_runtime_protocol.py` checks that both runtimes declare every member and that no caller
 uses another)."""
 
 from __future__ import annotations

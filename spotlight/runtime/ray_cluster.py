@@ -14,7 +14,7 @@ file at RAY_AUTH_TOKEN_PATH, else ~/.ray/auth_token):
 - a local cluster: token auth with a token made for this run, handed to Ray's processes in their
   environment only (never written to ~/.ray/auth_token: a token there makes every later `ray start
   --head` with RAY_AUTH_MODE unset turn token auth on), on 127.0.0.1 only: its GCS, raylet, agents
-  and workers listen on loopback (tests/test_ray_auth.py checks both).
+  and workers listen on loopback (tests/spotlight/runtime/test_ray_auth.py checks both).
 """
 
 from __future__ import annotations
@@ -222,7 +222,7 @@ def _auth_mode(address: str, timeout_s: float = 5.0) -> str | None:
 def check(rt: RuntimeConfig) -> None:
     """Say in one line, within seconds, why this process cannot join `rt.address` (nobody listens
     where Ray will dial it, or auth does not match), without joining: for a CLI's checks before
-    any heavy work (tests/test_input_hygiene.py: a loopback-only cluster at 127.0.0.1)."""
+    any heavy work (tests/spotlight/test_input_hygiene.py: a loopback-only cluster at 127.0.0.1)."""
     if rt.kind == "ray" and rt.address and not ray.is_initialized():
         _check_reachable(rt.address)
         _auth_mode(rt.address)

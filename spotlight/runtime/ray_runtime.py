@@ -92,7 +92,7 @@ class RewardPool:
     controller's node (`ray_fleet`'s placement rule: on-demand roles run there). A batch is split
     between them in request order (`rewards.split_parts`) and their `Scores` concatenated: each
     request is scored on its own, so the scores are those of one worker, bit for bit
-    (tests/test_rewards.py::test_split_workers_score_what_one_worker_scores). A batch still in
+    (tests/spotlight/rl/test_rewards.py::test_split_workers_score_what_one_worker_scores). A batch still in
     the object store (an ObjectRef) is split there (`_shares`) and never passes through here."""
 
     def __init__(self, cfg: RunConfig, pinned: dict[str, Any], gpus_free: float,

@@ -20,7 +20,7 @@ Groups are planned by the live regroup policy with the configured degree as its 
 What the learner, the reward actor and the controller see is unchanged: a request completes with
 exactly what a `RolloutWorker` commits for it (rank 0 computes it at the last step with the run's
 policy: `spotlight.rl.sp_member.finish`), so final weights equal the same run's at sp_degree 1 bit
-for bit wherever Ulysses is exact (the sequence divides by the degree: tests/test_sp_train.py).
+for bit wherever Ulysses is exact (the sequence divides by the degree: tests/spotlight/runtime/test_sp_train.py).
 After each update `publish` hands every live node's agent the new weights (Ray moves them to the
 node once; its members load them from the node's shared memory), and a node that joins later
 starts from the newest. Exploration requests are sampled with the run's exploration settings

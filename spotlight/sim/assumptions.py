@@ -19,7 +19,7 @@ Every value says what it assumes and its source (`Choice`), and goes into the re
 Invariants:
 - every field named here is a field of `StepTimes` or `SimConfig`, checked at import: a renamed
   field fails loudly rather than silently leaving a figure unvaried
-  (`tests/test_simulator.py::test_the_constant_sets_vary_shipped_figures_and_keep_given_ones`);
+  (`tests/spotlight/sim/test_simulator.py::test_the_constant_sets_vary_shipped_figures_and_keep_given_ones`);
 - only a *shipped* figure is varied: the value a shipped profile (`qwen-image-lora`,
   `qwen-image-full`) or SimConfig's default holds. Any other figure was *given* — a `--step-times`
   file, a caller's `StepTimes` — and is the run's own in all three sets (`describe` marks it

@@ -200,7 +200,7 @@ class SimConfig:
         if d is not None and not (not isinstance(d, bool) and isinstance(d, (int, float)) and 0 < d <= 1e6):
             raise ConfigError(f"deadline_h: expected a number > 0 and at most 1,000,000, got {short(d)}")
         # The update's grain is the run's, as the runtime's requests are (one grain: the simulator's
-        # TRAIN requests and their bytes are the live ones, tests/test_grain_contract.py).
+        # TRAIN requests and their bytes are the live ones, tests/spotlight/sim/test_transfer_bytes.py).
         st = self.step_times
         if (st.gradient_parts, st.parts_per_request) != (self.gradient_parts, self.parts_per_request):
             object.__setattr__(self, "step_times", replace(st, gradient_parts=self.gradient_parts,

@@ -16,7 +16,7 @@ after the last (`learner_step_s`).
 
 Nothing here is sampled: it prices a round for the simulator's choices (where the update runs) and
 for the oracle at the same grain; the simulation itself runs every request through the engine and
-the modelled executor (tests/test_node_crews.py checks the two agree on a fleet without preemptions).
+the modelled executor (tests/spotlight/runtime/test_node_crews.py checks the two agree on a fleet without preemptions).
 """
 
 from __future__ import annotations

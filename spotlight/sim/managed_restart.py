@@ -52,7 +52,7 @@ policy does not explore, so their gain is already counted), then its own. The ti
 therefore exact; the `progress` curve does not dip at a loss (the score reached is redone, not
 shown as lost).
 
-It does not explore (random seeds, as `ondemand`). The invariants, in tests/test_sim_baselines.py:
+It does not explore (random seeds, as `ondemand`). The invariants, in tests/spotlight/sim/test_sim_baselines.py:
 no on-demand GPU billed and nothing billed or done while no spot node is live
 (`test_managed_restart_bills_no_ondemand_gpu_and_waits_for_capacity_paying_nothing`, which also
 checks that a trace starting empty is not `ondemand`), a loss loses exactly the iterations since

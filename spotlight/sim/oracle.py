@@ -21,7 +21,7 @@ node, `cost` the cap whose iteration costs least, `deadline` the cheapest cap wh
 repeated for the iterations left, meets the deadline. It pays no join, so a cap may change every
 iteration at no cost: it bounds the cost of `--objective cost` as it bounds the time of
 `--objective time`. Its preemptions are the trace's removals of nodes it holds (while the live
-nodes are at or below its cap). (tests/test_rental.py)
+nodes are at or below its cap). (tests/spotlight/sim/test_rental.py)
 """
 
 from __future__ import annotations

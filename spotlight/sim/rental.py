@@ -35,7 +35,7 @@ and the three objectives choose the nodes n to hold (`choose`, `RentalRule.nodes
 
 Without the update on the fleet C is convex in x = G + s with its minimum at
 x* = sqrt(G·(p_od - p_spot)·R / (p_spot·K)), K = W/G + F, and a first spot GPU (so any) pays only
-while p_spot < p_od·R / (R + (G + 1)·K) (tests/test_rental.py checks both).
+while p_spot < p_od·R / (R + (G + 1)·K) (tests/spotlight/sim/test_rental.py checks both).
 
 The on-demand GPUs are chosen too under `cost` and `deadline` (`choose_ondemand`), once, before the
 first iteration: for each count G of `ondemand_candidates` (1, 2, 4, ... up to the run's `--gpus`) the

@@ -14,7 +14,7 @@ that joins in between is not the job's until the next restart (a managed job doe
 so it is not paid for. Survivors of a preemption stay the job's (and paid) through the cold start
 and restore; nodes a restart adds are paid from the moment the job serves on them, which leaves
 their part of the cold start and restore unpaid — in the baseline's favour.
-(`tests/test_simulator.py::test_spot_restart_pays_only_for_the_nodes_its_job_holds`.)
+(`tests/spotlight/sim/test_simulator.py::test_spot_restart_pays_only_for_the_nodes_its_job_holds`.)
 """
 
 from __future__ import annotations

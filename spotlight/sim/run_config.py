@@ -6,7 +6,7 @@ the controller built from the same settings (`IterationController.from_config`: 
 it evaluates and checkpoints, and `train.update_on` with the measured rule — the simulator's
 modelled seconds in place of a live run's measured ones), so that both run the same phases in the
 same order and place every update alike
-(`tests/test_iteration_controller.py::test_train_and_simulate_run_the_same_iterations`).
+(`tests/spotlight/iteration/test_iteration_controller.py::test_train_and_simulate_run_the_same_iterations`).
 
 How the config maps onto the simulator: one simulated GPU per rollout worker (`runtime.kind:
 local`: one on-demand worker; `ray`: `runtime.ondemand_workers` on demand, at least 1, and
@@ -58,7 +58,7 @@ def simulated_config(run: RunConfig, step_times: StepTimes | None = None) -> tup
     local = rt.kind == "local"
     spot = 0 if local else rt.spot_workers
     # The update's grain is the run's (`SimConfig.gradient_parts`): its requests and their bytes are
-    # the ones the runtime sends (tests/test_grain_contract.py).
+    # the ones the runtime sends (tests/spotlight/sim/test_transfer_bytes.py).
     cfg = SimConfig(gpus=1 if local else max(1, rt.ondemand_workers), spot_gpus=spot, iterations=t.steps,
                     resolution=resolution, prompts=t.prompts_per_step, group_size=t.group_size,
                     candidates_per_prompt=max(ex.candidates_per_prompt, t.group_size),

@@ -30,7 +30,7 @@ figure (no FLOP scaling is used then) — an unknown GPU is refused, not silentl
 Derived fields (`DERIVED`: `weight_sync_s`, `update_round_s`): None, or left out of a file, means
 "from bytes over links"; the value then held is a `Derived` float, which `dataclasses.replace` and
 `StepTimes.load` derive again from the new fields (a plain number is kept as given:
-tests/test_transfer_bytes.py::test_a_given_figure_wins_and_a_derived_one_follows_its_fields).
+tests/spotlight/sim/test_transfer_bytes.py::test_a_given_figure_wins_and_a_derived_one_follows_its_fields).
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ derived from its config dict (`DiTShape.from_arch`) and the LoRA rank on the def
 20,430,401,088 parameters = 40.9 GB in bfloat16; rank-64 adapters 424,673,280 = 1.70 GB in float32
 (`spotlight bench lora`'s "1.7 GB at rank 64"). Both are checked against the module built on the
 meta device, and the live runtime's byte counters against this module
-(tests/test_transfer_bytes.py).
+(tests/spotlight/sim/test_transfer_bytes.py).
 
 Seconds are bytes over link figures that are ASSUMPTIONS, each docstring naming its source; no
 link has been measured by this project (the loopback cluster moves bytes through memory).
@@ -139,7 +139,7 @@ class DiTShape:
         """Trained parameters no gradient reaches: the model's output reads the image stream alone,
         so the last block's text stream after its attention (`to_add_out` and the text MLP) feeds
         nothing, and the backward leaves them without a gradient (found by the live counters:
-        tests/test_transfer_bytes.py). Qwen-Image: 84,953,088 parameters (0.4%); at rank 64,
+        tests/spotlight/sim/test_transfer_bytes.py). Qwen-Image: 84,953,088 parameters (0.4%); at rank 64,
         2,359,296 adapter parameters (0.6%)."""
         linears = self.block_linears()
         tail = ("to_add_out", "txt_mlp.net.0.proj", "txt_mlp.net.2")

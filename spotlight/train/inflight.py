@@ -17,7 +17,7 @@ manifest says (a larger one is refused before it is read), its size and SHA-256 
 decodes to the allowed types, and each entry is a request of the same id and the same seeds whose
 result or state is consistent with them (sizes, steps). Anything else is skipped
 with one log line — a snapshot that is not used is only work to redo, never wrong work and never
-a failed resume (tests/test_inflight.py). Snapshots of iterations before the newest stored
+a failed resume (tests/spotlight/train/test_inflight.py). Snapshots of iterations before the newest stored
 checkpoint are deleted.
 
 Size: a snapshot holds every committed trajectory of the iteration so far — a few MB for the tiny

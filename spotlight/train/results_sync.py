@@ -22,7 +22,7 @@ Invariants:
   as the store holds those objects now (`ResultsSync._carried`):
   the TensorBoard events and samples an earlier head wrote stay named.
 - `finished` is true only in the manifest of the push after final/ and summary.json were written.
-The reader is `spotlight.run_results` (`spotlight pull`, `spotlight status`); tests/test_results_home.py
+The reader is `spotlight.run_results` (`spotlight pull`, `spotlight status`); tests/spotlight/test_results_home.py
 checks all of this.
 """
 

@@ -11,7 +11,7 @@ would not have written. So what is pushed and pulled is named here, by the code:
 A file qualifies only when it is a regular file — not a symlink, FIFO, socket or device — owned by
 the user running Spotlight (`regular`): a file another user planted, even a regular one, stays put.
 Pulled files get the modes the run gives its own files (`OWN_MODE` less the umask), never the
-stored object's or a planted file's. tests/test_run_files.py checks each of these.
+stored object's or a planted file's. tests/spotlight/train/test_run_files.py checks each of these.
 """
 
 from __future__ import annotations

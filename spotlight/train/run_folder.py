@@ -7,7 +7,7 @@ this holds the folder's jobs.
 
 Invariants: bad input leaves nothing behind (`check` creates nothing; a folder `acquire` made and
 left empty goes with `release`); a metrics row is written before the checkpoint that covers it, so a
-resumed run keeps exactly the rows before its checkpoint (`truncate_metrics`; tests/test_trainer.py).
+resumed run keeps exactly the rows before its checkpoint (`truncate_metrics`; tests/spotlight/train/test_trainer.py).
 """
 
 from __future__ import annotations

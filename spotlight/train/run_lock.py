@@ -7,7 +7,7 @@ holds the holder's PID for the error of the next one:
 - the kernel drops it when the holder exits, however it exits (a SIGKILL, an OOM kill), so a
   crashed run never leaves a stale lock behind, and a restart takes it at once;
 - a second trainer is refused with one line naming the holder's PID, before it changes anything in
-  the folder (tests/test_run_lock.py: the first run's metrics stay intact).
+  the folder (tests/spotlight/checkpoints/test_resume_identity.py: the first run's metrics stay intact).
 flock works on local file systems and NFSv4 (Linux emulates it with fcntl locks there); a run
 folder on a file system without locks is refused with one line rather than run unguarded.
 """

@@ -196,7 +196,7 @@ class Trainer:
         `log_to_driver=False`, so a bar drawn there never reaches the terminal, and the first run
         sat silent for minutes (2400 steps of experiments/tiny_dit.yaml: ~3.5 min). The weights are
         the learner's own, bit for bit: the same seed before the same `build_policy`, the same cache
-        key, and the learner loads the file it would have written (tests/test_cli_rough_edges.py).
+        key, and the learner loads the file it would have written (tests/spotlight/test_cli_rough_edges.py).
         On a cluster joined with --address too: the learner runs on this controller's node
         (`spotlight.runtime.ray_fleet`), so its cache folder is this one's."""
         cfg = self.cfg
