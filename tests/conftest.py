@@ -25,8 +25,12 @@ def pytest_collection_modifyitems(config, items):
     module that share a module-scoped fixture (a Ray cluster, a trained run) run on one worker, so
     it is built once; every other test goes to whichever worker is free. The slow end-to-end runs
     are handed out first, so that the suite does not end waiting on one of them."""
+    # The whole module, not only the tests that use the fixture: a test of the module on the same
+    # worker in between would end the module's fixtures and build them again (seen: a 78 s run twice).
+    shared = {item.module.__name__ for item in items
+              if any(defs[-1].scope == "module" for defs in item._fixtureinfo.name2fixturedefs.values())}
     for item in items:
-        if any(defs[-1].scope == "module" for defs in item._fixtureinfo.name2fixturedefs.values()):
+        if item.module.__name__ in shared:
             item.add_marker(pytest.mark.xdist_group(item.module.__name__))
     # A module's tests stay together (its module-scoped fixtures are built once); modules with a
     # slow test come first, in file order otherwise (a stable sort).

@@ -394,7 +394,7 @@ def test_ray_reward_workers_split_a_batch_and_score_what_one_worker_scores(tmp_p
 def test_a_component_is_named_one_way_everywhere():
     """One rule names a reward component in every error (`reward_names`): a component by its index,
     the one-component shorthand by `reward.name`; a bad name has one wording wherever it is checked."""
-    from spotlight.rl import reward_names
+    from spotlight import reward_names
     from spotlight.rl.rewards import build_component
 
     many = RewardConfig(components=[RewardComponent(name="colour"), RewardComponent(function="f.py:score")])
