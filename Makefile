@@ -6,8 +6,8 @@ STAMP := $(VENV)/.installed
 CONFIG ?= experiments/tiny_dit.yaml
 OUT ?= runs/$(basename $(notdir $(CONFIG)))
 PYTEST_ARGS ?=
-# Test processes (pytest-xdist): two on the 2-core CI machine, where the suite ran in 36 min on one
-# and N min on two (docs/measurements.md); each computes on one thread (tests/conftest.py).
+# Test processes (pytest-xdist): two on the 2-core CI machine (34.2 min on two with other work on the
+# machine, against 35.4 min on one on a quiet one: docs/measurements.md); one thread each (tests/conftest.py).
 TEST_WORKERS ?= 2
 
 .PHONY: venv train test bench clean sky-venv lock

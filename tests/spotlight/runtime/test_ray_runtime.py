@@ -15,6 +15,7 @@ from schedulers.traces import ReplayAction, load_trace, replay_schedule
 from spotlight.train.trainer import Trainer
 
 from conftest import small_dit_config, small_llm_config
+from ray_cluster import descendants
 
 TRACES = Path(__file__).resolve().parents[3] / "experiments" / "traces"
 SPOT = 4
@@ -112,8 +113,11 @@ def test_workers_killed_from_outside_are_detected_and_their_work_resumed(tmp_pat
     rng = random.Random(3)
 
     def pids(title):
+        # This run's workers only: the processes below this one (its Ray cluster). Another test's
+        # cluster may run beside it (two pytest-xdist workers), and killing its workers failed both.
         out = subprocess.run(["pgrep", "-f", title], capture_output=True, text=True).stdout
-        return sorted(int(p) for p in out.split())
+        mine = set(descendants(os.getpid()))
+        return sorted(p for p in map(int, out.split()) if p in mine)
 
     def killer():
         deadline = time.monotonic() + 120
