@@ -177,7 +177,7 @@ class LocalRuntime:
     def update(self, parts: list[Rollout], advantages: torch.Tensor,
                exploration: ExplorationSession | None = None, on_fleet: bool = False) -> dict[str, float]:
         learner, queue = self.learner, self.queue
-        before = queue.completions_by_worker(Kind.TRAIN)
+        before = queue.completions_by_worker(Kind.TRAIN) if on_fleet else {}  # for `gradient_split`
 
         def start() -> FleetUpdate | Done:
             if not on_fleet:

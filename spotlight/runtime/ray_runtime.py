@@ -401,7 +401,8 @@ class RayRuntime:
     def update(self, parts: list[Rollout], advantages: torch.Tensor,
                exploration: ExplorationSession | None = None, on_fleet: bool = False) -> dict[str, float]:
         learner, queue = self.learner, self.queue_actor
-        before = self.queue.completions_by_worker(Kind.TRAIN)
+        # For `gradient_split`; a learner-only update needs no call to the queue actor.
+        before = self.queue.completions_by_worker(Kind.TRAIN) if on_fleet else {}
 
         def add(round: int, chunk: int, chunks: int, rid: str) -> None:
             # As the request completes, its gradient goes queue -> learner directly, and the
