@@ -1,3 +1,4 @@
+import logging
 import os
 
 # Ray's auth mode, explicit for every Ray these tests start themselves (`ray.init(address="local")`
@@ -8,6 +9,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from spotlight.config import default_config
+from spotlight.logs import PACKAGES
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -19,6 +21,24 @@ def _isolated_cache(tmp_path_factory):
 @pytest.fixture(autouse=True)
 def _no_global_rng_leaks():
     torch.manual_seed(1234)
+
+
+@pytest.fixture
+def logged():
+    """The messages our packages log during the test, INFO and up, in order: a list that grows as
+    they are logged (what a `log=lines.append` callback used to collect)."""
+    lines: list[str] = []
+    handler = logging.Handler(logging.INFO)
+    handler.emit = lambda record: lines.append(record.getMessage())
+    loggers = [logging.getLogger(name) for name in PACKAGES]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+    yield lines
+    for logger, level in zip(loggers, levels):
+        logger.removeHandler(handler)
+        logger.setLevel(level)
 
 
 @pytest.fixture(scope="session")

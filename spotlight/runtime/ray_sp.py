@@ -82,9 +82,9 @@ class RaySPExecutor:
 
     def __init__(self, cfg: RunConfig, queue_actor: Any, version: int, weights: Any, clock: Any,
                  home: str | None = None, gpus: Callable[[str | None], int] | None = None,
-                 log: Callable[[str], None] = print, base: Any = None) -> None:
+                 base: Any = None) -> None:
         check_sp(cfg)
-        self.cfg, self.clock, self.home, self.log = cfg, clock, home, log
+        self.cfg, self.clock, self.home = cfg, clock, home
         self.gpus = gpus or (lambda node_id: 0)
         self.weights = weights
         """The newest published weights (an ObjectRef): what a node that joins starts from."""
