@@ -293,7 +293,7 @@ def check_train_inputs(cfg: RunConfig, args: argparse.Namespace, out: Path) -> N
     section = getattr(cfg.policy, kind)
     if is_remote(section.pretrained_path):  # s3://, gs://, a Hub id: into this machine's model cache, once
         try:
-            fetch_model(section.pretrained_path, log=lambda line: print(line, file=sys.stderr))
+            fetch_model(section.pretrained_path)  # its lines: with the run's others (spotlight.logs)
         except (InputError, StoreError) as err:
             raise ConfigError(f"{where}policy.{kind}.pretrained_path: {' '.join(str(err).split())}") from None
         try:  # the section's checks again, now that its folder is here (a pipeline's VAE sets resolution's multiple)

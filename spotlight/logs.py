@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 PACKAGES = ("spotlight", "schedulers", "cloud", "elastic_sp", "planners")
 """The top-level packages whose loggers `configure` sets up; every module logs under one of them."""
@@ -33,13 +33,24 @@ LEVELS = {"quiet": logging.WARNING, "default": logging.INFO, "verbose": logging.
 """The verbosity of `--quiet`, neither flag, and `--verbose`."""
 
 
+class _Bare(logging.Formatter):
+    """The message alone, after the prefix of its logger (an exact name) if `prefixes` has one."""
+
+    def __init__(self, prefixes: Mapping[str, str]) -> None:
+        super().__init__("%(message)s")
+        self.prefixes = dict(prefixes)
+
+    def format(self, record: logging.LogRecord) -> str:
+        return self.prefixes.get(record.name, "") + super().format(record)
+
+
 class _Lines(logging.StreamHandler):
     """The bare message on `sys.<stream>`, looked up at each write (see the module docstring)."""
 
-    def __init__(self, stream: str) -> None:
+    def __init__(self, stream: str, prefixes: Mapping[str, str]) -> None:
         self.to = stream
         super().__init__()
-        self.setFormatter(logging.Formatter("%(message)s"))
+        self.setFormatter(_Bare(prefixes))
 
     @property
     def stream(self):  # type: ignore[override]
@@ -50,15 +61,16 @@ class _Lines(logging.StreamHandler):
         pass
 
 
-def configure(stream: str = "stdout", verbosity: str = "default") -> None:
+def configure(stream: str = "stdout", verbosity: str = "default", prefixes: Mapping[str, str] | None = None) -> None:
     """Our packages' lines, bare, on `sys.<stream>` ("stdout" or "stderr"), from `LEVELS[verbosity]`
-    up; called again, it replaces what the previous call installed."""
+    up; `prefixes`: logger name -> what goes before its lines (`spotlight.fleet_node`'s
+    "spotlight fleet: "). Called again, it replaces what the previous call installed."""
     level = LEVELS[verbosity]
     for name in PACKAGES:
         logger = logging.getLogger(name)
         for old in [h for h in logger.handlers if isinstance(h, _Lines)]:
             logger.removeHandler(old)
-        logger.addHandler(_Lines(stream))
+        logger.addHandler(_Lines(stream, prefixes or {}))
         logger.setLevel(level)
 
 

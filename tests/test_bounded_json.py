@@ -250,9 +250,9 @@ def test_a_deep_or_oversized_cost_json_is_one_config_error_line(tmp_path, plante
     assert "\n" not in str(err.value)
 
 
-def test_a_deep_or_oversized_fleet_record_is_refused_once(tmp_path):
-    lines: list[str] = []
-    fleet = Rendezvous(LocalStore(tmp_path / "store"), "ab" * 32, "r", log=lines.append, wall=lambda: 1.0)
+def test_a_deep_or_oversized_fleet_record_is_refused_once(tmp_path, logged):
+    lines = logged
+    fleet = Rendezvous(LocalStore(tmp_path / "store"), "ab" * 32, "r", wall=lambda: 1.0)
     fleet.store.put(HEAD_KEY, b"[" * 4000 + b"]" * 96)  # within the record's 4 KiB, 4,000 levels deep
     assert fleet.head() is None and fleet.head() is None
     assert len(lines) == 1 and "nested deeper than 64 levels" in lines[0]
