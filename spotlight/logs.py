@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 PACKAGES = ("spotlight", "schedulers", "cloud", "elastic_sp", "planners")
 """The top-level packages whose loggers `configure` sets up; every module logs under one of them."""
@@ -72,6 +72,26 @@ def configure(stream: str = "stdout", verbosity: str = "default", prefixes: Mapp
             logger.removeHandler(old)
         logger.addHandler(_Lines(stream, prefixes or {}))
         logger.setLevel(level)
+
+
+@contextlib.contextmanager
+def passed_to(sink: Callable[[str], None], level: int = logging.INFO) -> Iterator[None]:
+    """Within: each message our packages log at `level` or above is also `sink(message)`, from
+    whichever thread logs it (a script that keeps a run's lines, tests/conftest.py's `logged`)."""
+    handler = logging.Handler(level)
+    handler.emit = lambda record: sink(record.getMessage())  # type: ignore[method-assign]
+    loggers = [logging.getLogger(name) for name in PACKAGES]
+    before = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.addHandler(handler)
+        if not logger.level or logger.level > level:  # NOTSET would defer to the root's WARNING
+            logger.setLevel(level)
+    try:
+        yield
+    finally:
+        for logger, was in zip(loggers, before):
+            logger.removeHandler(handler)
+            logger.setLevel(was)
 
 
 @contextlib.contextmanager

@@ -1,4 +1,3 @@
-import logging
 import os
 
 # Ray's auth mode, explicit for every Ray these tests start themselves (`ray.init(address="local")`
@@ -9,7 +8,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from spotlight.config import default_config
-from spotlight.logs import PACKAGES
+from spotlight.logs import passed_to
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -28,17 +27,8 @@ def logged():
     """The messages our packages log during the test, INFO and up, in order: a list that grows as
     they are logged (what a `log=lines.append` callback used to collect)."""
     lines: list[str] = []
-    handler = logging.Handler(logging.INFO)
-    handler.emit = lambda record: lines.append(record.getMessage())
-    loggers = [logging.getLogger(name) for name in PACKAGES]
-    levels = [logger.level for logger in loggers]
-    for logger in loggers:
-        logger.addHandler(handler)
-        logger.setLevel(logging.INFO)
-    yield lines
-    for logger, level in zip(loggers, levels):
-        logger.removeHandler(handler)
-        logger.setLevel(level)
+    with passed_to(lines.append):
+        yield lines
 
 
 @pytest.fixture(scope="session")
