@@ -236,7 +236,7 @@ def _fetch_store(source: str, store: Store, folder: Path, workers: int) -> Path:
                          f"{len(files)} verified stay in {folder}, and the next fetch gets the rest")
     _write_record(folder, source, files, complete=True)
     logger.info(f"spotlight: {source}: {len(keys)} files verified in {folder} ({_size(total)} fetched in "
-        f"{time.monotonic() - started:.1f} s)")
+                f"{time.monotonic() - started:.1f} s)")
     return folder
 
 

@@ -195,7 +195,7 @@ def run_head(config: Path, name: str, out: Path, clock: Clock | None = None) -> 
             clock.sleep(1.0)
         head = rendezvous.publish_head(ip, RAY_PORT)
         logger.info(f"head generation {head.generation} at {ip}:{RAY_PORT} published in "
-             f"{rendezvous.store.uri}/fleet/head.json")
+                    f"{rendezvous.store.uri}/fleet/head.json")
         train = subprocess.Popen([_executable("spotlight"), "train", str(config), "--address", f"{ip}:{RAY_PORT}",
                                   "--out", str(out), "--no-progress"], stdin=subprocess.DEVNULL)
         code = train.wait()
@@ -245,7 +245,7 @@ def run_spot(config: Path, name: str, clock: Clock | None = None, resources: str
                 return 0
             if ray is not None and not ray.alive():
                 logger.info(f"this node's Ray ended (exit {ray.proc.returncode if ray.proc else '?'}); "
-                     "waiting for the head")
+                            "waiting for the head")
                 ray.stop()
                 ray = None
             if ray is not None and head is not None and joined is not None and head.generation != joined.generation:
@@ -263,7 +263,7 @@ def run_spot(config: Path, name: str, clock: Clock | None = None, resources: str
                 logger.info(f"joined head generation {head.generation} at {head.address}:{head.port}")
             elif clock.now() - alone_since > wait_s:
                 logger.info(f"no head for {wait_s:.0f} s and the run is not done: exit {HEAD_LOST}, "
-                     "so that SkyPilot relaunches this node")
+                            "so that SkyPilot relaunches this node")
                 return HEAD_LOST
             clock.sleep(poll_s)
     finally:

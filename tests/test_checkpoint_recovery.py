@@ -65,7 +65,8 @@ def stopped_after_3(tmp_path_factory):
 
 @pytest.mark.parametrize("damage", ["truncate", "empty"])
 @pytest.mark.parametrize("name", [*checkpoint.FILES, checkpoint.MANIFEST])
-def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(tmp_path, stopped_after_3, reference, name, damage, logged):
+def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(tmp_path, stopped_after_3, reference, name, damage,
+                                                                   logged):
     out = tmp_path / "run"
     shutil.copytree(stopped_after_3, out)
     path = out / "checkpoints" / "step-000003" / name

@@ -36,16 +36,19 @@ def _train(tmp_path, *flags):
     return ["train", str(config), "--out", str(tmp_path / "out"), "--no-progress", *flags]
 
 
-@pytest.mark.parametrize("argv, shown", [
-    (lambda a: a, True),  # default: info lines on stdout, as `print` had them
-    (lambda a: ["--quiet", *a], False),  # before the command's name
-    (lambda a: [*a, "-q"], False),  # after it
-    (lambda a: [*a, "--verbose"], True),
+@pytest.mark.parametrize("argv, shown, debug", [
+    (lambda a: a, True, False),  # default: info lines on stdout, as `print` had them
+    (lambda a: ["--quiet", *a], False, False),  # before the command's name
+    (lambda a: [*a, "-q"], False, False),  # after it
+    (lambda a: ["-v", *a], True, True),
+    (lambda a: [*a, "--verbose"], True, True),
 ])
-def test_quiet_and_verbose_choose_which_of_the_runs_lines_are_printed(tmp_path, capsys, argv, shown):
+def test_quiet_and_verbose_choose_which_of_the_runs_lines_are_printed(tmp_path, capsys, argv, shown, debug):
     assert cli.main(argv(_train(tmp_path))) == 0
     got = capsys.readouterr()
     assert (LOADING in got.out.splitlines()) is shown, got.out
+    rows = [line for line in got.out.splitlines() if line.startswith("iteration 0: {")]  # the debug line
+    assert len(rows) == int(debug) and (not debug or json.loads(rows[0].partition(": ")[2])["step"] == 0), got.out
     assert LOADING not in got.err
     assert got.out.splitlines()[-1].startswith("1 iteration: reward ")  # the answer, whatever the verbosity
 

@@ -162,7 +162,8 @@ def test_an_s3_pretrained_path_passes_the_train_checks_and_builds_the_folders_po
     check_train_inputs(cfg, args, tmp_path / "out")  # fetches, then checks the copy
     assert cfg.policy.dit.folder_problem() is None and cfg.policy.dit.pipeline
     logged.clear()  # check_train_inputs' fetch
-    assert prefetch(cfg) == cfg.policy.dit.folder and logged == [f"spotlight: model {uri} is at {cfg.policy.dit.folder}"]
+    assert prefetch(cfg) == cfg.policy.dit.folder
+    assert logged == [f"spotlight: model {uri} is at {cfg.policy.dit.folder}"]
     assert prefetch(pipeline_config(tiny_qwen_pipeline)) is None  # a local folder: nothing to fetch
     remote, local = DiTPolicy.from_config(cfg), DiTPolicy.from_config(pipeline_config(tiny_qwen_pipeline))
     assert remote.side == local.side == 8 and remote.sampler.sigmas.tolist() == local.sampler.sigmas.tolist()

@@ -208,12 +208,12 @@ class ClusterFleet:
             here = self.known[self.controller]
             self.fallback = f"fallback@{here.ip}#{here.id[:6]}"
             logger.info(f"no spot capacity for {waited:.0f} s (no node advertises `{SPOT_RESOURCE}`): starting "
-                     f"{self.rt.spot_workers} rollout worker(s) on the on-demand node {here.ip} in its place "
-                     "(runtime.spot_fallback)")
+                        f"{self.rt.spot_workers} rollout worker(s) on the on-demand node {here.ip} in its place "
+                        "(runtime.spot_fallback)")
             engine.add(self.fallback, spot=False, devices=self.rt.spot_workers, cluster_id=here.id)
         else:
             logger.info(f"no spot capacity for {waited:.0f} s (no node advertises `{SPOT_RESOURCE}`): waiting for a "
-                     f"spot node to join (runtime.spot_fallback: false; Ctrl-C stops the run)")
+                        f"spot node to join (runtime.spot_fallback: false; Ctrl-C stops the run)")
 
 
 def placement(node_id: str | None, spot: bool, gpus: int, local: bool) -> dict[str, Any]:

@@ -265,8 +265,8 @@ class RayExecutor:
             worker = self._starting.pop(ref)
             del self._since[ref]
             ray.kill(worker.handle, no_restart=True)
-            logger.warning(f"rollout executor {worker.name} did not start within {START_TIMEOUT_S:.0f} s (Ray could not "
-                     "place or start it): counted as lost")
+            logger.warning(f"rollout executor {worker.name} did not start within {START_TIMEOUT_S:.0f} s "
+                           "(Ray could not place or start it): counted as lost")
             events.append(Died(worker.name, worker.nodes))
         for ref in ready:
             if ref in self._starting:

@@ -114,12 +114,13 @@ class CheckpointSync:
         except StoreError as err:
             if must:
                 raise
-            logger.warning(f"checkpoint {step} not stored ({err}); it is kept in {out}/checkpoints, the next one is retried")
+            logger.warning(f"checkpoint {step} not stored ({err}); it is kept in {out}/checkpoints, the next one "
+                           "is retried")
             return None
         seconds = time.perf_counter() - start
         size = sum(f["size"] for f in manifest["files"].values())
         logger.info(f"checkpoint {step} stored in {self.store.uri}/{step_dir(step)} "
-                 f"({len(manifest['files'])} files, {size / 1e6:.1f} MB, {seconds:.2f} s)")
+                    f"({len(manifest['files'])} files, {size / 1e6:.1f} MB, {seconds:.2f} s)")
         return {"files": len(manifest["files"]), "bytes": size, "seconds": seconds}
 
     def _upload(self, out: Path, step: int) -> dict[str, Any]:

@@ -94,7 +94,7 @@ class InflightStore:
                     dropped += 1
         if dropped:
             logger.warning(f"in-flight state of iteration {step} in {self.store.uri}: {dropped} entries do not fit "
-                     "their requests; those are recomputed")
+                           "their requests; those are recomputed")
         return results, partial
 
     def _read(self, step: int) -> dict[str, Any]:

@@ -118,7 +118,7 @@ class ResultsSync:
         seconds = time.perf_counter() - start
         if final:
             logger.info(f"results stored in {self.store.uri}/{RESULTS} ({len(self.entries)} files, "
-                     f"{sent} sent, {size / 1e6:.1f} MB, {seconds:.2f} s)")
+                        f"{sent} sent, {size / 1e6:.1f} MB, {seconds:.2f} s)")
         return {"files": len(self.entries), "sent": sent, "bytes": size, "seconds": seconds}
 
     def _upload(self, final: bool) -> tuple[int, int]:

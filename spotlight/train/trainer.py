@@ -175,7 +175,8 @@ class Trainer:
         if info["checkpoint"]:
             logger.info(f"resuming from {info['checkpoint']} (iteration {self.start_step})")
         elif any((self.out / "checkpoints").glob(checkpoint.SKIPPED + "*")):
-            logger.info("no usable checkpoint: the run starts from iteration 0 (set-aside ones are in checkpoints/.skipped-*)")
+            logger.info("no usable checkpoint: the run starts from iteration 0 (set-aside ones are in "
+                        "checkpoints/.skipped-*)")
         if cfg.exploration.enabled:
             self.explorer = self._explorer()
         ex = self.explorer
@@ -286,7 +287,7 @@ class Trainer:
         done, partial = inflight.load(step, seeds) if step == self.start_step else ({}, {})
         if done or partial:
             logger.info(f"iteration {step} resumes its rollout from {inflight.store.uri}: {len(done)} results, "
-                     f"{len(partial)} requests at their committed steps")
+                        f"{len(partial)} requests at their committed steps")
         todo = [replace(r, step=partial[r.id][0], state=partial[r.id][1]) if r.id in partial else r
                 for r in requests if r.id not in done]
 
@@ -377,6 +378,7 @@ class Trainer:
         row = done.value
         save_spent(self.out, self._spent())
         self.folder.add_row(row, step, self.eval_written)
+        logger.debug(f"iteration {step}: {json.dumps(row, default=str)}")  # metrics.jsonl's row, under --verbose
         self.eval_written = None
         # after the row: the store's metrics reach it
         self.folder.publish(step + 1, row["reward_mean"], self.cost.summary(), self.runtime.engine)
