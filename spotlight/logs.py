@@ -15,6 +15,12 @@ not when it is installed (as `logging.lastResort` does), so a redirected stream 
 adding a second one (tests/test_cli_logging.py). Records still propagate to the root logger, which
 has no handler in the command, so nothing is printed twice, and pytest's `caplog` sees them.
 
+Levels: what a run is doing (a wait, a checkpoint stored or pulled, a resume) is INFO; what went
+wrong and was recovered from (a push that failed, a checkpoint or record refused, state not used)
+is a WARNING, so `--quiet` still shows it; a metrics row per iteration is DEBUG. `passed_to(sink)`
+also hands the lines to a function (tests/conftest.py's `logged`, a script that keeps a run's
+lines); `silenced()` drops them (a benchmark's runs, `spotlight status` reading stored checkpoints).
+
 A line logged inside a Ray actor goes to that worker's own stdout, which the runtimes start Ray
 without forwarding (`log_to_driver=False`), as a `print` there did before.
 """

@@ -92,7 +92,7 @@ def _complete_steps(keys: list[str]) -> list[int]:
 
 class CheckpointSync:
     """Pushes run-folder checkpoints to `store` and pulls the newest complete one back (see the
-    module docstring). `log` gets one line per push, pull, skip and failure."""
+    module docstring). It logs one line per push, pull, skip and failure (a skip or failure as a warning)."""
 
     def __init__(self, store: Store, keep: int = 2) -> None:
         if keep < 1:

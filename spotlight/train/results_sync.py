@@ -83,8 +83,8 @@ def _stamp(path: Path) -> tuple[int, int]:
 
 class ResultsSync:
     """Pushes run folder `out`'s results to `store` (module docstring). `keep_stored`: carry the
-    stored manifest's entries over (a resumed run). `log` gets one line per failure and per final
-    push; `now` is the wall clock (unix seconds) of `updated_at`."""
+    stored manifest's entries over (a resumed run). It logs one line per final push and a warning
+    per failure; `now` is the wall clock (unix seconds) of `updated_at`."""
 
     def __init__(self, store: Store, out: Path, keep_stored: bool = False,
                  now: Callable[[], float] = time.time) -> None:
