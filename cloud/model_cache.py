@@ -48,7 +48,7 @@ import re
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from contextlib import contextmanager
 from pathlib import Path
@@ -58,7 +58,7 @@ from cloud.bounded_json import load_file
 from cloud.store import ObjectStat, Store, StoreError, StoreURIError, check_key, parse_store_uri, replacing
 from schedulers.input_file import InputError, short
 
-_log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 MODEL_CACHE_ENV = "SPOTLIGHT_MODEL_CACHE"
 """The folder model caches are made in; unset or empty: `DEFAULT_CACHE_ROOT`."""
@@ -145,22 +145,22 @@ def cached_folder(source: str, root: Path | str | None = None) -> Path | None:
     return folder
 
 
-def model_folder(source: str, root: Path | str | None = None, log: Callable[[str], None] = _log.info) -> Path:
+def model_folder(source: str, root: Path | str | None = None) -> Path:
     """The local folder a loader reads `source` from: itself when local, its complete cache folder
     without asking the store, else `fetch_model(source)`."""
     if not is_remote(source):
         source_kind(source)  # a bad source is one line
         return Path(source).expanduser()
-    return cached_folder(source, root) or fetch_model(source, root, log=log)
+    return cached_folder(source, root) or fetch_model(source, root)
 
 
 def fetch_model(source: str, cache_root: Path | str | None = None, workers: int = 8,
-                log: Callable[[str], None] = _log.info, store: Store | None = None) -> Path:
+                store: Store | None = None) -> Path:
     """The local folder of `source` (module docstring), fetched into its cache folder once: the
     store's files in parallel (`workers` threads), each verified against the store's checksum;
     a Hub repo through `snapshot_download`. A local folder is returned as it is. `store` replaces
-    the store `open_store` opens for an s3:// or gs:// source (tests count its calls). `log`
-    gets a line when the fetch starts, for each file of 64 MiB or more and at the end.
+    the store `open_store` opens for an s3:// or gs:// source (tests count its calls). It logs a
+    line when the fetch starts, for each file of 64 MiB or more and at the end.
 
     Raises ModelSourceError (a bad source, an empty prefix, a Hub repo that cannot be had) or
     StoreError (the store failed for good), each one line; the files verified so far stay, and
@@ -182,17 +182,17 @@ def fetch_model(source: str, cache_root: Path | str | None = None, workers: int 
     try:
         with _locked(folder):
             if kind == "hub":
-                return _fetch_hub(normal, folder, log)
+                return _fetch_hub(normal, folder)
             if store is None:
                 from cloud.open_store import open_store
 
                 store = open_store(normal)
-            return _fetch_store(normal, store, folder, workers, log)
+            return _fetch_store(normal, store, folder, workers)
     finally:
         random.setstate(state)
 
 
-def _fetch_store(source: str, store: Store, folder: Path, workers: int, log: Callable[[str], None]) -> Path:
+def _fetch_store(source: str, store: Store, folder: Path, workers: int) -> Path:
     """Fetch what `folder` lacks of `store`'s objects (the caller holds the folder's lock)."""
     keys = [k for k in store.list() if _file_key(k)]
     if not keys:
@@ -211,7 +211,7 @@ def _fetch_store(source: str, store: Store, folder: Path, workers: int, log: Cal
     if not todo:
         return folder
     total = sum(stats[k].size for k in todo)
-    log(f"spotlight: fetching {len(todo)} of {len(keys)} files ({_size(total)}) of {source} into {folder}")
+    logger.info(f"spotlight: fetching {len(todo)} of {len(keys)} files ({_size(total)}) of {source} into {folder}")
     started, guard, failures = time.monotonic(), threading.Lock(), []
 
     def fetch(key: str) -> None:
@@ -221,7 +221,7 @@ def _fetch_store(source: str, store: Store, folder: Path, workers: int, log: Cal
             files[key] = {"size": stat.size, "checksum": stat.checksum}
             _write_record(folder, source, files, complete=False)
             if stat.size >= _BIG:
-                log(f"spotlight: fetched {key} ({_size(stat.size)}; {len(files)}/{len(keys)} files)")
+                logger.info(f"spotlight: fetched {key} ({_size(stat.size)}; {len(files)}/{len(keys)} files)")
 
     with ThreadPoolExecutor(max_workers=workers) as pool:
         futures = {pool.submit(fetch, k): k for k in todo}
@@ -235,12 +235,12 @@ def _fetch_store(source: str, store: Store, folder: Path, workers: int, log: Cal
         raise StoreError(f"{source}: {len(failures)} of {len(keys)} files not fetched ({key}: {first}); the "
                          f"{len(files)} verified stay in {folder}, and the next fetch gets the rest")
     _write_record(folder, source, files, complete=True)
-    log(f"spotlight: {source}: {len(keys)} files verified in {folder} ({_size(total)} fetched in "
-        f"{time.monotonic() - started:.1f} s)")
+    logger.info(f"spotlight: {source}: {len(keys)} files verified in {folder} ({_size(total)} fetched in "
+                f"{time.monotonic() - started:.1f} s)")
     return folder
 
 
-def _fetch_hub(repo_id: str, folder: Path, log: Callable[[str], None]) -> Path:
+def _fetch_hub(repo_id: str, folder: Path) -> Path:
     """`snapshot_download` of a Hub repo into `folder` (the Hub's own resumable, verified download;
     it asks the Hub for the current revision every time)."""
     try:
@@ -248,7 +248,7 @@ def _fetch_hub(repo_id: str, folder: Path, log: Callable[[str], None]) -> Path:
     except ImportError:
         raise ModelSourceError(f"{repo_id}: a Hugging Face repo id needs huggingface_hub installed "
                                f"(pip install huggingface_hub), or upload the folder to a bucket") from None
-    log(f"spotlight: fetching the Hugging Face repo {repo_id} into {folder}")
+    logger.info(f"spotlight: fetching the Hugging Face repo {repo_id} into {folder}")
     try:
         huggingface_hub.snapshot_download(repo_id=repo_id, local_dir=str(folder))
     except Exception as err:  # the Hub's errors have no common base: offline, not found, gated, HTTP
@@ -276,16 +276,32 @@ def policy_source(config: dict[str, Any]) -> tuple[str, str | None]:
     return "policy.pretrained_path", policy.get("pretrained_path")
 
 
-def prefetch(cfg: Any, log: Callable[[str], None] = print) -> Path | None:
+def prefetch(cfg: Any) -> Path | None:
     """Fetch the policy's model folder of run config `cfg` (a `spotlight.config.RunConfig`: its
     `policy.pretrained_path`) into this node's cache when it is remote, before the node's workers
     start; its local folder, or None when there is nothing to fetch. Errors as `fetch_model`'s."""
     source = cfg.policy.pretrained_path
     if not is_remote(source):
         return None
-    folder = fetch_model(source, log=log)
-    log(f"spotlight: model {source} is at {folder}")
+    folder = fetch_model(source)
+    logger.info(f"spotlight: model {source} is at {folder}")
     return folder
+
+
+@contextmanager
+def _lines_on_stdout() -> Iterator[None]:
+    """Within: this module's lines, bare, on stdout — `main` is a process of its own (a node's
+    setup), and nothing else configures logging there; out of it, the handler is gone again."""
+    lines = logging.StreamHandler(sys.stdout)
+    lines.setFormatter(logging.Formatter("%(message)s"))
+    level = logger.level
+    logger.addHandler(lines)
+    logger.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        logger.removeHandler(lines)
+        logger.setLevel(level)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -308,7 +324,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 source_kind(source)  # a malformed one is refused here, one line
                 print(f"spotlight: {name} {source} is a local folder: nothing to fetch")
                 return 0
-            fetch_model(source, log=print)
+            with _lines_on_stdout():
+                fetch_model(source)
             print(f"spotlight: model {source} is at {cache_folder(source)}")
         except (InputError, StoreError) as err:
             raise ModelSourceError(f"{args[0]}: {name}: {err}") from None

@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
@@ -32,6 +33,8 @@ from typing import Any, TypeVar
 
 from cloud.bounded_json import loads
 from cloud.store import MissingKey, ObjectTooLarge, Store
+
+logger = logging.getLogger(__name__)
 
 HEAD_KEY = "fleet/head.json"
 DONE_KEY = "fleet/done.json"
@@ -98,17 +101,16 @@ def verify(blob: bytes, token: str, key: str) -> dict[str, Any]:
 
 
 class Rendezvous:
-    """The fleet records of run `run` in `store`, signed and verified with `token`. `log` hears of a
-    record that is refused (once per distinct record)."""
+    """The fleet records of run `run` in `store`, signed and verified with `token`. A record that is
+    refused is logged, as a warning, once per distinct record."""
 
-    def __init__(self, store: Store, token: str, run: str, log: Callable[[str], None] = print,
+    def __init__(self, store: Store, token: str, run: str,
                  wall: Callable[[], float] = time.time) -> None:
         if not token:
             raise ValueError("Rendezvous: the fleet's token is empty")
         self.store = store
         self.token = token
         self.run = run
-        self.log = log
         self.wall = wall
         self._refused: set[bytes] = set()
 
@@ -134,7 +136,7 @@ class Rendezvous:
     def _refuse(self, seen: bytes, err: ForgedRecord) -> None:
         if seen not in self._refused:
             self._refused.add(seen)
-            self.log(f"refused {self.store.uri}/{err}")
+            logger.warning(f"refused {self.store.uri}/{err}")
 
     @staticmethod
     def _typed(kind: type[_R], record: dict[str, Any] | None) -> _R | None:

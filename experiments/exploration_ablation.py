@@ -30,6 +30,7 @@ from statistics import mean
 from typing import Any
 
 from spotlight.config import ConfigError, RunConfig, load_config
+from spotlight.logs import configure
 
 MODELS = ("dit", "llm")
 ARMS = ("random", "uniform", "bandit")
@@ -97,7 +98,7 @@ def run(cfg: RunConfig, out: Path, fresh: bool, progress: bool = False) -> tuple
         _err(f"{out}: reusing the finished run")
     else:
         _err(f"{out}: training {cfg.train.steps} iterations")
-        Trainer(cfg, out, progress=progress, log=_err).build().train()  # resumes a crashed run's checkpoint
+        Trainer(cfg, out, progress=progress).build().train()  # resumes a crashed run's checkpoint
     # Wall time of the iterations only (the summary's sum), so a cached warm start does not count.
     return read_rows(out), json.loads((out / "summary.json").read_text())["wall_s"]
 
@@ -278,6 +279,7 @@ def ablate(model: str, args: argparse.Namespace) -> tuple[dict[str, Any], dict[s
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    configure("stderr")  # the runs' lines, with this script's own (`_err`)
     start = time.perf_counter()
     results, curves = {}, {}
     try:

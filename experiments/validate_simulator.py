@@ -757,6 +757,7 @@ def run_live(cluster: Any, cfg: Any, actions: list[ReplayAction], out: Path,
     """`spotlight train`'s Trainer on the cluster with the actions played from the first
     iteration's rollout on; returns its metrics rows, summary, queue and engine counters, and what
     the player did."""
+    from spotlight.logs import passed_to
     from spotlight.runtime.ray_runtime import RayRuntime
     from spotlight.train.trainer import Trainer
 
@@ -769,7 +770,7 @@ def run_live(cluster: Any, cfg: Any, actions: list[ReplayAction], out: Path,
         log(line)
 
     player = Player(cluster, [n for n in cluster.nodes if n is not cluster.head and n.alive], actions, say)
-    runtime = RayRuntime(cfg, log=say)
+    runtime = RayRuntime(cfg)
     rollout = runtime.rollout
 
     def first_rollout(*args: Any, **kwargs: Any) -> Any:
@@ -778,11 +779,12 @@ def run_live(cluster: Any, cfg: Any, actions: list[ReplayAction], out: Path,
         return rollout(*args, **kwargs)
 
     runtime.rollout = first_rollout
-    trainer = Trainer(cfg, out, progress=False, log=say).build(runtime)
-    try:
-        summary = trainer.train()
-    finally:
-        player.finish()
+    with passed_to(say):  # the run's lines, timed, printed and kept
+        trainer = Trainer(cfg, out, progress=False).build(runtime)
+        try:
+            summary = trainer.train()
+        finally:
+            player.finish()
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
     # A removal, as the run saw it: a spot node it ends with gone. The engine's `kills` misses one
     # whose worker's failed call told it first (`Died` marks the node gone; the cluster's next look

@@ -16,6 +16,10 @@
     spotlight simulate --config RUN.yaml --trace TRACE [--step-times YAML] [--json]
     spotlight traces show|synth TRACE [--plot PNG] [--json] [--out FILE]
 
+and `--quiet` / `--verbose` anywhere: the run's log lines (the packages' loggers, `spotlight.logs`;
+stdout for `train`, stderr under `--json` and for the other commands) at warnings only or with
+debug lines (`_configure_logging`).
+
 Bad input (a config, a trace, a flag value) ends with one `spotlight: error: ...` line and exit
 code 2 — never a traceback — and creates nothing: every command checks its inputs and the places
 it will write before it writes (tests/spotlight/test_bad_input.py feeds each command malformed inputs).
@@ -290,7 +294,7 @@ def check_train_inputs(cfg: RunConfig, args: argparse.Namespace, out: Path) -> N
     section = getattr(cfg.policy, kind)
     if is_remote(section.pretrained_path):  # s3://, gs://, a Hub id: into this machine's model cache, once
         try:
-            fetch_model(section.pretrained_path, log=lambda line: print(line, file=sys.stderr))
+            fetch_model(section.pretrained_path)  # its lines: with the run's others (spotlight.logs)
         except (InputError, StoreError) as err:
             raise ConfigError(f"{where}policy.{kind}.pretrained_path: {' '.join(str(err).split())}") from None
         try:  # the section's checks again, now that its folder is here (a pipeline's VAE sets resolution's multiple)
@@ -373,10 +377,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, over) if args.config else default_config(over)
     name = Path(args.config).stem if args.config else "tiny_dit"
     out = Path(args.out) if args.out else Path("runs") / name
-    log = (lambda msg: print(msg, file=sys.stderr)) if args.json else print
     from spotlight.train.trainer import Trainer  # no Ray: a finished run is answered without it
 
-    trainer = Trainer(cfg, out, progress=_progress(args), log=log)
+    trainer = Trainer(cfg, out, progress=_progress(args))
     finished = trainer.folder.completed()
     if finished is not None:  # nothing to train: no cluster, no meter, no file touched
         if args.json:
@@ -403,7 +406,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from spotlight.runtime.learner import NonFiniteUpdate
     from spotlight.train.trainer import make_runtime
 
-    runtime = make_runtime(cfg, log, trace=trace)
+    runtime = make_runtime(cfg, trace=trace)
     try:
         with hub_progress(_progress(args), diffusers=cfg.policy.kind == "dit"):
             summary = trainer.build(runtime).train()
@@ -795,8 +798,29 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, error_line(message) + "\n")
 
 
+def _verbosity_flags(parser: argparse.ArgumentParser) -> None:
+    """--quiet / --verbose, on `spotlight` and on each command, so either goes before or after the
+    command's name; SUPPRESS: a command's parser leaves the value `spotlight --quiet` set alone."""
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--quiet", "-q", dest="verbosity", action="store_const", const="quiet",
+                       default=argparse.SUPPRESS, help="print only warnings and errors of the run's lines")
+    group.add_argument("--verbose", "-v", dest="verbosity", action="store_const", const="verbose",
+                       default=argparse.SUPPRESS, help="print debug lines too")
+
+
+def _configure_logging(args: argparse.Namespace) -> None:
+    """The packages' log lines (`spotlight.logs`) go where a command's own lines go: stdout for
+    `train` (its lines are its output), stderr where stdout holds the answer (`--json`, and every
+    other command, whose lines, if any, accompany a table or a JSON object)."""
+    from spotlight.logs import configure
+
+    to_stdout = args.command == "train" and not args.json
+    configure("stdout" if to_stdout else "stderr", getattr(args, "verbosity", "default"))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="spotlight", description="GRPO post-training of DiTs and LLM policies on spot GPUs.")
+    _verbosity_flags(parser)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     train = sub.add_parser("train", help="train a policy with GRPO",
@@ -1015,6 +1039,8 @@ def build_parser() -> argparse.ArgumentParser:
     traces.add_argument("--json", action="store_true", help="show: print the summary as JSON")
     traces.add_argument("--out", metavar="FILE", help="synth: where to write the trace")
     traces.set_defaults(func=cmd_traces)
+    for command in sub.choices.values():
+        _verbosity_flags(command)
     return parser
 
 
@@ -1045,6 +1071,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
+    _configure_logging(args)
     try:
         return args.func(args)
     except (InputError, FileNotFoundError, StoreError) as err:  # every package's bad-input errors

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import signal
 import socket
@@ -49,6 +50,7 @@ from cloud.store import StoreError
 from schedulers.clock import Clock, WallClock
 from schedulers.input_file import InputError
 from spotlight.config import RunConfig, load_config
+from spotlight.logs import configure
 
 HEAD_WAIT_ENV = "SPOTLIGHT_HEAD_WAIT_S"
 HEAD_WAIT_S = 900.0
@@ -64,8 +66,11 @@ DONE_EXIT_CODES = {0: None, 2: "failed: the run's input or config (exit 2); a re
 """`spotlight train` exits after which the run has ended for good (0: read its summary's stop_reason)."""
 
 
-def _log(msg: str) -> None:
-    print(f"spotlight fleet: {msg}", flush=True)
+logger = logging.getLogger(__name__)
+
+PREFIX = "spotlight fleet: "
+"""Before each line of this module's and the fleet records' (`main` configures it): the node's
+output is interleaved with Ray's and `spotlight train`'s in the job's log."""
 
 
 # ---- the node's Ray -----------------------------------------------------------------------------------
@@ -150,7 +155,7 @@ def _rendezvous(config: Path, name: str) -> tuple[Rendezvous, RunConfig]:
     cfg = load_config(config)
     if cfg.cloud.checkpoint_uri is None:
         raise InputError(f"{config}: no cloud.checkpoint_uri, where the fleet meets")
-    return Rendezvous(open_store(cfg.cloud.checkpoint_uri), token, name, log=_log), cfg
+    return Rendezvous(open_store(cfg.cloud.checkpoint_uri), token, name), cfg
 
 
 def _stop_reason(out: Path) -> str:
@@ -166,7 +171,7 @@ def run_head(config: Path, name: str, out: Path, clock: Clock | None = None) -> 
     clock = clock or WallClock()
     rendezvous, cfg = _rendezvous(config, name)
     try:
-        prefetch(cfg, log=print)  # a model folder in a bucket: once per node, verified, resumable
+        prefetch(cfg)  # a model folder in a bucket: once per node, verified, resumable
     except ModelSourceError as err:  # no restart can fetch it: the run has ended
         rendezvous.publish_done(f"failed: {err}", 2, 0)
         raise
@@ -185,21 +190,21 @@ def run_head(config: Path, name: str, out: Path, clock: Clock | None = None) -> 
         deadline = clock.now() + HEAD_START_S
         while not reachable(ip, RAY_PORT, 1.0):
             if not ray.alive() or clock.now() > deadline:
-                _log("error: the Ray head did not start")
+                logger.error("error: the Ray head did not start")
                 return 1
             clock.sleep(1.0)
         head = rendezvous.publish_head(ip, RAY_PORT)
-        _log(f"head generation {head.generation} at {ip}:{RAY_PORT} published in "
-             f"{rendezvous.store.uri}/fleet/head.json")
+        logger.info(f"head generation {head.generation} at {ip}:{RAY_PORT} published in "
+                    f"{rendezvous.store.uri}/fleet/head.json")
         train = subprocess.Popen([_executable("spotlight"), "train", str(config), "--address", f"{ip}:{RAY_PORT}",
                                   "--out", str(out), "--no-progress"], stdin=subprocess.DEVNULL)
         code = train.wait()
         if code in DONE_EXIT_CODES:
             reason = DONE_EXIT_CODES[code] or _stop_reason(out)
             rendezvous.publish_done(reason, code, head.generation)  # before Ray stops: nodes read it, then exit 0
-            _log(f"the run has ended ({reason}): fleet/done.json written")
+            logger.info(f"the run has ended ({reason}): fleet/done.json written")
         else:
-            _log(f"spotlight train exited with {code}: not done; SkyPilot restarts this head, which resumes")
+            logger.info(f"spotlight train exited with {code}: not done; SkyPilot restarts this head, which resumes")
         return code
     finally:
         if train is not None and train.poll() is None:
@@ -217,7 +222,7 @@ def _exit_on_signal(signum, frame):
 def run_spot(config: Path, name: str, clock: Clock | None = None, resources: str | None = None) -> int:
     clock = clock or WallClock()
     rendezvous, cfg = _rendezvous(config, name)
-    prefetch(cfg, log=print)  # before this node's workers start: they load the model from the cache
+    prefetch(cfg)  # before this node's workers start: they load the model from the cache
     poll_s = float(os.environ.get(POLL_ENV, POLL_S))
     wait_s = float(os.environ.get(HEAD_WAIT_ENV, HEAD_WAIT_S))
     # The `spot` amount only marks the node: each spot rollout worker needs a sliver of it, so the
@@ -233,18 +238,18 @@ def run_spot(config: Path, name: str, clock: Clock | None = None, resources: str
             try:
                 done, head = rendezvous.done(), rendezvous.head()
             except StoreError as err:  # after the store's own retries: read again next round
-                _log(f"cannot read the fleet records ({err}); trying again")
+                logger.info(f"cannot read the fleet records ({err}); trying again")
                 done, head = None, None
             if done is not None:
-                _log(f"the run has ended ({done.reason}): this node is done")
+                logger.info(f"the run has ended ({done.reason}): this node is done")
                 return 0
             if ray is not None and not ray.alive():
-                _log(f"this node's Ray ended (exit {ray.proc.returncode if ray.proc else '?'}); "
-                     "waiting for the head")
+                logger.info(f"this node's Ray ended (exit {ray.proc.returncode if ray.proc else '?'}); "
+                            "waiting for the head")
                 ray.stop()
                 ray = None
             if ray is not None and head is not None and joined is not None and head.generation != joined.generation:
-                _log(f"the head moved: generation {head.generation} at {head.address}:{head.port}; re-joining")
+                logger.info(f"the head moved: generation {head.generation} at {head.address}:{head.port}; re-joining")
                 ray.stop()
                 ray = None
             if ray is not None:
@@ -255,10 +260,10 @@ def run_spot(config: Path, name: str, clock: Clock | None = None, resources: str
                 ray.start()
                 joined = head
                 alone_since = clock.now()
-                _log(f"joined head generation {head.generation} at {head.address}:{head.port}")
+                logger.info(f"joined head generation {head.generation} at {head.address}:{head.port}")
             elif clock.now() - alone_since > wait_s:
-                _log(f"no head for {wait_s:.0f} s and the run is not done: exit {HEAD_LOST}, "
-                     "so that SkyPilot relaunches this node")
+                logger.info(f"no head for {wait_s:.0f} s and the run is not done: exit {HEAD_LOST}, "
+                            "so that SkyPilot relaunches this node")
                 return HEAD_LOST
             clock.sleep(poll_s)
     finally:
@@ -275,6 +280,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.role == "head" and args.out is None:
         parser.error("head needs --out")
+    configure("stdout", prefixes={__name__: PREFIX, "cloud.rendezvous": PREFIX})
     try:
         return run_head(args.config, args.name, args.out) if args.role == "head" else run_spot(args.config, args.name)
     except InputError as err:  # a config, token or model source no restart can mend

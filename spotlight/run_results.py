@@ -33,6 +33,7 @@ from cloud.open_store import open_store
 from cloud.rendezvous import DONE_KEY, HEAD_KEY, MAX_RECORD_BYTES
 from cloud.store import ChecksumMismatch, MissingKey, Store, StoreError, check_key, get_json
 from schedulers.input_file import ConfigError
+from spotlight.logs import silenced
 from spotlight.text import plural
 from spotlight.train.checkpoint_sync import CheckpointSync, step_dir
 from spotlight.train import run_files
@@ -161,7 +162,8 @@ def run_status(store: Store, now: float) -> dict[str, Any]:
     `head` and `done` records. A store with none of these is a ResultsError."""
     status = _status(store)
     manifest = read_manifest(store)
-    checkpoints = CheckpointSync(store, log=lambda _: None).stored()
+    with silenced():  # a checkpoint it skips is the run's to report, not `status`'s
+        checkpoints = CheckpointSync(store).stored()
     head, done = _fleet_record(store, HEAD_KEY, _HEAD_FIELDS), _fleet_record(store, DONE_KEY, _DONE_FIELDS)
     if status is None and manifest is None and not checkpoints and head is None and done is None:
         raise _no_run(store)
@@ -253,7 +255,8 @@ def pull(store: Store, out: Path, progress: bool = True) -> dict[str, Any]:
     for _ in range(PULL_ATTEMPTS):
         manifest = read_manifest(store)
         if manifest is None:
-            stored = CheckpointSync(store, log=lambda _: None).stored()
+            with silenced():
+                stored = CheckpointSync(store).stored()
             if not stored and _object(store, STATUS, MAX_STATUS_BYTES) is None:
                 raise _no_run(store)
             raise ResultsError(f"{store.uri}: no {MANIFEST} yet (results follow the first stored checkpoint"

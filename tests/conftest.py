@@ -18,6 +18,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
 
 from spotlight.config import default_config
+from spotlight.logs import passed_to
 
 
 def pytest_collection_modifyitems(config, items):
@@ -47,6 +48,15 @@ def _isolated_cache(tmp_path_factory):
 @pytest.fixture(autouse=True)
 def _no_global_rng_leaks():
     torch.manual_seed(1234)
+
+
+@pytest.fixture
+def logged():
+    """The messages our packages log during the test, INFO and up, in order: a list that grows as
+    they are logged (what a `log=lines.append` callback used to collect)."""
+    lines: list[str] = []
+    with passed_to(lines.append):
+        yield lines
 
 
 @pytest.fixture(scope="session")

@@ -5,7 +5,7 @@ included — a lazy import is still a dependency):
   composes the sections);
 - no two modules depend on each other, directly or through others (no import cycles);
 - inside `spotlight/`, no two packages (or top-level modules) depend on each other either: the floors
-  stand on each other one way only — `config`, `text`, `waiting`, `rl` at the bottom; `iteration`
+  stand on each other one way only — `config`, `text`, `waiting`, `logs`, `rl` at the bottom; `iteration`
   and `checkpoints` on them; `runtime` and `sim` next; `train` on `runtime`; `run_results`, `bench`
   and `cli` at the top (`FLOORS`, checked by `test_spotlight_floors_point_down`).
 """
@@ -100,8 +100,8 @@ def _floor_of(module: str) -> str | None:
     return parts[1] if parts[0] == "spotlight" and len(parts) > 1 else None
 
 
-FLOORS = {"config": 0, "text": 0, "waiting": 0, "install_torch": 0, "reward_names": 0, "rl": 1, "memory_estimate": 1,
-          "launch_config": 1, "fleet_node": 1, "iteration": 2, "checkpoints": 2, "runtime": 3, "sim": 3,
+FLOORS = {"config": 0, "text": 0, "waiting": 0, "logs": 0, "install_torch": 0, "reward_names": 0,
+          "rl": 1, "memory_estimate": 1, "launch_config": 1, "fleet_node": 1, "iteration": 2, "checkpoints": 2, "runtime": 3, "sim": 3,
           "train": 4, "run_results": 5, "bench": 5, "cli": 6}
 """Each package (or top-level module) of `spotlight/` and its floor: it may import its own floor's
 others only if that makes no cycle, and any lower floor; never a higher one."""

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from spotlight.config import default_config
+from spotlight.logs import silenced
 
 SHIPPED_TRACE = Path(__file__).resolve().parents[2] / "experiments" / "traces" / "bamboo-p3.csv"
 
@@ -37,8 +38,8 @@ def replay_run(trace: Path, notice_s: float, iterations: int, speedup: float,
         "runtime": {"kind": "ray", "spot_workers": spot, "ondemand_workers": 1, "notice_s": notice_s},
     })
     runtime = RayRuntime(cfg, actions=replay_schedule(load_trace(trace), spot, speedup, notice_s))
-    with tempfile.TemporaryDirectory() as out:
-        summary = Trainer(cfg, Path(out), progress=progress, log=lambda _: None).build(runtime).train()
+    with tempfile.TemporaryDirectory() as out, silenced():  # the figures are the answer, not the run's lines
+        summary = Trainer(cfg, Path(out), progress=progress).build(runtime).train()
     return summary, runtime.queue_stats
 
 

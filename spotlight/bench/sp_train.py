@@ -45,6 +45,7 @@ import torch
 from tqdm import tqdm
 
 from spotlight.config import RunConfig, default_config
+from spotlight.logs import silenced
 
 
 def _config(address: str, sp_degree: int, iterations: int, prompts: int, sampler_steps: int,
@@ -60,7 +61,7 @@ def _config(address: str, sp_degree: int, iterations: int, prompts: int, sampler
     })
 
 
-def _train(cfg: RunConfig, out: Path, log: Callable[[str], None],
+def _train(cfg: RunConfig, out: Path,
            during: Callable[[Any], None] | None = None) -> tuple[list[dict], dict[str, torch.Tensor], Any]:
     """Run `cfg`; `during(runtime)` in a thread meanwhile. Returns metrics.jsonl's rows, the final
     weights and the runtime."""
@@ -69,11 +70,11 @@ def _train(cfg: RunConfig, out: Path, log: Callable[[str], None],
     from spotlight.runtime.ray_runtime import RayRuntime
     from spotlight.train.trainer import Trainer
 
-    runtime = RayRuntime(cfg, log=log)
+    runtime = RayRuntime(cfg)
     thread = threading.Thread(target=during, args=(runtime,), daemon=True) if during else None
     if thread is not None:
         thread.start()
-    Trainer(cfg, out, progress=False, log=log).build(runtime).train()
+    Trainer(cfg, out, progress=False).build(runtime).train()
     if thread is not None:
         thread.join(5.0)
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
@@ -229,7 +230,6 @@ def run_sp_train_bench(nodes: int = 2, devices: int = 2, iterations: int = 4, pr
         raise ValueError(f"--devices must be >= 2 (a degree-2 group on a node), got {devices}")
     if iterations < 2:
         raise ValueError(f"--iterations must be >= 2 (one to time, the last to lose a member in), got {iterations}")
-    log = (lambda line: print(line, file=sys.stderr)) if progress else (lambda line: None)
     load_before = os.getloadavg()[0]
     bar = tqdm(total=3 + repeats, desc="bench sp-train", unit="step", disable=not progress, file=sys.stderr)
     cluster = None
@@ -244,11 +244,13 @@ def run_sp_train_bench(nodes: int = 2, devices: int = 2, iterations: int = 4, pr
                 address = cluster.address
             bar.update()
             sp1 = _config(address, 1, iterations, prompts, sampler_steps, resolution)
-            rows1, weights1, _ = _train(sp1, Path(tmp) / "sp1", log)
+            with silenced(not progress):  # the runs' lines: on stderr (the CLI's) with the bar only
+                rows1, weights1, _ = _train(sp1, Path(tmp) / "sp1")
             bar.update()
             killer = _Killer(last=iterations - 1, steps=sampler_steps)
             sp2 = _config(address, 2, iterations, prompts, sampler_steps, resolution)
-            rows2, weights2, runtime = _train(sp2, Path(tmp) / "sp2", log, killer)
+            with silenced(not progress):
+                rows2, weights2, runtime = _train(sp2, Path(tmp) / "sp2", killer)
             regroup = killer.figures(runtime.executor.coord)
             stats = runtime.executor.stats()
             spot_ids = [n.cluster_id for n in runtime.engine.nodes.values() if n.spot and n.alive and n.cluster_id]

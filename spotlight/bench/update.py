@@ -47,12 +47,13 @@ import statistics
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from tqdm import tqdm
 
 from spotlight.config import RunConfig, default_config
+from spotlight.logs import silenced
 
 
 def _config(update_on: str, ondemand: int, spot: int, iterations: int, prompts: int, group_size: int,
@@ -107,7 +108,7 @@ def _runtime_class() -> type:
     return ReplayTimed
 
 
-def _train(cfg: RunConfig, out: Path, log: Callable[[str], None], kill_in: int | None = None) \
+def _train(cfg: RunConfig, out: Path, kill_in: int | None = None) \
         -> tuple[list[dict], dict[str, torch.Tensor], Any, dict[str, Any]]:
     """Run `cfg` with the replay clock running in train phases (and spot0 killed in update
     `kill_in`, see `ReplayTimed`). Returns metrics.jsonl's rows, the final weights, the runtime's
@@ -118,9 +119,9 @@ def _train(cfg: RunConfig, out: Path, log: Callable[[str], None], kill_in: int |
 
     from spotlight.train.trainer import Trainer
 
-    runtime = _runtime_class()(cfg, log=log, replay_phases=("train",))
+    runtime = _runtime_class()(cfg, replay_phases=("train",))
     runtime.kill_in = kill_in
-    summary = Trainer(cfg, out, progress=False, log=log).build(runtime).train()
+    summary = Trainer(cfg, out, progress=False).build(runtime).train()
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
     (weights,) = (out / "final").glob("*.safetensors")
     ends = SimpleNamespace(ends=list(runtime.replay_ends), kill_at=runtime.kill_at, add_at=runtime.add_at)
@@ -155,7 +156,6 @@ def run_update_bench(executors: tuple[int, ...] = (1, 2, 4), iterations: int = 6
         raise ValueError(f"--iterations must be >= 5 (a warm-up, an undisturbed update, the killed one, the "
                          f"replacement's two updates later), got {iterations}")
     executors = tuple(sorted(set(executors)))
-    log = (lambda line: print(line, file=sys.stderr)) if progress else (lambda line: None)
     shape = dict(iterations=iterations, prompts=prompts, group_size=group_size, sampler_steps=sampler_steps,
                  micro_batch=micro_batch, resolution=resolution)
     load_before = os.getloadavg()[0]
@@ -174,7 +174,8 @@ def run_update_bench(executors: tuple[int, ...] = (1, 2, 4), iterations: int = 6
             def run(cfg: RunConfig, kill_in: int | None = None) -> tuple[list[dict], Any, dict[str, Any]]:
                 nonlocal runs, weights_equal, reference
                 runs += 1
-                rows, weights, record, summary = _train(cfg, Path(tmp) / f"run{runs}", log, kill_in)
+                with silenced(not progress):  # the runs' lines: on stderr (the CLI's) with the bar only
+                    rows, weights, record, summary = _train(cfg, Path(tmp) / f"run{runs}", kill_in)
                 if reference is None:
                     reference = weights
                 weights_equal = weights_equal and _same(reference, weights)

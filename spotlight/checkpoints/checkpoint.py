@@ -373,11 +373,12 @@ def set_aside(ckpt: Checkpoint) -> Path:
     return target
 
 
-def newest_usable(root: Path, log: Callable[[str], None], use: Callable[[Checkpoint], Any] | None = None,
+def newest_usable(root: Path, refused: Callable[[str], None], use: Callable[[Checkpoint], Any] | None = None,
                   hashes: bool = True) -> Checkpoint | None:
     """Walk back from the newest checkpoint under `root` to the newest one that verifies — and that
     `use` takes, when given (it raises CheckpointError to refuse one: `load` into a model does).
-    Each one refused is set aside with one log line; None when none is usable (the run starts fresh).
+    Each one refused is set aside, with one line to `refused` (the learner, in a Ray actor, collects
+    them for the controller to log); None when none is usable (the run starts fresh).
     A CheckpointMismatch (another run's checkpoint) is raised, and nothing is set aside for it."""
     for ckpt in reversed(list_checkpoints(root)):
         try:
@@ -390,7 +391,7 @@ def newest_usable(root: Path, log: Callable[[str], None], use: Callable[[Checkpo
             raise CheckpointMismatch(f"{ckpt.path}: {err}") from None
         except CheckpointError as err:
             moved = set_aside(ckpt)
-            log(f"checkpoint {ckpt.path} skipped: {err}; moved to {moved.name}")
+            refused(f"checkpoint {ckpt.path} skipped: {err}; moved to {moved.name}")
     return None
 
 

@@ -22,8 +22,9 @@ published; how far exploration got then depends on timing.
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -36,6 +37,8 @@ from schedulers.request import Kind, Request
 from spotlight.config import RunConfig
 from spotlight.rl.prompts import Prompt, draw_prompts
 from spotlight.rl.seeding import generator
+
+logger = logging.getLogger(__name__)
 
 _FALLBACK = 0xFA11  # stream tag of the random seed choice while the stale ranking is unhealthy
 MAX_STATE_BYTES = 256 << 20
@@ -137,11 +140,10 @@ def explores_first(ex: Any, step: int, start_step: int, explored: int | None = N
 class Explorer:
     """The planner state of a run with `exploration.enabled`."""
 
-    def __init__(self, cfg: RunConfig, prompts: list[Prompt], log: Callable[[str], None] = print) -> None:
+    def __init__(self, cfg: RunConfig, prompts: list[Prompt]) -> None:
         ex = cfg.exploration
         self.cfg = cfg
         self.prompts = prompts
-        self.log = log
         self.planner = None if ex.planner == "random" else make_planner(
             ex.planner, **({"round_samples": ex.round_samples, "chunk": max(1, cfg.train.group_size // 2),
                             "optimism": ex.optimism, "seed": cfg.seed} if ex.planner == "bandit" else {}))
@@ -241,7 +243,7 @@ class Explorer:
                     groups.append(([a for a, _ in pairs], [b for _, b in pairs]))
         spearman = self.monitor.observe(groups)
         if self.monitor.message:  # set only when the health state changed
-            self.log(f"iteration {step}: {self.monitor.message}")
+            logger.info(f"iteration {step}: {self.monitor.message}")
         return {"stale_rank_spearman": spearman, "exploration_fallback": not self.monitor.healthy,
                 "explored_for_this_step": pool.total_explored() if pool is not None else 0}
 

@@ -16,6 +16,7 @@ previous update did.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,8 @@ from spotlight.runtime.protocol import Progress
 from spotlight.runtime.rollout_worker import LocalCrewMember, RolloutWorker
 from spotlight.iteration.exploration import ExplorationSession
 from spotlight.waiting import waiting
+
+logger = logging.getLogger(__name__)
 
 
 def gradient_split(engine: FleetEngine, queue: Any, before: dict[str, int]) -> dict[str, int]:
@@ -128,18 +131,16 @@ class LocalRuntime:
     """`metadata`: prompt id -> that prompt's metadata (a jsonl prompt's other fields), for the
     rewards (`RewardWorker`); None: none. One in-process reward worker, whatever `reward.workers`."""
 
-    def __init__(self, cfg: RunConfig, metadata: Mapping[int, dict] | None = None,
-                 log: Callable[[str], None] = print) -> None:
+    def __init__(self, cfg: RunConfig, metadata: Mapping[int, dict] | None = None) -> None:
         self.cfg = cfg
         self.metadata = dict(metadata or {})
-        self.log = log
         self.clock = WallClock()
         self.queue = PullQueue(self.clock, cfg.runtime.lease_s)
         self.learner = Learner(cfg)
 
     def build(self, checkpoints: Path) -> dict[str, Any]:
         # Loading a real model folder is minutes of nothing on the terminal otherwise.
-        with waiting(self.log, "loading the model for the learner and the workers (in this process)"):
+        with waiting("loading the model for the learner and the workers (in this process)"):
             self.reward = RewardWorker(self.cfg.reward, self.metadata)
             self.reward.build()  # a bad reward spec fails here, before the warm start
             info = self.learner.build(checkpoints)

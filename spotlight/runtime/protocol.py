@@ -30,7 +30,7 @@ class Runtime(Protocol):
     `before_iteration` (the cost control's decision) and reads its counters for the status."""
 
     def build(self, checkpoints: Path) -> dict[str, Any]:
-        """Start the roles (saying what it waits for, in the log it was given); the learner resumes
+        """Start the roles (logging what it waits for, `spotlight.waiting`); the learner resumes
         from `checkpoints` if it can. Returns Learner.build's info."""
         ...
 

@@ -26,7 +26,7 @@ A local cluster started for the run has one node: there the fleet is the replaye
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +38,8 @@ from schedulers.fleet import FleetEngine, Node
 from schedulers.preemption import Cause, PreemptionNotice
 from spotlight.config import ConfigError, RuntimeConfig
 from spotlight.runtime.ray_cluster import SPOT_RESOURCE
+
+logger = logging.getLogger(__name__)
 
 POLL_S = 1.0
 """How often the cluster's node table is read (one GCS call)."""
@@ -89,9 +91,8 @@ def node_name(node: ClusterNode) -> str:
 class ClusterFleet:
     """See the module docstring. `FleetSource` of the fleet engine."""
 
-    def __init__(self, rt: RuntimeConfig, clock: Clock, log: Callable[[str], None] = print,
-                 poll_s: float = POLL_S) -> None:
-        self.rt, self.clock, self.log, self.poll_s = rt, clock, log, poll_s
+    def __init__(self, rt: RuntimeConfig, clock: Clock, poll_s: float = POLL_S) -> None:
+        self.rt, self.clock, self.poll_s = rt, clock, poll_s
         self.controller = ray.get_runtime_context().get_node_id()
         self.known: dict[str, ClusterNode] = alive_nodes()
         here = self.known.get(self.controller)
@@ -160,7 +161,7 @@ class ClusterFleet:
             if node_id not in alive:
                 self._suspect.pop(name, None)
                 if n.alive:
-                    self.log(f"node {name} is gone: its rollout executors are lost, their requests re-queued")
+                    logger.info(f"node {name} is gone: its rollout executors are lost, their requests re-queued")
                     engine.kill(name)
             elif not n.alive and not n.noticed:  # a worker of it died, yet Ray says the node lives
                 self._restart_later(engine, name, now)
@@ -173,13 +174,13 @@ class ClusterFleet:
             name = self.names.get(node_id)
             if name in engine.nodes and node_id not in self._drained and engine.nodes[name].alive:
                 self._drained.add(node_id)
-                self.log(f"node {name} is being drained: its rollout executors give their requests back")
+                logger.info(f"node {name} is being drained: its rollout executors give their requests back")
                 engine.notice(name, PreemptionNotice(Cause.RAY_DRAIN, None, name,
                                                      detail=f"drain deadline {deadline_ms} ms" if deadline_ms else ""))
         for node_id, n in alive.items():
             if n.spot and node_id not in self.names and engine.spot_allowed:
                 node = self._node(n, devices=n.spot_units)
-                self.log(f"spot node {node.name} joined: {n.spot_units} rollout executor(s) start on it")
+                logger.info(f"spot node {node.name} joined: {n.spot_units} rollout executor(s) start on it")
                 engine.add(node.name, spot=True, devices=node.devices, cluster_id=node_id)
         self._no_spot(engine, now)
 
@@ -188,7 +189,7 @@ class ClusterFleet:
         since = self._suspect.setdefault(name, now)
         if now - since >= RESTART_AFTER_S:
             del self._suspect[name]
-            self.log(f"node {name} outlived its rollout executors: starting them again")
+            logger.info(f"node {name} outlived its rollout executors: starting them again")
             engine.restart(name)
 
     def _no_spot(self, engine: FleetEngine, now: float) -> None:
@@ -206,13 +207,13 @@ class ClusterFleet:
         if self.rt.spot_fallback:
             here = self.known[self.controller]
             self.fallback = f"fallback@{here.ip}#{here.id[:6]}"
-            self.log(f"no spot capacity for {waited:.0f} s (no node advertises `{SPOT_RESOURCE}`): starting "
-                     f"{self.rt.spot_workers} rollout worker(s) on the on-demand node {here.ip} in its place "
-                     "(runtime.spot_fallback)")
+            logger.info(f"no spot capacity for {waited:.0f} s (no node advertises `{SPOT_RESOURCE}`): starting "
+                        f"{self.rt.spot_workers} rollout worker(s) on the on-demand node {here.ip} in its place "
+                        "(runtime.spot_fallback)")
             engine.add(self.fallback, spot=False, devices=self.rt.spot_workers, cluster_id=here.id)
         else:
-            self.log(f"no spot capacity for {waited:.0f} s (no node advertises `{SPOT_RESOURCE}`): waiting for a "
-                     f"spot node to join (runtime.spot_fallback: false; Ctrl-C stops the run)")
+            logger.info(f"no spot capacity for {waited:.0f} s (no node advertises `{SPOT_RESOURCE}`): waiting for a "
+                        f"spot node to join (runtime.spot_fallback: false; Ctrl-C stops the run)")
 
 
 def placement(node_id: str | None, spot: bool, gpus: int, local: bool) -> dict[str, Any]:

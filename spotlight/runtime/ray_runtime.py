@@ -25,6 +25,7 @@ so that is when a preemption costs something), scaled by `runtime.trace_speedup`
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from collections.abc import Callable, Mapping, Sequence
@@ -53,6 +54,8 @@ from spotlight.runtime.ray_fleet import ClusterFleet, placement
 from spotlight.text import plural
 from spotlight.waiting import waiting
 from schedulers.traces import ReplayAction
+
+logger = logging.getLogger(__name__)
 
 _POLL_S = 0.01
 START_TIMEOUT_S = 300.0
@@ -166,9 +169,9 @@ class RayExecutor:
     the node lives on)."""
 
     def __init__(self, cfg: RunConfig, queue: Any, version: int, weights: Any, clock: Any,
-                 home: str | None = None, gpus: Any = None, log: Callable[[str], None] = print,
+                 home: str | None = None, gpus: Any = None,
                  base: Any = None) -> None:
-        self.cfg, self.queue, self.clock, self.log = cfg, queue, clock, log
+        self.cfg, self.queue, self.clock = cfg, queue, clock
         self.version, self.weights = version, weights
         self.base = base
         """With LoRA, the learner's frozen base (an ObjectRef): each worker loads it once, at start."""
@@ -262,8 +265,8 @@ class RayExecutor:
             worker = self._starting.pop(ref)
             del self._since[ref]
             ray.kill(worker.handle, no_restart=True)
-            self.log(f"rollout executor {worker.name} did not start within {START_TIMEOUT_S:.0f} s (Ray could not "
-                     "place or start it): counted as lost")
+            logger.warning(f"rollout executor {worker.name} did not start within {START_TIMEOUT_S:.0f} s "
+                           "(Ray could not place or start it): counted as lost")
             events.append(Died(worker.name, worker.nodes))
         for ref in ready:
             if ref in self._starting:
@@ -294,7 +297,6 @@ class RayRuntime:
     cfg: RunConfig
     actions: list[ReplayAction] = field(default_factory=list)
     """Preemption schedule over spot slots (slot k is fleet node `spotK`), in replay seconds (sorted)."""
-    log: Callable[[str], None] = print
     replay_phases: tuple[str, ...] = ("rollout",)
     """The phases the schedule's clock runs in (`FleetEngine.replay_phases`): the rollout, where a
     preemption used to cost something; add "train" when the fleet computes the update too."""
@@ -312,7 +314,7 @@ class RayRuntime:
 
     def build(self, checkpoints: Path) -> dict[str, Any]:
         rt = self.cfg.runtime
-        with waiting(self.log, f"joining the Ray cluster at {rt.address}" if rt.address
+        with waiting(f"joining the Ray cluster at {rt.address}" if rt.address
                      else "starting a local Ray cluster"):
             self._started_ray = ray_cluster.connect(rt)
         self.clock = WallClock()
@@ -322,7 +324,7 @@ class RayRuntime:
         pinned = placement(home, spot=False, gpus=0, local=True)
         # Joined to a cluster, the fleet is the cluster's (`ray_fleet`); a cluster started here has
         # one node, on which the configured fleet and its replayed trace run.
-        self.cluster = ClusterFleet(rt, self.clock, self.log) if rt.address else None
+        self.cluster = ClusterFleet(rt, self.clock) if rt.address else None
         self.queue_actor = QueueActor.options(**pinned).remote(lease_s=rt.lease_s)
         self.queue = QueueClient(self.queue_actor)
         learner_gpus = 1 if self.cluster and self.cluster.gpus(home) and self.cfg.device.startswith("cuda") else 0
@@ -330,7 +332,7 @@ class RayRuntime:
         home_gpus = self.cluster.gpus(home) if self.cluster else ray.cluster_resources().get("GPU", 0)
         self.reward = RewardPool(self.cfg, pinned, home_gpus - learner_gpus, self.metadata)
         info = self.learner.build.remote(checkpoints)
-        with waiting(self.log, f"starting the learner (it loads the model and the newest checkpoint) and "
+        with waiting(f"starting the learner (it loads the model and the newest checkpoint) and "
                      f"{plural(self.cfg.reward.workers, 'reward worker')} as Ray actors"):
             self.reward.build()  # a bad reward spec fails here, while the learner builds
             info = ray.get(info)
@@ -343,7 +345,7 @@ class RayRuntime:
         lora = {"base": base.remote()} if self.cfg.policy.lora.enabled else {}
         self.executor = (RaySPExecutor if rt.sp_degree > 1 else RayExecutor)(
             self.cfg, self.queue_actor, self.version, self.learner.weights.remote(),
-            self.clock, home=home, gpus=self.cluster.gpus if self.cluster else None, log=self.log, **lora)
+            self.clock, home=home, gpus=self.cluster.gpus if self.cluster else None, **lora)
         nodes = self.cluster.nodes() if self.cluster else fleet_nodes(rt.ondemand_workers, rt.spot_workers)
         self.engine = FleetEngine(self.clock, self.queue, self.executor, nodes,
                                   actions=[FleetAction(a.at_s, f"spot{a.slot}", a.action) for a in self.actions],
@@ -351,7 +353,7 @@ class RayRuntime:
         if self.cluster:
             self.engine.sources.append(self.cluster)
         # The first fleet is up before the replay clock starts, so it starts with workers ready to pull.
-        with waiting(self.log, f"starting the rollout workers on {plural(len(nodes), 'node')}"):
+        with waiting(f"starting the rollout workers on {plural(len(nodes), 'node')}"):
             self.engine.start()
         return info
 

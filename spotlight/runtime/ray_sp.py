@@ -78,13 +78,13 @@ class RaySPExecutor:
     """See the module docstring. `queue_actor`: the run's `QueueActor`; `weights`: the learner's
     weights of `version` (an ObjectRef); `home`: the controller's Ray node id; `gpus(node_id)`:
     the GPUs of a cluster node (taken for `RayExecutor`'s signature: an agent takes a GPU per
-    device when the run computes on CUDA); `log`: where a line for the user goes."""
+    device when the run computes on CUDA)."""
 
     def __init__(self, cfg: RunConfig, queue_actor: Any, version: int, weights: Any, clock: Any,
                  home: str | None = None, gpus: Callable[[str | None], int] | None = None,
-                 log: Callable[[str], None] = print, base: Any = None) -> None:
+                 base: Any = None) -> None:
         check_sp(cfg)
-        self.cfg, self.clock, self.home, self.log = cfg, clock, home, log
+        self.cfg, self.clock, self.home = cfg, clock, home
         self.gpus = gpus or (lambda node_id: 0)
         self.weights = weights
         """The newest published weights (an ObjectRef): what a node that joins starts from."""

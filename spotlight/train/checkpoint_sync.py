@@ -30,6 +30,7 @@ Invariants:
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import time
 from collections.abc import Callable
@@ -40,6 +41,8 @@ from cloud.store import ChecksumMismatch, MissingKey, Store, StoreError, check_k
 from spotlight.checkpoints import checkpoint
 from spotlight.train import run_files
 from spotlight.checkpoints.checkpoint import sha256_of
+
+logger = logging.getLogger(__name__)
 
 MANIFEST = "MANIFEST.json"
 STEP_DIR = "step-{:06d}"
@@ -89,13 +92,12 @@ def _complete_steps(keys: list[str]) -> list[int]:
 
 class CheckpointSync:
     """Pushes run-folder checkpoints to `store` and pulls the newest complete one back (see the
-    module docstring). `log` gets one line per push, pull, skip and failure."""
+    module docstring). It logs one line per push, pull, skip and failure (a skip or failure as a warning)."""
 
-    def __init__(self, store: Store, log: Callable[[str], None] = print, keep: int = 2) -> None:
+    def __init__(self, store: Store, keep: int = 2) -> None:
         if keep < 1:
             raise ValueError(f"CheckpointSync: keep must be >= 1, got {keep}")
         self.store = store
-        self.log = log
         self.keep = keep
 
     # ---- push -----------------------------------------------------------------------------------
@@ -112,12 +114,13 @@ class CheckpointSync:
         except StoreError as err:
             if must:
                 raise
-            self.log(f"checkpoint {step} not stored ({err}); it is kept in {out}/checkpoints, the next one is retried")
+            logger.warning(f"checkpoint {step} not stored ({err}); it is kept in {out}/checkpoints, the next one "
+                           "is retried")
             return None
         seconds = time.perf_counter() - start
         size = sum(f["size"] for f in manifest["files"].values())
-        self.log(f"checkpoint {step} stored in {self.store.uri}/{step_dir(step)} "
-                 f"({len(manifest['files'])} files, {size / 1e6:.1f} MB, {seconds:.2f} s)")
+        logger.info(f"checkpoint {step} stored in {self.store.uri}/{step_dir(step)} "
+                    f"({len(manifest['files'])} files, {size / 1e6:.1f} MB, {seconds:.2f} s)")
         return {"files": len(manifest["files"]), "bytes": size, "seconds": seconds}
 
     def _upload(self, out: Path, step: int) -> dict[str, Any]:
@@ -166,7 +169,7 @@ class CheckpointSync:
             try:
                 why = self._download(step, staging)
                 if why is not None:
-                    self.log(f"stored checkpoint {self.store.uri}/{step_dir(step)} skipped: {why}")
+                    logger.warning(f"stored checkpoint {self.store.uri}/{step_dir(step)} skipped: {why}")
                     continue
                 if accept is not None:
                     accept(staging)

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable
+import logging
 from typing import Any
 
 import torch
@@ -40,6 +40,8 @@ from cloud.store import MissingKey, ObjectTooLarge, Store, get_json
 from schedulers.sample_state import SampleState
 from spotlight.rl.policy import Rollout
 from spotlight.rl.prompts import Prompt
+
+logger = logging.getLogger(__name__)
 
 PREFIX = "inflight/"
 MAX_MANIFEST_BYTES = 64 * 1024
@@ -53,9 +55,8 @@ def _key(step: int, ext: str) -> str:
 
 
 class InflightStore:
-    def __init__(self, store: Store, log: Callable[[str], None] = print) -> None:
+    def __init__(self, store: Store) -> None:
         self.store = store
-        self.log = log
 
     def save(self, step: int, seeds: dict[str, tuple[int, ...]], results: dict[str, Any],
              partial: dict[str, tuple[int, Any]]) -> None:
@@ -74,7 +75,7 @@ class InflightStore:
         except MissingKey:
             return {}, {}
         except _Unusable as err:
-            self.log(f"in-flight state of iteration {step} in {self.store.uri} not used: {err}")
+            logger.warning(f"in-flight state of iteration {step} in {self.store.uri} not used: {err}")
             return {}, {}
         results, partial, dropped = {}, {}, 0
         for rid, want in seeds.items():
@@ -92,8 +93,8 @@ class InflightStore:
                 else:
                     dropped += 1
         if dropped:
-            self.log(f"in-flight state of iteration {step} in {self.store.uri}: {dropped} entries do not fit "
-                     "their requests; those are recomputed")
+            logger.warning(f"in-flight state of iteration {step} in {self.store.uri}: {dropped} entries do not fit "
+                           "their requests; those are recomputed")
         return results, partial
 
     def _read(self, step: int) -> dict[str, Any]:

@@ -29,6 +29,7 @@ checks all of this.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import time
 from collections.abc import Callable
@@ -37,6 +38,8 @@ from typing import Any
 
 from cloud.store import MissingKey, Store, StoreError, get_json
 from spotlight.train import run_files
+
+logger = logging.getLogger(__name__)
 
 RESULTS = "results"
 """The store prefix of a run's results."""
@@ -80,14 +83,13 @@ def _stamp(path: Path) -> tuple[int, int]:
 
 class ResultsSync:
     """Pushes run folder `out`'s results to `store` (module docstring). `keep_stored`: carry the
-    stored manifest's entries over (a resumed run). `log` gets one line per failure and per final
-    push; `now` is the wall clock (unix seconds) of `updated_at`."""
+    stored manifest's entries over (a resumed run). It logs one line per final push and a warning
+    per failure; `now` is the wall clock (unix seconds) of `updated_at`."""
 
-    def __init__(self, store: Store, out: Path, log: Callable[[str], None] = print, keep_stored: bool = False,
+    def __init__(self, store: Store, out: Path, keep_stored: bool = False,
                  now: Callable[[], float] = time.time) -> None:
         self.store = store
         self.out = Path(out)
-        self.log = log
         self.keep_stored = keep_stored
         self.now = now
         self.entries: dict[str, dict[str, Any]] | None = None
@@ -110,13 +112,13 @@ class ResultsSync:
         except StoreError as err:
             if must:
                 raise
-            self.log(f"results not stored ({err}); they stay in {self.out}, the next push retries")
+            logger.warning(f"results not stored ({err}); they stay in {self.out}, the next push retries")
             return None
         assert self.entries is not None
         seconds = time.perf_counter() - start
         if final:
-            self.log(f"results stored in {self.store.uri}/{RESULTS} ({len(self.entries)} files, "
-                     f"{sent} sent, {size / 1e6:.1f} MB, {seconds:.2f} s)")
+            logger.info(f"results stored in {self.store.uri}/{RESULTS} ({len(self.entries)} files, "
+                        f"{sent} sent, {size / 1e6:.1f} MB, {seconds:.2f} s)")
         return {"files": len(self.entries), "sent": sent, "bytes": size, "seconds": seconds}
 
     def _upload(self, final: bool) -> tuple[int, int]:
@@ -169,7 +171,7 @@ class ResultsSync:
             return {}
         except (ValueError, KeyError, TypeError) as err:
             why = f"{type(err).__name__}: {err}"
-        self.log(f"{self.store.uri}/{MANIFEST} unreadable ({why}); the results are stored anew")
+        logger.warning(f"{self.store.uri}/{MANIFEST} unreadable ({why}); the results are stored anew")
         return {}
 
     def write_status(self, status: dict[str, Any]) -> bool:
@@ -180,7 +182,7 @@ class ResultsSync:
             self.store.put(STATUS, json.dumps({**status, "updated_at": self.now()}).encode())
         except StoreError as err:
             if not self._status_failed:
-                self.log(f"run status not stored ({err}); it is tried again every iteration")
+                logger.warning(f"run status not stored ({err}); it is tried again every iteration")
             self._status_failed = True
             return False
         self._status_failed = False

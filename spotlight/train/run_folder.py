@@ -13,8 +13,9 @@ resumed run keeps exactly the rows before its checkpoint (`truncate_metrics`; te
 from __future__ import annotations
 
 import contextlib
+import logging
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from cloud.bounded_json import load_file, loads
 from cloud.store import Store
@@ -29,6 +30,8 @@ from spotlight.train.results_sync import ResultsSync, fleet_counts, status_recor
 from spotlight.train.run_lock import LOCK, RunLock
 from spotlight.waiting import waiting
 
+logger = logging.getLogger(__name__)
+
 ROW_BYTES = 1 << 20
 """The longest metrics or evaluation row read back (a row is ~1 KB; a planted one is refused, not parsed)."""
 SUMMARY_BYTES = 1 << 20
@@ -38,8 +41,8 @@ SUMMARY_BYTES = 1 << 20
 class RunFolder:
     """Construction is cheap and touches nothing; `check` and `completed` only read."""
 
-    def __init__(self, cfg: RunConfig, path: Path, log: Callable[[str], None] = print) -> None:
-        self.cfg, self.out, self.log = cfg, Path(path), log
+    def __init__(self, cfg: RunConfig, path: Path) -> None:
+        self.cfg, self.out = cfg, Path(path)
         self.lock: RunLock | None = None
         """This process's hold on the folder, from `acquire` until `release`."""
         self.sync: CheckpointSync | None = None
@@ -164,22 +167,22 @@ class RunFolder:
         new, and keep the running rollout's state there (`cloud.inflight_every_s` > 0)."""
         self._pull(store)
         if self.cfg.cloud.inflight_every_s > 0:
-            self.inflight = InflightStore(store, self.log)
+            self.inflight = InflightStore(store)
 
     def keep_results(self, store: Store, resumed: bool) -> None:
         """Mirror the results and status to `store` from now on; a `resumed` run keeps the stored
         results of the heads before it."""
-        self.results = ResultsSync(store, self.out, self.log, keep_stored=resumed)
+        self.results = ResultsSync(store, self.out, keep_stored=resumed)
 
     def _pull(self, store: Store) -> None:
         """Bring the newest complete checkpoint of --checkpoint-uri's `store` into the run folder when
         the folder holds none as new (a run restarted on a fresh machine resumes from the store)."""
-        self.sync = CheckpointSync(store, self.log)
+        self.sync = CheckpointSync(store)
         local = checkpoint.latest(self.out / "checkpoints")
-        with waiting(self.log, f"looking for a newer checkpoint in {store.uri}"):
+        with waiting(f"looking for a newer checkpoint in {store.uri}"):
             pulled = self.sync.pull(self.out, local.step if local else 0, accept=self._check_stored_config)
         if pulled is not None:
-            self.log(f"checkpoint {pulled} pulled from {self.sync.store.uri}")
+            logger.info(f"checkpoint {pulled} pulled from {self.sync.store.uri}")
         newest = checkpoint.latest(self.out / "checkpoints")
         self._pushed = newest.step if newest is not None and newest.step in self.sync.stored() else 0
 
@@ -231,7 +234,7 @@ class RunFolder:
         `StoreError` saying so."""
         if self.sync is None:
             return
-        with waiting(self.log, f"storing the newest checkpoint and the results in {self.sync.store.uri}"):
+        with waiting(f"storing the newest checkpoint and the results in {self.sync.store.uri}"):
             self.push(must=True)
             if self.results is not None:
                 self.results.push(final=True, stop_reason=stop_reason, must=True)

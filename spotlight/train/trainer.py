@@ -32,12 +32,13 @@ iteration that could not end in time.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import sys
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from cloud.bounded_json import loads
 from cloud.cost import CostControl, Decision, Spent, load_spent, save_spent
@@ -65,12 +66,14 @@ from spotlight.train.eval_samples import write_evaluation
 from spotlight.train.run_folder import ROW_BYTES, RunFolder
 from spotlight.train.training_iteration import TrainingIteration
 
+logger = logging.getLogger(__name__)
+
 
 EVAL_SEED0 = 10**9
 """Evaluation seeds start here: no training iteration's seeds come near."""
 
 
-def make_runtime(cfg: RunConfig, log: Callable[[str], None] = print,
+def make_runtime(cfg: RunConfig,
                  metadata: dict[int, dict] | None = None, trace: Trace | None = None) -> Runtime:
     """`metadata`: prompt id -> metadata of the run's prompts (training and evaluation), for the
     rewards; None: read from the config's prompt files (`prompt_metadata`). `trace`: a preemption
@@ -79,13 +82,13 @@ def make_runtime(cfg: RunConfig, log: Callable[[str], None] = print,
     if metadata is None:
         metadata = prompt_metadata(cfg)
     if cfg.runtime.kind == "local":
-        return LocalRuntime(cfg, metadata=metadata, log=log)
+        return LocalRuntime(cfg, metadata=metadata)
     from spotlight.runtime.ray_runtime import RayRuntime
 
     if trace is None:
-        return RayRuntime(cfg, log=log, metadata=metadata)
+        return RayRuntime(cfg, metadata=metadata)
     rt = cfg.runtime
-    return RayRuntime(cfg, log=log, metadata=metadata,
+    return RayRuntime(cfg, metadata=metadata,
                       actions=replay_schedule(trace, rt.spot_workers, rt.trace_speedup, rt.notice_s),
                       replay_phases=("rollout",) if cfg.train.update_on == "learner" else ("rollout", "train"))
 
@@ -99,16 +102,15 @@ class Trainer:
     """The single controller. Construction is cheap; `build()` starts the runtime's roles (the learner
     warm-starts and resumes if it can); `train()` runs the loop and shuts the runtime down."""
 
-    def __init__(self, cfg: RunConfig, out: Path, progress: bool = True, log=print) -> None:
+    def __init__(self, cfg: RunConfig, out: Path, progress: bool = True) -> None:
         self.cfg = cfg
         self.out = Path(out)
         self.progress = progress
-        self.log = log
         self.start_step = 0
         self.warm: dict[str, Any] = {}
         self.explorer: Explorer | None = None
         self.cost: CostControl | None = None
-        self.folder = RunFolder(cfg, self.out, log)
+        self.folder = RunFolder(cfg, self.out)
         """The run folder's jobs: its lock, identity, store copies, metrics and TensorBoard."""
         self.eval_written: Path | None = None
         """The newest evaluation's samples (eval/step-N.png or .jsonl), for TensorBoard."""
@@ -145,12 +147,12 @@ class Trainer:
         cfg = self.cfg
         # A damaged newest checkpoint (a crash mid-write on a disk that lied, a truncated copy) is
         # set aside now, so that the store's copy of that iteration can replace it.
-        checkpoint.newest_usable(self.out / "checkpoints", self.log, hashes=False)
+        checkpoint.newest_usable(self.out / "checkpoints", logger.warning, hashes=False)
         if store is not None:
             self.folder.connect(store)
         self.prompts = run_prompts(cfg.prompts, cfg.seed)
         self.eval_prompts = evaluation_prompts(cfg, self.prompts)
-        self.runtime = runtime if runtime is not None else make_runtime(cfg, self.log)
+        self.runtime = runtime if runtime is not None else make_runtime(cfg)
         trained = self._warm_start()
         roles = time.perf_counter()
         try:  # each runtime names its own waits (the model, the cluster, the actors)
@@ -167,13 +169,14 @@ class Trainer:
             raise ConfigError(self.folder.more_than_asked(self.start_step))
         if self.warm.get("steps"):
             how = "loaded from cache" if self.warm["cached"] else f"trained in {self.warm['seconds']:.0f} s"
-            self.log(f"warm start ({plural(self.warm['steps'], 'step')}) {how}: {self.warm['path']}")
+            logger.info(f"warm start ({plural(self.warm['steps'], 'step')}) {how}: {self.warm['path']}")
         for line in info.get("skipped", []):
-            self.log(line)
+            logger.warning(line)
         if info["checkpoint"]:
-            self.log(f"resuming from {info['checkpoint']} (iteration {self.start_step})")
+            logger.info(f"resuming from {info['checkpoint']} (iteration {self.start_step})")
         elif any((self.out / "checkpoints").glob(checkpoint.SKIPPED + "*")):
-            self.log("no usable checkpoint: the run starts from iteration 0 (set-aside ones are in checkpoints/.skipped-*)")
+            logger.info("no usable checkpoint: the run starts from iteration 0 (set-aside ones are in "
+                        "checkpoints/.skipped-*)")
         if cfg.exploration.enabled:
             self.explorer = self._explorer()
         ex = self.explorer
@@ -221,7 +224,7 @@ class Trainer:
 
     def _explorer(self) -> Explorer:
         """The explorer, with the planner state saved for the resumed iteration when there is a usable one."""
-        explorer = Explorer(self.cfg, self.prompts, self.log)
+        explorer = Explorer(self.cfg, self.prompts)
         if self.start_step == 0:
             return explorer
         try:
@@ -230,10 +233,10 @@ class Trainer:
             why = "none saved"
         except (ValueError, KeyError, TypeError, IndexError, AttributeError) as err:
             why = f"unreadable ({type(err).__name__})"
-            explorer = Explorer(self.cfg, self.prompts, self.log)  # nothing half-loaded
+            explorer = Explorer(self.cfg, self.prompts)  # nothing half-loaded
         first = explores_first(self.cfg.exploration, self.start_step, self.start_step)
         then = "explored first, on the critical path" if first else "on random seeds"
-        self.log(f"explorer state for iteration {self.start_step}: {why}; it starts {then}")
+        logger.warning(f"explorer state for iteration {self.start_step}: {why}; it starts {then}")
         return explorer
 
     # ---- the loop -------------------------------------------------------------------------------
@@ -283,8 +286,8 @@ class Trainer:
         seeds = {r.id: tuple(r.seeds) for r in requests}
         done, partial = inflight.load(step, seeds) if step == self.start_step else ({}, {})
         if done or partial:
-            self.log(f"iteration {step} resumes its rollout from {inflight.store.uri}: {len(done)} results, "
-                     f"{len(partial)} requests at their committed steps")
+            logger.info(f"iteration {step} resumes its rollout from {inflight.store.uri}: {len(done)} results, "
+                        f"{len(partial)} requests at their committed steps")
         todo = [replace(r, step=partial[r.id][0], state=partial[r.id][1]) if r.id in partial else r
                 for r in requests if r.id not in done]
 
@@ -292,7 +295,7 @@ class Trainer:
             try:
                 inflight.save(step, seeds, {**done, **results}, committed)
             except StoreError as err:  # a lost snapshot is work that may be redone, not a failure
-                self.log(f"in-flight state of iteration {step} not stored: {err}")
+                logger.warning(f"in-flight state of iteration {step} not stored: {err}")
 
         got = self.runtime.rollout(todo, snapshot, self.cfg.cloud.inflight_every_s) if todo else []
         if not done:
@@ -352,12 +355,12 @@ class Trainer:
 
     def stopped(self, step: int, decision: Decision) -> None:
         """A budget or deadline stop: checkpoint the iterations done unless the newest checkpoint holds them."""
-        self.log(decision.message)
+        logger.info(decision.message)
         if self.saved != step:
             self.checkpoint(step)
 
     def switched(self, step: int, decision: Decision) -> None:
-        self.log(decision.message)
+        logger.info(decision.message)
 
     def run_iteration(self, step: int) -> Completed:
         try:
@@ -375,6 +378,7 @@ class Trainer:
         row = done.value
         save_spent(self.out, self._spent())
         self.folder.add_row(row, step, self.eval_written)
+        logger.debug(f"iteration {step}: {json.dumps(row, default=str)}")  # metrics.jsonl's row, under --verbose
         self.eval_written = None
         # after the row: the store's metrics reach it
         self.folder.publish(step + 1, row["reward_mean"], self.cost.summary(), self.runtime.engine)

@@ -213,9 +213,9 @@ def test_an_oversized_checkpoint_manifest_is_skipped_unread(tmp_path):
     assert checkpoint.verify(newest) == "unreadable MANIFEST.json: larger than 1 MiB"
 
 
-def test_a_deep_inflight_manifest_or_an_oversized_snapshot_is_not_used(tmp_path):
-    lines: list[str] = []
-    inflight = InflightStore(LocalStore(tmp_path / "store"), log=lines.append)
+def test_a_deep_inflight_manifest_or_an_oversized_snapshot_is_not_used(tmp_path, logged):
+    lines = logged
+    inflight = InflightStore(LocalStore(tmp_path / "store"))
     inflight.store.put("inflight/it-000001.json", b"[" * 30_000 + b"]" * 30_000)  # within its 64 KiB
     assert inflight.load(1, {"r": (1, 2)}) == ({}, {})
     assert len(lines) == 1 and lines[0].endswith("not used: unreadable manifest (nested deeper than 64 levels)")
@@ -229,11 +229,11 @@ def test_a_deep_inflight_manifest_or_an_oversized_snapshot_is_not_used(tmp_path)
     assert "larger than its manifest's 10 bytes" in lines[-1]
 
 
-def test_a_deep_explorer_state_gives_a_fresh_explorer(tmp_path):
+def test_a_deep_explorer_state_gives_a_fresh_explorer(tmp_path, logged):
     cfg = small_dit_config(exploration={"enabled": True, "planner": "bandit", "samples_per_step": 16,
                                         "candidates_per_prompt": 12, "request_size": 4, "round_samples": 8})
-    lines: list[str] = []
-    trainer = Trainer(cfg, tmp_path / "out", progress=False, log=lines.append)  # cheap: nothing built
+    lines = logged
+    trainer = Trainer(cfg, tmp_path / "out", progress=False)  # cheap: nothing built
     trainer.prompts, trainer.start_step = prompt_set(cfg.prompts, cfg.seed), 1
     (tmp_path / "out" / "explorer").mkdir(parents=True)
     (tmp_path / "out" / "explorer" / "step-000001.json").write_bytes(DEEP)
@@ -250,9 +250,9 @@ def test_a_deep_or_oversized_cost_json_is_one_config_error_line(tmp_path, plante
     assert "\n" not in str(err.value)
 
 
-def test_a_deep_or_oversized_fleet_record_is_refused_once(tmp_path):
-    lines: list[str] = []
-    fleet = Rendezvous(LocalStore(tmp_path / "store"), "ab" * 32, "r", log=lines.append, wall=lambda: 1.0)
+def test_a_deep_or_oversized_fleet_record_is_refused_once(tmp_path, logged):
+    lines = logged
+    fleet = Rendezvous(LocalStore(tmp_path / "store"), "ab" * 32, "r", wall=lambda: 1.0)
     fleet.store.put(HEAD_KEY, b"[" * 4000 + b"]" * 96)  # within the record's 4 KiB, 4,000 levels deep
     assert fleet.head() is None and fleet.head() is None
     assert len(lines) == 1 and "nested deeper than 64 levels" in lines[0]
@@ -262,11 +262,11 @@ def test_a_deep_or_oversized_fleet_record_is_refused_once(tmp_path):
     assert fleet.publish_head("10.0.0.5", 6379).generation == 1  # a refused record is no generation
 
 
-def test_deep_results_records_are_a_fresh_manifest_on_the_head_and_one_error_line_on_a_laptop(tmp_path):
+def test_deep_results_records_are_a_fresh_manifest_on_the_head_and_one_error_line_on_a_laptop(tmp_path, logged):
     store = LocalStore(tmp_path / "store")
     store.put(MANIFEST, DEEP)
-    lines: list[str] = []
-    sync = ResultsSync(store, tmp_path / "out", log=lines.append, keep_stored=True)
+    lines = logged
+    sync = ResultsSync(store, tmp_path / "out", keep_stored=True)
     assert sync._stored() == {} and len(lines) == 1 and "nested deeper than 64 levels" in lines[0]
     for key in (STATUS, MANIFEST):
         store.put(key, DEEP)

@@ -328,11 +328,11 @@ def _rows(out):
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_a_budgeted_tiny_run_stops_cleanly_under_its_budget_and_a_resume_carries_the_cost(tmp_path):
+def test_a_budgeted_tiny_run_stops_cleanly_under_its_budget_and_a_resume_carries_the_cost(tmp_path, logged):
     # H100 nodes at x100 prices: 2 on-demand + 2 spot nodes cost ~$0.55/s, a tiny iteration ~$0.05
     cfg = small_dit_config(train={"steps": 200, "checkpoint_every": 7}, cloud={"budget_usd": 3.0, "price_scale": 100.0})
-    logs = []
-    summary = Trainer(cfg, tmp_path, progress=False, log=logs.append).build().train()
+    logs = logged
+    summary = Trainer(cfg, tmp_path, progress=False).build().train()
     assert summary["stop_reason"] == "budget" and 0 < summary["steps"] < 200
     assert summary["cost_usd"] <= 3.0 and summary["budget_usd"] == 3.0
     rows = _rows(tmp_path)
@@ -354,19 +354,19 @@ def test_a_budgeted_tiny_run_stops_cleanly_under_its_budget_and_a_resume_carries
     # a larger budget resumes from the checkpoint with the dollars already spent on the meter
     more = small_dit_config(train={"steps": 200, "checkpoint_every": 7},
                             cloud={"budget_usd": 8.0, "price_scale": 100.0})
-    again = Trainer(more, tmp_path, progress=False, log=logs.append).build()
+    again = Trainer(more, tmp_path, progress=False).build()
     assert again.start_step == summary["steps"]
     resumed = again.train()
     assert resumed["stop_reason"] == "budget" and resumed["steps"] > summary["steps"]
     assert spent.cost_usd < _rows(tmp_path)[summary["steps"]]["cost_usd"] and resumed["cost_usd"] <= 8.0
 
 
-def test_a_deadline_run_switches_to_ondemand_and_stops_in_time(tmp_path):
+def test_a_deadline_run_switches_to_ondemand_and_stops_in_time(tmp_path, logged):
     # 1000 tiny iterations (~0.1 s each) cannot end in 6 s (of which start-up takes ~3): the safety
     # net sees it at the first iteration boundary
     cfg = small_dit_config(train={"steps": 1000, "checkpoint_every": 50}, cloud={"deadline_h": 6.0 / 3600})
-    logs = []
-    trainer = Trainer(cfg, tmp_path, progress=False, log=logs.append).build()
+    logs = logged
+    trainer = Trainer(cfg, tmp_path, progress=False).build()
     summary = trainer.train()
     switch = [m for m in logs if m.startswith("switching spot workers to on-demand at iteration ")]
     assert len(switch) == 1 and summary["ondemand_switch_step"] is not None

@@ -84,9 +84,9 @@ def test_an_outage_delays_a_checkpoint_push_but_loses_nothing(s3, fault_proxy, t
     store = via(fault_proxy, s3, WallClock(), QUICK)  # before the outage: making a client takes time too
     fault_proxy.down_for(0.6)  # every request answered 503 for 0.6 s of real time
     start = time.perf_counter()
-    assert CheckpointSync(store, log=lambda m: None).push(run, 2) is not None
+    assert CheckpointSync(store).push(run, 2) is not None
     assert time.perf_counter() - start >= 0.6 and store.retries >= 3
-    assert CheckpointSync(via(fault_proxy, s3), log=print).pull(tmp_path / "fresh") == 2
+    assert CheckpointSync(via(fault_proxy, s3)).pull(tmp_path / "fresh") == 2
     assert_same_files(run / "checkpoints", tmp_path / "fresh" / "checkpoints")
 
 
@@ -235,7 +235,7 @@ class Recording:
 
 def test_push_writes_the_manifest_last_and_keeps_the_newest_two(s3, tmp_path):
     store = Recording(open_store(f"s3://{s3.bucket}/run"))
-    sync = CheckpointSync(store, log=lambda m: None)
+    sync = CheckpointSync(store)
     run = tmp_path / "run"
     for step in (2, 4, 6):
         save_checkpoint(run, step)
@@ -254,10 +254,10 @@ def test_push_writes_the_manifest_last_and_keeps_the_newest_two(s3, tmp_path):
         "metrics.jsonl"}
 
 
-def test_a_truncated_or_unfinished_checkpoint_is_never_resumed(s3, tmp_path):
+def test_a_truncated_or_unfinished_checkpoint_is_never_resumed(s3, tmp_path, logged):
     store = open_store(f"s3://{s3.bucket}/run")
-    lines = []
-    sync = CheckpointSync(store, log=lines.append, keep=5)
+    lines = logged
+    sync = CheckpointSync(store, keep=5)
     run = tmp_path / "run"
     for step in (2, 4, 6, 8):
         save_checkpoint(run, step)
@@ -285,11 +285,11 @@ def test_a_truncated_or_unfinished_checkpoint_is_never_resumed(s3, tmp_path):
     assert sync.pull(fresh, newer_than=2) is None  # nothing complete is newer than what the folder holds
 
 
-def test_a_failed_push_is_logged_and_the_checkpoint_kept_unless_it_must_succeed(s3, fault_proxy, tmp_path):
+def test_a_failed_push_is_logged_and_the_checkpoint_kept_unless_it_must_succeed(s3, fault_proxy, tmp_path, logged):
     run = tmp_path / "run"
     save_checkpoint(run, 2)
-    lines = []
-    sync = CheckpointSync(via(fault_proxy, s3, ManualClock(), Backoff(give_up_after_s=5.0)), log=lines.append)
+    lines = logged
+    sync = CheckpointSync(via(fault_proxy, s3, ManualClock(), Backoff(give_up_after_s=5.0)))
     fault_proxy.down_for(3600)
     assert sync.push(run, 2) is None
     assert "checkpoint 2 not stored" in lines[-1] and "gave up after" in lines[-1]
@@ -306,7 +306,7 @@ def final_weights(out):
     return load_file(str(weights))
 
 
-def test_a_run_resumed_from_s3_in_a_fresh_folder_ends_with_the_weights_of_an_uninterrupted_one(s3, tmp_path):
+def test_a_run_resumed_from_s3_in_a_fresh_folder_ends_with_the_weights_of_an_uninterrupted_one(s3, tmp_path, logged):
     cfg = small_dit_config()  # 4 iterations, a checkpoint every 2
     straight = Trainer(cfg, tmp_path / "straight", progress=False).build().train()
     uri = f"s3://{s3.bucket}/runs/tiny"
@@ -318,13 +318,13 @@ def test_a_run_resumed_from_s3_in_a_fresh_folder_ends_with_the_weights_of_an_uni
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert f"checkpoint 2 stored in {uri}/step-000002" in proc.stdout
-    sync = CheckpointSync(open_store(uri), log=lambda m: None)
+    sync = CheckpointSync(open_store(uri))
     assert sync.stored() == [2]
 
     # A fresh machine: an empty run folder, the same URI.
-    lines = []
+    lines = logged
     cfg.cloud.checkpoint_uri = uri
-    resumed = Trainer(cfg, tmp_path / "second", progress=False, log=lines.append).build()
+    resumed = Trainer(cfg, tmp_path / "second", progress=False).build()
     assert resumed.start_step == 2 and f"checkpoint 2 pulled from {uri}" in lines
     summary = resumed.train()
     a, b = final_weights(tmp_path / "straight"), final_weights(tmp_path / "second")

@@ -146,7 +146,7 @@ def test_two_fetches_at_once_download_each_file_once(uploaded, tiny_qwen_pipelin
 
 
 def test_an_s3_pretrained_path_passes_the_train_checks_and_builds_the_folders_policy(
-        uploaded, tiny_qwen_pipeline, tmp_path, monkeypatch):
+        uploaded, tiny_qwen_pipeline, tmp_path, monkeypatch, logged):
     from test_dit_pipeline import pipeline_config
 
     from spotlight.cli import check_train_inputs
@@ -161,9 +161,9 @@ def test_an_s3_pretrained_path_passes_the_train_checks_and_builds_the_folders_po
     args = argparse.Namespace(config=None, device=None, preemption_trace=None)
     check_train_inputs(cfg, args, tmp_path / "out")  # fetches, then checks the copy
     assert cfg.policy.dit.folder_problem() is None and cfg.policy.dit.pipeline
-    said = []
-    assert prefetch(cfg, log=said.append) == cfg.policy.dit.folder and said == [f"spotlight: model {uri} is at "
-                                                                                f"{cfg.policy.dit.folder}"]
+    logged.clear()  # check_train_inputs' fetch
+    assert prefetch(cfg) == cfg.policy.dit.folder
+    assert logged == [f"spotlight: model {uri} is at {cfg.policy.dit.folder}"]
     assert prefetch(pipeline_config(tiny_qwen_pipeline)) is None  # a local folder: nothing to fetch
     remote, local = DiTPolicy.from_config(cfg), DiTPolicy.from_config(pipeline_config(tiny_qwen_pipeline))
     assert remote.side == local.side == 8 and remote.sampler.sigmas.tolist() == local.sampler.sigmas.tolist()

@@ -13,8 +13,8 @@ from cloud.store import LocalStore
 TOKEN = "ab" * 32
 
 
-def _fleet(tmp_path, token=TOKEN, run="r", log=None):
-    return Rendezvous(LocalStore(tmp_path / "store"), token, run, log=log or (lambda msg: None), wall=lambda: 1000.0)
+def _fleet(tmp_path, token=TOKEN, run="r"):
+    return Rendezvous(LocalStore(tmp_path / "store"), token, run, wall=lambda: 1000.0)
 
 
 def test_each_head_publishes_the_next_generation_and_a_new_head_undoes_done(tmp_path):
@@ -32,9 +32,9 @@ def test_each_head_publishes_the_next_generation_and_a_new_head_undoes_done(tmp_
     assert second.generation == 2 and fleet.head().address == "10.0.7.9" and fleet.done() is None
 
 
-def test_a_record_signed_without_the_token_or_for_another_run_is_refused_once(tmp_path):
-    said: list[str] = []
-    fleet = _fleet(tmp_path, log=said.append)
+def test_a_record_signed_without_the_token_or_for_another_run_is_refused_once(tmp_path, logged):
+    said = logged
+    fleet = _fleet(tmp_path)
     store = fleet.store
     forged = {"run": "r", "generation": 9, "address": "203.0.113.7", "port": 6379, "published_at": 1.0}
     store.put(HEAD_KEY, signed(forged, "cd" * 32))

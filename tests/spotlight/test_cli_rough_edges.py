@@ -106,7 +106,7 @@ def test_on_ray_the_controller_trains_the_warm_start_with_a_bar_and_the_learner_
 
     roles = Roles(cfg)
     threads = torch.get_num_threads()
-    trainer = Trainer(cfg, tmp_path / "out", progress=True, log=print).build(roles)
+    trainer = Trainer(cfg, tmp_path / "out", progress=True).build(roles)
     err = capsys.readouterr().err
     assert re.search(r"warm start: +100%\|", err), err
     assert len(roles.cached_before) == 1  # trained and cached before the roles started

@@ -57,7 +57,7 @@ def finished(tmp_path_factory):
         cfg = small_dit_config(train={"steps": STEPS, "checkpoint_every": 2, "eval_prompts": 1, "eval_seeds": 2,
                                       "eval_every": 2}, cloud={"checkpoint_uri": f"file://{store}"})
         mp.setattr(ResultsSync, "write_status", lambda self, s: statuses.append(s) or write(self, s))
-        Trainer(cfg, out, progress=False, log=lambda _: None).build().train()
+        Trainer(cfg, out, progress=False).build().train()
     return out, store, statuses
 
 
@@ -148,7 +148,7 @@ def cut_short(finished, tmp_path):
     out, store = tmp_path / "run", tmp_path / "store"
     shutil.copytree(finished[0], out, ignore=shutil.ignore_patterns("final", "summary.json"))
     shutil.copytree(finished[1], store, ignore=shutil.ignore_patterns("results"))
-    sync = ResultsSync(LocalStore(store), out, log=lambda _: None)
+    sync = ResultsSync(LocalStore(store), out)
     sync.push()
     status = json.loads((finished[1] / STATUS).read_text())
     sync.write_status({**status, "iteration": 2, "finished": False, "stop_reason": None, "checkpoint": 2,
@@ -188,15 +188,15 @@ class _Counting(LocalStore):
         return super().put_file(key, path)
 
 
-def test_pushes_send_only_what_changed_and_catch_up_after_a_failure(tmp_path):
+def test_pushes_send_only_what_changed_and_catch_up_after_a_failure(tmp_path, logged):
     out = tmp_path / "run"
     (out / "tb").mkdir(parents=True)
     (out / "metrics.jsonl").write_text('{"step": 0}\n')
     (out / "tb/events").write_bytes(b"e0")
     (out / "final").mkdir()
     (out / "final/model.safetensors").write_bytes(b"w")
-    store, lines = _Counting(tmp_path / "store"), []
-    sync = ResultsSync(store, out, log=lines.append)
+    store, lines = _Counting(tmp_path / "store"), logged
+    sync = ResultsSync(store, out)
     assert sync.push()["sent"] == 2 and sorted(store.sent) == ["results/metrics.jsonl", "results/tb/events"]
     assert sync.push()["sent"] == 0  # nothing changed: nothing sent, the manifest rewritten
     with open(out / "metrics.jsonl", "a") as f:
@@ -292,7 +292,7 @@ def test_a_damaged_result_fails_the_pull_with_one_line_and_leaves_nothing(finish
 def test_pull_and_status_through_s3_with_its_own_checksums(finished, s3, tmp_path, capsys):
     out = finished[0]
     uri = f"s3://{s3.bucket}/runs/tiny"
-    sync = ResultsSync(open_store(uri), out, log=lambda _: None)
+    sync = ResultsSync(open_store(uri), out)
     sync.push(final=True, stop_reason="budget", must=True)
     assert json.loads(s3.client.get_object(Bucket=s3.bucket, Key="runs/tiny/" + MANIFEST)["Body"].read())[
         "files"]["summary.json"]["checksum"].startswith("crc64nvme:")

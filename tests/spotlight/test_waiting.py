@@ -7,9 +7,9 @@ import pytest
 from spotlight.waiting import waiting
 
 
-def test_a_wait_is_named_then_reminded_until_it_ends():
-    said = []
-    with waiting(said.append, "starting the actors", every_s=0.05):
+def test_a_wait_is_named_then_reminded_until_it_ends(logged):
+    said = logged
+    with waiting("starting the actors", every_s=0.05):
         time.sleep(0.28)
     reminders = said[1:]
     assert said[0] == "starting the actors ..."
@@ -19,10 +19,10 @@ def test_a_wait_is_named_then_reminded_until_it_ends():
     assert len(said) == 1 + len(reminders)  # nothing after the wait ended
 
 
-def test_a_failing_wait_stops_reminding_and_raises():
-    said = []
+def test_a_failing_wait_stops_reminding_and_raises(logged):
+    said = logged
     with pytest.raises(RuntimeError, match="no cluster"):
-        with waiting(said.append, "joining", every_s=0.05):
+        with waiting("joining", every_s=0.05):
             raise RuntimeError("no cluster")
     time.sleep(0.12)
     assert said == ["joining ..."]

@@ -65,15 +65,16 @@ def stopped_after_3(tmp_path_factory):
 
 @pytest.mark.parametrize("damage", ["truncate", "empty"])
 @pytest.mark.parametrize("name", [*checkpoint.FILES, checkpoint.MANIFEST])
-def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(tmp_path, stopped_after_3, reference, name, damage):
+def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(tmp_path, stopped_after_3, reference, name, damage,
+                                                                   logged):
     out = tmp_path / "run"
     shutil.copytree(stopped_after_3, out)
     path = out / "checkpoints" / "step-000003" / name
     data = path.read_bytes()
     path.write_bytes(data[: len(data) // 2] if damage == "truncate" else b"")
 
-    lines: list[str] = []
-    resumed = Trainer(_cfg(), out, progress=False, log=lines.append).build()
+    lines = logged
+    resumed = Trainer(_cfg(), out, progress=False).build()
     assert resumed.start_step == 2
     skipped = [line for line in lines if "skipped" in line]
     assert len(skipped) == 1 and "step-000003" in skipped[0] and ".skipped-step-000003" in skipped[0], lines
@@ -88,7 +89,7 @@ def test_every_checkpoint_damaged_starts_fresh_and_ends_the_same(tmp_path, stopp
     shutil.copytree(stopped_after_3, out)
     for ckpt in checkpoint.list_checkpoints(out / "checkpoints"):
         (ckpt.path / "model.safetensors").write_bytes(b"")
-    resumed = Trainer(_cfg(), out, progress=False, log=lambda m: None).build()
+    resumed = Trainer(_cfg(), out, progress=False).build()
     assert resumed.start_step == 0
     resumed.train()
     _assert_same(final_weights(out), reference)
@@ -222,7 +223,7 @@ def _plant_inflight(s3, prefix, step, body):
 
 
 def test_pickles_planted_in_the_store_never_run_and_the_run_resumes_from_the_newest_good_checkpoint(
-        s3, tmp_path, reference):
+        s3, tmp_path, reference, logged):
     marker = tmp_path / "PWNED"
     prefix, uri = "runs/poisoned", f"s3://{s3.bucket}/runs/poisoned"
     Trainer(small_llm_config(train={"steps": 3, "checkpoint_every": 1}, cloud={"checkpoint_uri": uri}),
@@ -238,9 +239,9 @@ def test_pickles_planted_in_the_store_never_run_and_the_run_resumes_from_the_new
     # The in-flight snapshot of the iteration the resume starts at (2), covered by its manifest.
     _plant_inflight(s3, prefix, 2, payloads["pickle"])
 
-    lines: list[str] = []
+    lines = logged
     cfg = _cfg(cloud={"checkpoint_uri": uri})
-    resumed = Trainer(cfg, tmp_path / "second", progress=False, log=lines.append).build()
+    resumed = Trainer(cfg, tmp_path / "second", progress=False).build()
     assert resumed.start_step == 2
     assert any("step-000003 skipped" in line and checkpoint.FILES[1] in line for line in lines), lines
     resumed.train()
@@ -251,7 +252,7 @@ def test_pickles_planted_in_the_store_never_run_and_the_run_resumes_from_the_new
     assert not installed & {"optimizer.pt", "rng.pt", "rng_state.pth"}  # never even copied down
 
 
-def test_every_stored_checkpoint_poisoned_starts_fresh_and_ends_the_same(s3, tmp_path, reference):
+def test_every_stored_checkpoint_poisoned_starts_fresh_and_ends_the_same(s3, tmp_path, reference, logged):
     marker = tmp_path / "PWNED"
     prefix, uri = "runs/all-poisoned", f"s3://{s3.bucket}/runs/all-poisoned"
     Trainer(small_llm_config(train={"steps": 3, "checkpoint_every": 1}, cloud={"checkpoint_uri": uri}),
@@ -260,8 +261,8 @@ def test_every_stored_checkpoint_poisoned_starts_fresh_and_ends_the_same(s3, tmp
     for step in (2, 3):
         _plant_covered(s3, prefix, step, f"checkpoints/step-{step:06d}/{checkpoint.FILES[1]}", payloads["pickle"])
     _plant_inflight(s3, prefix, 0, payloads["torch.save"])
-    lines: list[str] = []
-    resumed = Trainer(_cfg(cloud={"checkpoint_uri": uri}), tmp_path / "second", progress=False, log=lines.append).build()
+    lines = logged
+    resumed = Trainer(_cfg(cloud={"checkpoint_uri": uri}), tmp_path / "second", progress=False).build()
     assert resumed.start_step == 0
     assert sum("skipped" in line for line in lines) == 2, lines
     resumed.train()

@@ -32,8 +32,7 @@ def _cfg(**train):
 @pytest.fixture(scope="module")
 def stopped(tmp_path_factory):
     out = tmp_path_factory.mktemp("stopped") / "run"
-    Trainer(small_llm_config(train={"steps": 3, "checkpoint_every": 1}), out, progress=False,
-            log=lambda _: None).build().train()
+    Trainer(small_llm_config(train={"steps": 3, "checkpoint_every": 1}), out, progress=False).build().train()
     assert [c.step for c in checkpoint.list_checkpoints(out / "checkpoints")] == [2, 3]
     return out
 
@@ -55,7 +54,7 @@ def test_a_changed_config_is_refused_with_one_line_and_the_checkpoints_stay(run,
         (run / "config.yaml").unlink()
     before = _listing(run)
     with pytest.raises(ConfigError) as err:
-        Trainer(_cfg(lr=1e-3), run, progress=False, log=lambda _: None).build()
+        Trainer(_cfg(lr=1e-3), run, progress=False).build()
     line = str(err.value)
     assert "holds checkpoints of another run" in line and "\n" not in line, line
     if config_yaml == "kept":
@@ -67,7 +66,7 @@ def test_another_seed_is_refused_by_name(run):
     cfg = _cfg()
     cfg.seed = 7
     with pytest.raises(ConfigError, match="it is of seed 0, this run's is 7"):
-        Trainer(cfg, run, progress=False, log=lambda _: None).build()
+        Trainer(cfg, run, progress=False).build()
 
 
 def test_a_changed_micro_batch_resumes_and_ends_the_same_every_time(run, tmp_path):
@@ -77,7 +76,7 @@ def test_a_changed_micro_batch_resumes_and_ends_the_same_every_time(run, tmp_pat
     shutil.copytree(run, again)
     weights = []
     for out in (run, again):
-        resumed = Trainer(_cfg(micro_batch=3), out, progress=False, log=lambda _: None).build()
+        resumed = Trainer(_cfg(micro_batch=3), out, progress=False).build()
         assert resumed.start_step == 3
         resumed.train()
         weights.append(final_weights(out))
@@ -96,7 +95,7 @@ def test_parts_per_request_may_change_on_resume_and_checkpoints_from_before_it_s
     for k in (1, 3):
         assert mismatch(old, _cfg(parts_per_request=k)) is None and differences(before, _cfg(parts_per_request=k)) == []
     assert mismatch(old, _cfg(lr=1e-3)) == "it was written with a different config"
-    assert Trainer(_cfg(parts_per_request=3), run, progress=False, log=lambda _: None).build().start_step == 3
+    assert Trainer(_cfg(parts_per_request=3), run, progress=False).build().start_step == 3
 
 
 def _tamper(ckpt_dir, change):
@@ -131,10 +130,10 @@ def _lr(optimizer):
 @pytest.mark.parametrize("change,says", [(_nan, "exp_avg of parameter 0 holds NaN"),
                                          (_shape, "exp_avg_sq of parameter 0 is"),
                                          (_lr, "lr is 1000000000.0, the config's is 0.0005")])
-def test_tampered_optimiser_state_is_refused_and_the_previous_checkpoint_used(run, change, says):
+def test_tampered_optimiser_state_is_refused_and_the_previous_checkpoint_used(run, change, says, logged):
     _tamper(run / "checkpoints" / "step-000003", change)
-    lines: list[str] = []
-    trainer = Trainer(_cfg(), run, progress=False, log=lines.append).build()
+    lines = logged
+    trainer = Trainer(_cfg(), run, progress=False).build()
     assert trainer.start_step == 2
     assert any(says in line and "step-000003 skipped" in line for line in lines), lines
     trainer.train()
@@ -144,23 +143,23 @@ def test_tampered_optimiser_state_is_refused_and_the_previous_checkpoint_used(ru
 
 def test_a_stray_step_folder_is_not_progress(run):
     (run / "checkpoints" / "step-000099").mkdir()
-    trainer = Trainer(_cfg(), run, progress=False, log=lambda _: None).build()
+    trainer = Trainer(_cfg(), run, progress=False).build()
     assert trainer.start_step == 3
     trainer.runtime.shutdown()
     trainer.folder.release()
 
 
 def test_a_second_trainer_on_the_folder_is_refused_naming_the_first_and_changes_nothing(run):
-    first = Trainer(_cfg(), run, progress=False, log=lambda _: None).build()
+    first = Trainer(_cfg(), run, progress=False).build()
     before = (run / "metrics.jsonl").read_text()
     with pytest.raises(ConfigError, match=f"in use by another spotlight train \\(PID {os.getpid()}\\)"):
-        Trainer(_cfg(), run, progress=False, log=lambda _: None).build()
+        Trainer(_cfg(), run, progress=False).build()
     assert (run / "metrics.jsonl").read_text() == before
     first.train()
     rows = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert rows == [0, 1, 2, 3]
     # the first run let the folder go: a later one takes it
-    Trainer(_cfg(steps=5), run, progress=False, log=lambda _: None).build().train()
+    Trainer(_cfg(steps=5), run, progress=False).build().train()
 
 
 def test_a_checkpoint_whose_tensors_do_not_fit_is_refused_not_set_aside(run):
@@ -175,5 +174,5 @@ def test_a_checkpoint_whose_tensors_do_not_fit_is_refused_not_set_aside(run):
     manifest_path.write_text(json.dumps(manifest))
     before = _listing(run)
     with pytest.raises(ConfigError, match="tensors' names, shapes or dtypes differ"):
-        Trainer(_cfg(), run, progress=False, log=lambda _: None).build()
+        Trainer(_cfg(), run, progress=False).build()
     assert _listing(run) == before

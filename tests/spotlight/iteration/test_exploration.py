@@ -22,8 +22,8 @@ EXPLORE = {"enabled": True, "planner": "bandit", "samples_per_step": 16, "candid
            "request_size": 4, "round_samples": 8}
 
 
-def _explorer(cfg, log=None):
-    return Explorer(cfg, prompt_set(cfg.prompts, cfg.seed), log or (lambda line: None))
+def _explorer(cfg):
+    return Explorer(cfg, prompt_set(cfg.prompts, cfg.seed))
 
 
 def _fill(explorer, step, rewards_of):
@@ -80,10 +80,10 @@ def test_an_llm_skips_prompts_its_stale_weights_always_or_never_solve():
             assert sorted(s % 2 for s in req.seeds) == [0, 0, 1, 1]
 
 
-def test_a_broken_stale_ranking_falls_back_to_random_seeds_and_says_so():
+def test_a_broken_stale_ranking_falls_back_to_random_seeds_and_says_so(logged):
     cfg = small_dit_config(exploration={**EXPLORE, "stale_rank_threshold": 0.5})
-    lines = []
-    ex = _explorer(cfg, lines.append)
+    lines = logged
+    ex = _explorer(cfg)
     _fill(ex, 1, lambda pid, seed: float(seed))
     requests = ex.plan(1)
     # The fresh weights rank every explored seed the other way round.
@@ -170,7 +170,7 @@ def test_a_worker_drops_cancelled_exploration_at_the_next_step():
 # ---- the trainer ----------------------------------------------------------------------------------
 
 def _run(tmp_path, name, cfg):
-    summary = Trainer(cfg, tmp_path / name, progress=False, log=lambda line: None).build().train()
+    summary = Trainer(cfg, tmp_path / name, progress=False).build().train()
     rows = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
     return summary, rows
 

@@ -299,7 +299,7 @@ def test_final_of_a_lora_run_loads_through_the_pipeline_and_reproduces_its_sampl
     cfg = pipeline_config(tiny_qwen_pipeline, policy={"lora": {"rank": 4, "alpha": 8}},
                           train={"steps": 2, "prompts_per_step": 2, "group_size": 2, "checkpoint_every": 2,
                                  "lr": 3e-2, "updates_per_step": 1})
-    Trainer(cfg, tmp_path / "run", progress=False, log=lambda line: None).build().train()
+    Trainer(cfg, tmp_path / "run", progress=False).build().train()
     final = tmp_path / "run" / "final"
     assert not (final / "transformer").exists()  # the base is the pipeline folder, named in the card
     assert str(tiny_qwen_pipeline) in (final / "README.md").read_text()

@@ -175,7 +175,7 @@ def test_a_stored_checkpoint_with_an_ema_is_pulled_back(tmp_path, straight):
     from spotlight.train.checkpoint_sync import CheckpointSync
 
     out, learner = straight
-    sync = CheckpointSync(LocalStore(tmp_path / "store"), log=lambda line: None)
+    sync = CheckpointSync(LocalStore(tmp_path / "store"))
     sync.push(out, 3, must=True)
     assert sync.pull(tmp_path / "fresh", 0) == 3
     assert _equal(load_file(str(tmp_path / "fresh/checkpoints/step-000003" / checkpoint.EMA)), learner.ema)
@@ -244,7 +244,7 @@ def test_ray_runtime_evaluates_with_the_learners_ema_as_the_local_runtime_does(t
 
     _, _, local, weights, _ = evaluated
     cfg = _eval_cfg("ray")
-    rt = RayRuntime(cfg, log=lambda line: None)
+    rt = RayRuntime(cfg)
     try:
         rt.build(tmp_path / "checkpoints")
         rt.update(rt.rollout(_requests(cfg, "it0", 0)), _advantages(cfg))

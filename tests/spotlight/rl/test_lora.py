@@ -203,7 +203,7 @@ def test_a_ray_run_on_a_pretrained_base_ends_with_the_local_runs_adapters(tmp_pa
         cfg = small_dit_config(policy={**LORA, "dit": {"pretrained_path": folder}}, warm_start={"steps": 0},
                                train={"steps": 2, "checkpoint_every": 2},
                                runtime={"kind": kind, "spot_workers": 2, "ondemand_workers": 1})
-        Trainer(cfg, tmp_path / kind, progress=False, log=lambda line: None).build().train()
+        Trainer(cfg, tmp_path / kind, progress=False).build().train()
         final = tmp_path / kind / "final"
         assert not (final / "transformer").exists()  # the base is the pretrained folder, named in the card
         assert folder in (final / "README.md").read_text()

@@ -79,7 +79,7 @@ def _drain(cluster, node_id: str) -> None:
 
 
 @pytest.mark.slow
-def test_a_cluster_run_follows_its_nodes_and_ends_bit_identical_to_a_local_run(tmp_path):
+def test_a_cluster_run_follows_its_nodes_and_ends_bit_identical_to_a_local_run(tmp_path, logged):
     from spotlight.runtime.ray_runtime import RayRuntime
     from spotlight.train.trainer import Trainer
 
@@ -90,8 +90,8 @@ def test_a_cluster_run_follows_its_nodes_and_ends_bit_identical_to_a_local_run(t
         spot_a = cluster.add_node({"spot": 1}, name="spot-a")
         spot_b = cluster.add_node({"spot": 1}, name="spot-b")
         cfg = _config(address=cluster.address)
-        runtime = RayRuntime(cfg, log=lambda msg: logs.append(msg))
-        logs: list[str] = []
+        runtime = RayRuntime(cfg)
+        logs = logged
         seen: dict[str, object] = {}
         rollout = runtime.rollout
         calls = []
@@ -120,7 +120,7 @@ def test_a_cluster_run_follows_its_nodes_and_ends_bit_identical_to_a_local_run(t
             return rollout(requests, *args, **kwargs)
 
         runtime.rollout = disturbed_rollout
-        summary = Trainer(cfg, tmp_path / "cluster", progress=False, log=logs.append).build(runtime).train()
+        summary = Trainer(cfg, tmp_path / "cluster", progress=False).build(runtime).train()
         seen["kill"].join()
 
     ids = seen["ids"]
@@ -142,15 +142,15 @@ def test_a_cluster_run_follows_its_nodes_and_ends_bit_identical_to_a_local_run(t
 
 
 @pytest.mark.slow
-def test_no_spot_capacity_is_said_in_one_line_then_falls_back_or_waits_visibly(tmp_path):
+def test_no_spot_capacity_is_said_in_one_line_then_falls_back_or_waits_visibly(tmp_path, logged):
     from spotlight.train.trainer import Trainer
 
     with LoopbackCluster() as cluster:  # the head alone: nothing advertises `spot`
         cfg = _config(address=cluster.address, ondemand_workers=0, spot_workers=1, spot_wait_s=2.0,
                       spot_fallback=True)
-        logs: list[str] = []
+        logs = logged
         start = time.monotonic()
-        summary = Trainer(cfg, tmp_path / "fallback", progress=False, log=logs.append).build().train()
+        summary = Trainer(cfg, tmp_path / "fallback", progress=False).build().train()
         said = [line for line in logs if line.startswith("no spot capacity")]
         assert len(said) == 1 and "runtime.spot_fallback" in said[0] and "\n" not in said[0], logs
         assert summary["requests_lost"] == 0 and summary["steps"] == STEPS
@@ -162,7 +162,7 @@ def test_no_spot_capacity_is_said_in_one_line_then_falls_back_or_waits_visibly(t
         # Without the fallback the run waits, saying so every spot_wait_s, until a spot node joins.
         cfg = _config(address=cluster.address, ondemand_workers=0, spot_workers=1, spot_wait_s=1.0,
                       spot_fallback=False)
-        logs = []
+        logs.clear()
         joined = threading.Event()
 
         def join_when_said():
@@ -173,7 +173,7 @@ def test_no_spot_capacity_is_said_in_one_line_then_falls_back_or_waits_visibly(t
 
         thread = threading.Thread(target=join_when_said, daemon=True)
         thread.start()
-        summary = Trainer(cfg, tmp_path / "wait", progress=False, log=logs.append).build().train()
+        summary = Trainer(cfg, tmp_path / "wait", progress=False).build().train()
         thread.join()
         waited = [line for line in logs if line.startswith("no spot capacity")]
         assert len(waited) >= 2 and all("waiting for a spot node" in line for line in waited), logs
@@ -182,7 +182,7 @@ def test_no_spot_capacity_is_said_in_one_line_then_falls_back_or_waits_visibly(t
 
 
 @pytest.mark.slow
-def test_a_spot_node_sigkilled_while_it_computes_the_update_changes_no_weight(tmp_path):
+def test_a_spot_node_sigkilled_while_it_computes_the_update_changes_no_weight(tmp_path, logged):
     """`train.update_on: fleet` on the cluster, spot nodes of two executors each: a request is served
     by a node's crew (both executors compute its micro-batches, the lead sends one gradient). Once
     spot-b's crew has computed a request of the second update and holds another, spot-b's processes
@@ -202,8 +202,8 @@ def test_a_spot_node_sigkilled_while_it_computes_the_update_changes_no_weight(tm
         spot_a = cluster.add_node({"spot": 2}, name="spot-a")
         spot_b = cluster.add_node({"spot": 2}, name="spot-b")
         cfg = _config({"micro_batch": 2, "update_on": "fleet"}, address=cluster.address)
-        logs: list[str] = []
-        runtime = RayRuntime(cfg, log=logs.append)
+        logs = logged
+        runtime = RayRuntime(cfg)
         update, calls, seen, crews = runtime.update, [], {}, []
 
         def on(node, workers) -> list[str]:
@@ -251,7 +251,7 @@ def test_a_spot_node_sigkilled_while_it_computes_the_update_changes_no_weight(tm
             return update(*args, **kwargs)
 
         runtime.update = disturbed_update
-        summary = Trainer(cfg, tmp_path / "cluster", progress=False, log=logs.append).build(runtime).train()
+        summary = Trainer(cfg, tmp_path / "cluster", progress=False).build(runtime).train()
         seen[2].join()
         seen[3].join()
         rows = [json.loads(line) for line in (tmp_path / "cluster" / "metrics.jsonl").read_text().splitlines()]

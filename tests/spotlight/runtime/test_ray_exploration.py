@@ -19,7 +19,7 @@ EXPLORE = {"enabled": True, "planner": "bandit", "samples_per_step": 16, "candid
 
 
 def _run(tmp_path, name, cfg):
-    Trainer(cfg, tmp_path / name, progress=False, log=lambda line: None).build().train()
+    Trainer(cfg, tmp_path / name, progress=False).build().train()
     (weights,) = (tmp_path / name / "final").glob("*.safetensors")
     rows = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
     return load_file(str(weights)), rows

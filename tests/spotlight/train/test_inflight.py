@@ -28,7 +28,7 @@ class ControllerDied(Exception):
     pass
 
 
-def test_a_controller_restarted_mid_rollout_resumes_from_the_stored_in_flight_state(s3, tmp_path, monkeypatch):
+def test_a_controller_restarted_mid_rollout_resumes_from_the_stored_in_flight_state(s3, tmp_path, monkeypatch, logged):
     # 4 requests of 8 steps on 2 workers: two finish while the other two are part-way.
     over = dict(train={"steps": 2, "prompts_per_step": 4, "checkpoint_every": 1}, sampler={"num_steps": 8})
     Trainer(small_dit_config(**over), tmp_path / "straight", progress=False).build().train()
@@ -53,9 +53,9 @@ def test_a_controller_restarted_mid_rollout_resumes_from_the_stored_in_flight_st
     assert stored[0] == 1 and stored[1] >= 1 and stored[2] >= 1, seen
 
     # A new controller on a fresh machine: empty run folder, same store, the local runtime.
-    lines: list[str] = []
+    lines = logged
     cfg = small_dit_config(**over, cloud={"checkpoint_uri": uri, "inflight_every_s": 0.02})
-    resumed = Trainer(cfg, tmp_path / "second", progress=False, log=lines.append).build()
+    resumed = Trainer(cfg, tmp_path / "second", progress=False).build()
     assert resumed.start_step == 1
     resumed.train()
     said = [line for line in lines if "resumes its rollout" in line]
@@ -100,9 +100,9 @@ def test_a_snapshot_is_used_only_for_requests_with_the_same_seeds(tmp_path):
     assert store.store.list("inflight/") == []
 
 
-def test_a_damaged_malformed_or_planted_snapshot_is_skipped_never_fatal_never_run(tmp_path):
-    lines = []
-    store = InflightStore(LocalStore(tmp_path / "store"), log=lines.append)
+def test_a_damaged_malformed_or_planted_snapshot_is_skipped_never_fatal_never_run(tmp_path, logged):
+    lines = logged
+    store = InflightStore(LocalStore(tmp_path / "store"))
     seeds = {"a": (1, 2), "b": (3, 4)}
     marker = tmp_path / "PWNED"
     store.save(3, seeds, {"a": _result((1, 2))}, {"b": (1, _state((3, 4), 1))})

@@ -53,7 +53,7 @@ def test_the_checkpoint_push_sends_only_the_runs_own_regular_files(planted, tmp_
     assert files == [f"checkpoints/step-000001/{n}" for n in (*checkpoint.FILES, checkpoint.MANIFEST)] + \
         ["config.yaml", "cost.json", "summary.json"]
     store = LocalStore(tmp_path / "store")
-    assert CheckpointSync(store, log=lambda _: None).push(planted, 1, must=True)["files"] == len(files)
+    assert CheckpointSync(store).push(planted, 1, must=True)["files"] == len(files)
     stored = set(store.list(""))
     assert not any("shadow" in k or "fifo" in k or "notes" in k or "metrics" in k for k in stored), stored
 
@@ -61,36 +61,37 @@ def test_the_checkpoint_push_sends_only_the_runs_own_regular_files(planted, tmp_
 def test_the_results_push_follows_no_link_and_reads_no_fifo(planted, tmp_path):
     assert result_files(planted, final=True) == ["config.yaml", "cost.json", "summary.json", "tb/events.out"]
     store = LocalStore(tmp_path / "store")
-    ResultsSync(store, planted, log=lambda _: None).push(final=True, must=True)
+    ResultsSync(store, planted).push(final=True, must=True)
     assert not any("root:x" in (tmp_path / "store" / k).read_text(errors="replace") for k in store.list("results/"))
 
 
-def test_a_stored_checkpoint_naming_a_file_the_run_does_not_write_is_skipped(planted, tmp_path):
+def test_a_stored_checkpoint_naming_a_file_the_run_does_not_write_is_skipped(planted, tmp_path, logged):
     """A manifest re-written to carry `shadow` (a planted object): the pull refuses that checkpoint."""
     store = LocalStore(tmp_path / "store")
-    sync = CheckpointSync(store, log=lambda _: None)
+    sync = CheckpointSync(store)
     sync.push(planted, 1, must=True)
     key = "step-000001/MANIFEST.json"
     manifest = json.loads(store.get(key))
     manifest["files"]["shadow"] = {"size": 4, "checksum": store.put("step-000001/shadow", b"pwnd")}
     store.put(key, json.dumps(manifest).encode())
-    lines: list[str] = []
+    logged.clear()  # the push's line
+    lines = logged
     fresh = tmp_path / "fresh"
     fresh.mkdir()
-    assert CheckpointSync(store, log=lines.append).pull(fresh) is None
+    assert CheckpointSync(store).pull(fresh) is None
     assert "names 'shadow', which no checkpoint of iteration 1 holds" in lines[0], lines
     assert not (fresh / "shadow").exists()
 
 
 def test_a_pulled_checkpoint_has_the_runs_own_modes(planted, tmp_path):
     store = LocalStore(tmp_path / "store")
-    CheckpointSync(store, log=lambda _: None).push(planted, 1, must=True)
+    CheckpointSync(store).push(planted, 1, must=True)
     for path in (tmp_path / "store").rglob("*"):
         if path.is_file():
             path.chmod(0o755)  # what the object came with must not matter
     fresh = tmp_path / "fresh"
     fresh.mkdir()
-    assert CheckpointSync(store, log=lambda _: None).pull(fresh) == 1
+    assert CheckpointSync(store).pull(fresh) == 1
     modes = {stat.S_IMODE(p.stat().st_mode) for p in fresh.rglob("*") if p.is_file()}
     assert modes == {run_files.own_mode()}, modes
 

@@ -53,7 +53,7 @@ def test_the_queue_keeps_no_result_after_the_run_has_used_it(tmp_path):
     explore = {"enabled": True, "planner": "bandit", "samples_per_step": 16, "candidates_per_prompt": 12,
                "request_size": 4, "round_samples": 8}
     cfg = small_dit_config(train={"steps": 3, "eval_prompts": 2}, exploration=explore)
-    trainer = Trainer(cfg, tmp_path, progress=False, log=lambda line: None).build()
+    trainer = Trainer(cfg, tmp_path, progress=False).build()
     queue = trainer.runtime.queue
     seen = []
     iteration = trainer.iteration
