@@ -348,13 +348,21 @@ def load_spent(run_dir: Path) -> Spent:
         return Spent()
     try:
         data = load_file(path, max_bytes=MAX_SPENT_BYTES)  # bounded: too large, too deep, not JSON are ValueErrors
+    except (OSError, ValueError):
+        data = None
+    return spent_of(data, str(path))
+
+
+def spent_of(data: Any, where: str) -> Spent:
+    """The `Spent` a cost.json's parsed `data` records; a ConfigError naming `where` when it is not one."""
+    try:
         spent = Spent(float(data["cost_usd"]), float(data.get("startup_s", 0.0)))
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        raise ConfigError(f"{path}: expected {{\"cost_usd\": dollars, \"startup_s\": seconds}} (what earlier "
+    except (ValueError, KeyError, TypeError, AttributeError):
+        raise ConfigError(f"{where}: expected {{\"cost_usd\": dollars, \"startup_s\": seconds}} (what earlier "
                           "sessions of this run spent); fix or delete it") from None
     for name, value in (("cost_usd", spent.cost_usd), ("startup_s", spent.startup_s)):
         if not (math.isfinite(value) and value >= 0):
-            raise ConfigError(f"{path}: {name}: expected a number >= 0, got {value!r}")
+            raise ConfigError(f"{where}: {name}: expected a number >= 0, got {value!r}")
     return spent
 
 

@@ -36,7 +36,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from cloud.cost import MAX_SPENT_BYTES, SPENT_FILE, Spent, spent_of
 from cloud.store import MissingKey, Store, StoreError, get_json
+from schedulers.input_file import ConfigError
 from spotlight.train import run_files
 
 logger = logging.getLogger(__name__)
@@ -196,6 +198,30 @@ def fleet_counts(engine: Any) -> dict[str, dict[str, int]]:
     workers = list(engine.workers.values())
     return {"nodes": {"ondemand": sum(not n.spot for n in nodes), "spot": sum(n.spot for n in nodes)},
             "workers": {"ondemand": sum(not w.spot for w in workers), "spot": sum(w.spot for w in workers)}}
+
+
+def stored_spent(store: Store) -> Spent:
+    """What the run whose results `store` holds has spent, as its heads stored it: results/cost.json
+    (pushed with each stored checkpoint) or, when larger, results/status.json's `cost_usd` (put after
+    every iteration). Nothing stored: `Spent()`. A run resumed in a fresh folder starts its meter from
+    this, so a budget is the whole run's wherever it resumes (issue 42). A record that cannot be read
+    is a ConfigError naming it: counting nothing would let the budget be overspent."""
+    key = f"{RESULTS}/{SPENT_FILE}"
+    try:
+        data = get_json(store, key, max_bytes=MAX_SPENT_BYTES)
+    except MissingKey:
+        data = {"cost_usd": 0.0}
+    except ValueError as err:  # too large, too deep, not JSON: the error's line names the object
+        raise ConfigError(f"{err}; fix or delete it") from None
+    spent = spent_of(data, f"{store.uri}/{key}")
+    try:
+        status = get_json(store, STATUS, max_bytes=MAX_STATUS_BYTES)
+    except (MissingKey, ValueError):  # the status is a progress note: the checkpointed cost.json counts
+        return spent
+    cost = status.get("cost_usd") if isinstance(status, dict) else None
+    if isinstance(cost, (int, float)) and not isinstance(cost, bool) and math.isfinite(cost) and cost > spent.cost_usd:
+        return Spent(float(cost), spent.startup_s)
+    return spent
 
 
 def status_record(run: str, out: Path, done: int, steps: int, reward_mean: float | None, cost: dict[str, Any],

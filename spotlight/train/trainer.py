@@ -64,6 +64,7 @@ from spotlight.text import plural
 from spotlight.train.cost_control import COUNTS, cost_control, notional_fleet
 from spotlight.train.eval_samples import write_evaluation
 from spotlight.train.run_folder import ROW_BYTES, RunFolder
+from spotlight.train.results_sync import stored_spent
 from spotlight.train.training_iteration import TrainingIteration
 
 logger = logging.getLogger(__name__)
@@ -135,13 +136,24 @@ class Trainer:
         store = open_store(cfg.cloud.checkpoint_uri) if cfg.cloud.checkpoint_uri else None
         # Prices, the fleet and a too-small budget are checked before anything starts; from here on
         # the fleet is paid for (instances are paid from launch), on top of what earlier sessions spent.
-        self.cost = cost_control(cfg, WallClock(), load_spent(self.out))
+        self.cost = cost_control(cfg, WallClock(), self._spent_before(store))
         made = self.folder.acquire()  # before anything in the folder changes
         try:
             return self._build(store, runtime)
         except BaseException:
             self.folder.release(made)
             raise
+
+    def _spent_before(self, store: Store | None) -> Spent:
+        """What the run's earlier sessions spent: the run folder's cost.json or, when larger, what the
+        store's results record (a run resumed from its store in a fresh folder, on another machine)."""
+        spent = load_spent(self.out)
+        stored = stored_spent(store) if store is not None else Spent()
+        if stored.cost_usd > spent.cost_usd:
+            logger.info(f"this run spent ${stored.cost_usd:.4g} before (its results in {store.uri}): "
+                        "the budget counts it")
+            return stored
+        return spent
 
     def _build(self, store: Store | None, runtime: Runtime | None) -> "Trainer":
         cfg = self.cfg

@@ -438,3 +438,52 @@ def test_cli_train_with_a_budget_that_binds_on_the_tiny_llm(tmp_path, capsys):
     assert summary["cost_usd"] <= 3.0
     assert "for the budget" in captured.err
     assert (out / "checkpoints" / f"step-{summary['steps']:06d}").is_dir()  # checkpoint_every never came
+
+
+@pytest.mark.parametrize("kind", ["file", "s3"])
+def test_a_run_resumed_from_its_store_in_a_fresh_folder_carries_what_it_spent(kind, tmp_path, monkeypatch, request):
+    # Issue 42: the second folder's meter started at $0 and a budget was overspent by what the first
+    # session had spent. The dollars travel with the store's results (cost.json, status.json).
+    if kind == "s3":
+        uri = f"s3://{request.getfixturevalue('s3').bucket}/runs/carried"
+    else:
+        monkeypatch.setenv("SPOTLIGHT_STORE_ROOTS", str(tmp_path))
+        uri = (tmp_path / "store").as_uri()
+
+    def cfg(steps, **cloud):
+        return small_dit_config(train={"steps": steps, "checkpoint_every": 1},
+                                cloud={"checkpoint_uri": uri, "price_scale": 100.0, **cloud})
+
+    Trainer(cfg(2), tmp_path / "first", progress=False).build().train()
+    spent = load_spent(tmp_path / "first")
+    assert spent.cost_usd > 0
+    # a cent more than the first session spent cannot pay for another start-up and iteration
+    with pytest.raises(ConfigError, match=r"after the \$[0-9.]+ this run already spent"):
+        Trainer(cfg(4, budget_usd=spent.cost_usd + 0.01), tmp_path / "fresh", progress=False).build()
+    assert not (tmp_path / "fresh").exists()  # refused before the folder was made
+    again = Trainer(cfg(3, budget_usd=spent.cost_usd + 100.0), tmp_path / "fresh", progress=False).build()
+    assert again.start_step == 2 and again.cost.spent_usd() >= spent.cost_usd
+    summary = again.train()
+    assert [r["step"] for r in _rows(tmp_path / "fresh")][-1] == 2
+    assert _rows(tmp_path / "fresh")[-1]["cost_usd"] > spent.cost_usd
+    assert load_spent(tmp_path / "fresh").cost_usd >= summary["cost_usd"] > spent.cost_usd
+
+
+def test_what_a_store_records_as_spent_is_the_larger_of_its_records_and_a_bad_one_is_one_line(tmp_path, monkeypatch):
+    from cloud.open_store import open_store
+    from spotlight.train.results_sync import stored_spent
+
+    monkeypatch.setenv("SPOTLIGHT_STORE_ROOTS", str(tmp_path))
+    store = open_store(tmp_path.as_uri())
+    assert stored_spent(store) == Spent()  # nothing stored: a new run
+    store.put("results/cost.json", json.dumps({"cost_usd": 1.5, "startup_s": 4.0}).encode())
+    assert stored_spent(store) == Spent(1.5, 4.0)
+    store.put("results/status.json", json.dumps({"cost_usd": 2.25, "iteration": 9}).encode())  # put later
+    assert stored_spent(store) == Spent(2.25, 4.0)
+    store.put("results/status.json", b"{not json")  # a progress note: the checkpointed record counts
+    assert stored_spent(store) == Spent(1.5, 4.0)
+    for body in (b"[1, 2]", json.dumps({"cost_usd": -1}).encode(), b"x" * 100_000):
+        store.put("results/cost.json", body)
+        with pytest.raises(ConfigError, match=r"results/cost\.json") as err:
+            stored_spent(store)
+        assert "\n" not in str(err.value)
