@@ -12,8 +12,10 @@ workers changes no score):
 and returns one finite float per sample: a list, tuple, numpy array or tensor. Anything else, an
 exception or a hang is handled by `RewardWorker` (tried once more, then a `RewardError`).
 
-`check` (run by `spotlight train` before anything starts) only looks: the file exists, the module
-can be found. `load` imports it and takes the callable; every failure of either is one
+`check` (run by `spotlight train` before anything starts) only looks, running none of the user's
+code: the file exists or the module can be found, its source parses, and it binds the name at its
+top level (`defines`: a def, class, assignment or import of it; a star import or a module
+`__getattr__` may bind anything, so either passes). `load` imports it and takes the callable; every failure of either is one
 `ConfigError` line naming the config field and what was expected.
 
 On Ray, the reward workers import the function themselves: a file path is made absolute against
@@ -24,6 +26,7 @@ there (installed, or on the PYTHONPATH the workers inherit).
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import importlib
 import importlib.util
@@ -57,16 +60,92 @@ def _find(module: str) -> bool:
 def check(spec: str, field: str, cwd: str | Path | None = None) -> None:
     """Without importing anything of the user's: the file of `spec` exists, or its module can be
     found (importing its parent packages, as finding a module does). `ConfigError` naming `field`."""
-    target, _, is_file = parse(spec)
+    target, name, is_file = parse(spec)
     if is_file:
-        path = _file(target, cwd)
+        path: Path | None = _file(target, cwd)
         if not path.is_file():
             start = "" if Path(target).is_absolute() else ", a path from the working directory"
             raise ConfigError(f"{field}: {short(target)} is not an existing file (expected the Python file of "
                               f"{short(spec)}{start})")
-    elif not _find(target):
-        raise ConfigError(f"{field}: no module {target!r} can be imported (expected an installed module or one on "
-                          "PYTHONPATH; for a file of yours write path/to/file.py:name)")
+    else:
+        if not _find(target):
+            raise ConfigError(f"{field}: no module {target!r} can be imported (expected an installed module or one "
+                              "on PYTHONPATH; for a file of yours write path/to/file.py:name)")
+        path = _source(target)
+    if path is not None and not defines(path, name, field, target):
+        raise ConfigError(f"{field}: {short(target)} defines no {name!r} at its top level (expected a function "
+                          f"of it named {name})")
+
+
+MAX_SOURCE_BYTES = 16 << 20
+"""Most bytes of a reward's source read to look for its name (16 MiB); a larger file is imported
+unchecked (its import says what is wrong)."""
+
+
+def _source(module: str) -> Path | None:
+    """The .py file `module` is loaded from; None for a compiled or built-in one (not looked into)."""
+    try:
+        origin = importlib.util.find_spec(module).origin  # found by `_find` already
+    except (ImportError, ValueError, AttributeError):
+        return None
+    return Path(origin) if origin and origin.endswith(".py") else None
+
+
+def defines(path: Path, name: str, field: str, target: str) -> bool:
+    """Whether the source at `path` binds `name` at its top level, read without running it; True
+    when it cannot tell (a star import, a module `__getattr__`, an unreadable or huge file). A
+    source that does not parse is a ConfigError naming its line."""
+    try:
+        if path.stat().st_size > MAX_SOURCE_BYTES:
+            return True
+        source = path.read_bytes()
+    except OSError:
+        return True
+    try:
+        tree = ast.parse(source, filename=str(path))
+    except SyntaxError as err:
+        raise ConfigError(f"{field}: {short(target)} line {err.lineno}: {err.msg} (expected Python that "
+                          "parses)") from None
+    except (ValueError, RecursionError, MemoryError):  # NUL bytes, nesting too deep for the parser
+        return True
+    for node in _top_level(tree.body):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            if node.name in (name, "__getattr__"):
+                return True
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            for alias in node.names:
+                if alias.name == "*" or (alias.asname or alias.name.split(".")[0]) == name:
+                    return True
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(isinstance(n, ast.Name) and n.id == name for t in targets for n in ast.walk(t)):
+                return True
+        elif isinstance(node, (ast.For, ast.AsyncFor, ast.With, ast.AsyncWith)):
+            bound = ([node.target] if isinstance(node, (ast.For, ast.AsyncFor))
+                     else [i.optional_vars for i in node.items if i.optional_vars is not None])
+            if any(isinstance(n, ast.Name) and n.id == name for t in bound for n in ast.walk(t)):
+                return True
+        if any(isinstance(n, ast.NamedExpr) and n.target.id == name for n in ast.walk(node)):
+            return True
+    return False
+
+
+def _top_level(body: list[ast.stmt]) -> list[ast.stmt]:
+    """The statements that run at a module's top level, those inside if/try/with/for/while included
+    (a name bound under `if HAVE_TORCH:` or `try: ... except ImportError:` is the module's)."""
+    out: list[ast.stmt] = []
+    for node in body:
+        out.append(node)
+        for attr in ("body", "orelse", "finalbody"):
+            inner = getattr(node, attr, None)
+            if isinstance(inner, list) and not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef,
+                                                                  ast.ClassDef)):
+                out.extend(_top_level(inner))
+        for handler in getattr(node, "handlers", []) or []:
+            out.extend(_top_level(handler.body))
+        for case in getattr(node, "cases", []) or []:
+            out.extend(_top_level(case.body))
+    return out
 
 
 def check_config(cfg: RewardConfig, cwd: str | Path | None = None) -> None:

@@ -1,6 +1,7 @@
 import dataclasses
 import json
 import string
+import sys
 
 import pytest
 import torch
@@ -183,28 +184,70 @@ def test_a_user_function_in_a_module_scores_llm_completions(tmp_path, monkeypatc
     assert scores.total.tolist() == [1.0, 3.0, 0.0] and scores.components["arithmetic"].tolist() == [0.0, 0.0, 0.0]
 
 
-@pytest.mark.parametrize("spec, body, expected", [
-    ("missing.py:score", None, r"reward.components\[1\].function: 'missing.py' is not an existing file"),
-    ("no_such_module_xyz.sub:score", None, r"reward.components\[1\].function: no module 'no_such_module_xyz.sub' can"),
-    ("r.py:score", "def other(o, p, m): return [0.0]\n", r"reward.components\[1\].function: r.py has no 'score'"),
-    ("r.py:score", "score = 3\n", r"reward.components\[1\].function: r.py:score is a int, not callable"),
-    ("r.py:score", "import no_such_module_xyz\n", r"reward.components\[1\].function: importing r.py raised "
-                                                  r"ModuleNotFoundError"),
-], ids=["missing-file", "missing-module", "no-attribute", "not-callable", "import-fails"])
-def test_a_bad_function_spec_is_one_config_error_line_when_the_worker_is_built(tmp_path, spec, body, expected):
+@pytest.mark.parametrize("spec, body, at_check, expected", [
+    ("missing.py:score", None, True, r"reward.components\[1\].function: 'missing.py' is not an existing file"),
+    ("no_such_module_xyz.sub:score", None, True, r"reward.components\[1\].function: no module 'no_such_module_xyz.sub' can"),
+    ("r.py:score", "def other(o, p, m): return [0.0]\n", True,
+     r"reward.components\[1\].function: 'r.py' defines no 'score' at its top level \(expected a function of it"),
+    ("r.py:score", "def score(o, p, m):\n  return [0.0\n", True,
+     r"reward.components\[1\].function: 'r.py' line 2: .* \(expected Python that parses\)"),
+    ("r.py:score", "score = 3\n", False, r"reward.components\[1\].function: r.py:score is a int, not callable"),
+    ("r.py:score", "import no_such_module_xyz\ndef score(o, p, m): return [0.0]\n", False,
+     r"reward.components\[1\].function: importing r.py raised ModuleNotFoundError"),
+], ids=["missing-file", "missing-module", "no-attribute", "syntax-error", "not-callable", "import-fails"])
+def test_a_bad_function_spec_is_one_config_error_line_before_anything_starts(tmp_path, spec, body, at_check,
+                                                                             expected):
+    # `at_check`: `spotlight train` refuses it before it starts anything, running none of the user's
+    # code (issue 42: a missing name was found only once Ray and the learner had started); else
+    # only importing finds the fault, when the reward worker is built.
     from spotlight.rl import user_reward
 
     if body is not None:
         _write(tmp_path, "r.py", body)
     cfg = _cfg({"name": "colour"}, {"function": spec})
-    if body is None:  # what `spotlight train` checks before it builds anything
-        with pytest.raises(ConfigError, match=expected):
+    if at_check:
+        with pytest.raises(ConfigError, match=expected) as err:
             user_reward.check_config(cfg, tmp_path)
+        assert "\n" not in str(err.value)
     else:
-        user_reward.check_config(cfg, tmp_path)  # it exists: only importing finds the fault
+        user_reward.check_config(cfg, tmp_path)
     with pytest.raises(ConfigError, match=expected) as err:
         RewardWorker(cfg, cwd=tmp_path).build()
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("body", [
+    "if True:\n    def score(o, p, m): return [0.0]\n",
+    "try:\n    from math import fsum as score\nexcept ImportError:\n    score = None\n",
+    "from math import *\n",  # may bind anything: the import decides
+    "def __getattr__(name): return len\n",
+    "score, other = len, len\n",
+    "for score in [len]:\n    pass\n",
+    "class score:\n    pass\n",
+    "import score\n",
+    "with open(__file__) as score:\n    pass\n",
+    "(score := len)\n",
+], ids=["under-if", "try-import", "star", "module-getattr", "tuple", "for", "class", "import", "with", "walrus"])
+def test_a_name_bound_at_the_top_level_in_any_way_passes_the_check(tmp_path, body):
+    from spotlight.rl import user_reward
+
+    _write(tmp_path, "r.py", body)
+    user_reward.check("r.py:score", "f", tmp_path)
+    # ... while a name bound only inside a function is not the module's
+    _write(tmp_path, "s.py", "def f():\n    score = len\n    return score\n")
+    with pytest.raises(ConfigError, match=r"^f: 's.py' defines no 'score' at its top level"):
+        user_reward.check("s.py:score", "f", tmp_path)
+
+
+def test_a_module_reward_is_checked_for_its_name_without_being_imported(tmp_path, monkeypatch):
+    from spotlight.rl import user_reward
+
+    _write(tmp_path, "user_rewards_unimported.py", "raise SystemExit('imported')\ndef score(o, p, m): return [0.0]\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    user_reward.check("user_rewards_unimported:score", "f")
+    with pytest.raises(ConfigError, match=r"'user_rewards_unimported' defines no 'nosuch'"):
+        user_reward.check("user_rewards_unimported:nosuch", "f")
+    assert "user_rewards_unimported" not in sys.modules
 
 
 _FAILING = """
