@@ -60,6 +60,17 @@ from schedulers.input_file import ConfigError
 REPO_ROOT = Path(__file__).resolve().parent.parent
 """The project: the tasks' `workdir`, installed on every node by their `setup`."""
 
+
+def not_uploaded(path: Path) -> bool:
+    """Whether SkyPilot leaves `path` (under REPO_ROOT) out of the workdir it uploads: it skips what
+    git ignores (`git check-ignore`); False where git cannot tell (no git, not a checkout)."""
+    try:
+        done = subprocess.run(["git", "-C", str(REPO_ROOT), "check-ignore", "-q", str(path)],
+                              capture_output=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0
+
 SKY_PYTHON_ENV = "SPOTLIGHT_SKY_PYTHON"
 DEFAULT_SKY_PYTHON = REPO_ROOT / ".venv-sky" / "bin" / "python"
 """Where `make sky-venv` puts SkyPilot's Python; `$SPOTLIGHT_SKY_PYTHON` overrides it."""

@@ -572,7 +572,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
     from cloud import sky
     from cloud.credentials import store_credentials
     from cloud.bill import bill, lines
-    from spotlight.launch_config import for_the_cloud, toy_warning
+    from spotlight.launch_config import for_the_cloud, inputs_warnings, toy_warning
 
     cfg = load_config(args.config)
     name = sky.check_name(args.name or sky.run_name(args.config))
@@ -583,6 +583,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
     except ConfigError as err:  # a cloud field that cannot become a task: name the config file
         raise ConfigError(f"{args.config}: {err}") from None
     toy = toy_warning(cfg, args.config, 1 + cfg.runtime.spot_workers, fleet_bill.spot_usd_h)
+    inputs = inputs_warnings(cfg, Path.cwd(), sky.REPO_ROOT, sky.not_uploaded)
     cfg, changes = for_the_cloud(cfg, args.checkpoint_uri)
     assert cfg.cloud.checkpoint_uri is not None  # for_the_cloud requires one
     store = store_credentials(cfg.cloud.checkpoint_uri, cfg.cloud.provider, os.environ)
@@ -601,6 +602,8 @@ def cmd_launch(args: argparse.Namespace) -> int:
         print(line)
     if toy is not None:
         print(toy)
+    for line in inputs:
+        print(line)
     launch = ["spotlight", "launch", args.config, "--name", name, "--checkpoint-uri", cfg.cloud.checkpoint_uri,
               *(["--out", args.out] if args.out else [])]
     executable = python.parent / "sky" if python is not None else None
@@ -932,7 +935,7 @@ def build_parser() -> argparse.ArgumentParser:
                                         "commands that follow the run (status, queue, logs), cancel it and pull "
                                         "its results. See docs/launch-on-aws-gcp.md.")
     launch.add_argument("config", help="run config YAML with a `cloud:` section (e.g. experiments/tiny_dit.yaml)")
-    launch.add_argument("--dryrun", action="store_true",
+    launch.add_argument("--dryrun", "--dry-run", dest="dryrun", action="store_true",
                         help="write and validate the task YAMLs, print the bill (nodes, $/h, the budget's cap) "
                              "and the next steps (the command that launches them, then how to follow, cancel and "
                              "pull the run) only (no cloud account needed)")

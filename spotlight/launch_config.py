@@ -24,9 +24,12 @@ machine's CPU, or the tiny model without pretrained weights — headed for data-
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from cloud.store import StoreURIError, parse_store_uri
+from schedulers.input_file import short
 from spotlight.config import ConfigError, RunConfig, from_dict
 
 OBJECT_STORES = ("s3", "gs")
@@ -96,3 +99,41 @@ def _shown(value: Any) -> str:
     if isinstance(value, list):
         return "[" + ", ".join(map(str, value)) + "]"
     return str(value)
+
+
+def local_inputs(cfg: RunConfig) -> list[tuple[str, str]]:
+    """(field, path) of every input of `cfg` read from this machine's disk: the model folder (unless a
+    bucket or Hub source), the prompt files, a reward model's weights and a reward function's file."""
+    from cloud.model_cache import is_remote
+
+    found = [("policy.pretrained_path", cfg.policy.pretrained_path), ("prompts.path", cfg.prompts.path),
+             ("prompts.eval_path", cfg.prompts.eval_path), ("reward.model_path", cfg.reward.model_path)]
+    for i, term in enumerate(cfg.reward.terms):
+        found.append((f"reward.components[{i}].model_path", term.model_path))
+        if term.function is not None and term.function.rpartition(":")[0].endswith(".py"):
+            found.append((f"reward.components[{i}].function", term.function.rpartition(":")[0]))
+    return [(f, p) for f, p in found if p and not (f == "policy.pretrained_path" and is_remote(p))]
+
+
+def inputs_warnings(cfg: RunConfig, cwd: Path, project: Path, ignored: Callable[[Path], bool]) -> list[str]:
+    """One line per local input of `cfg` (`local_inputs`) a rented node will not find: SkyPilot uploads
+    the `project` folder (the tasks' workdir, less what git ignores: `ignored`) and the nodes run in it,
+    so only a relative path that names the same file from `cwd` and from `project`, and is uploaded,
+    is there."""
+    lines = []
+    root = project.resolve()
+    for field, value in local_inputs(cfg):
+        here = (cwd / value).resolve()
+        if not here.exists():
+            why = "it is not on this machine either"
+        elif not here.is_relative_to(root):
+            why = f"SkyPilot uploads the project folder {root} only"
+        elif Path(value).is_absolute() or here != (root / value).resolve():
+            why = f"the nodes read it from the project folder: write it as {short(str(here.relative_to(root)))}"
+        elif ignored(here):
+            why = "git ignores it, so SkyPilot does not upload it"
+        else:
+            continue
+        lines.append(f"warning: {field}: {short(value)} will not exist on a rented node ({why}); put it under "
+                     "the project folder, or a model folder in the store (s3://..., gs://...)")
+    return lines

@@ -88,7 +88,10 @@ def test_a_toy_config_headed_for_h100s_is_warned_about_and_a_gpu_config_is_not(t
     assert "would rent 3 nodes of 1 x H100" in warning
     assert rows["budget"] == ["no budget (cloud.budget_usd): the fleet runs until the run ends"]
     rows = _launch(tmp_path, capsys, REPO / "experiments" / "qwen_image_ocr_lora.yaml")
-    assert not [line for line in rows.get("after", []) if line.startswith("warning:")]
+    assert not [line for line in rows.get("after", []) if "toy run" in line]
+    # ... though its model folder and prompts are paths on a machine of the user's (issue 42)
+    assert [line.partition(":")[2].partition(" will")[0] for line in rows["after"] if line.startswith("warning:")] \
+        == [" policy.pretrained_path: '/data/Qwen-Image'", " prompts.path: 'dataset/ocr'"]
     assert rows["tasks"] == ["head (on demand) + 8 spot nodes, each its own task"]
 
 
@@ -100,3 +103,46 @@ def test_a_gpu_without_a_price_is_one_line_not_a_crash(tmp_path, capsys):
     (_, b200) = rows["spot"]
     assert "no price: the price table (cloud/prices.csv) has no B200 row" in b200
     assert rows["total"][0].startswith("$")  # the fleet's own GPU is priced
+
+
+def test_local_inputs_a_rented_node_will_not_have_are_warned_about(tmp_path, monkeypatch):
+    from spotlight.launch_config import inputs_warnings
+
+    project, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
+    (project / "data").mkdir(parents=True)
+    elsewhere.mkdir()
+    for path in (project / "data" / "p.txt", project / "data" / "ignored.txt", elsewhere / "q.txt", project / "r.py"):
+        path.write_text("a red square\n" if path.suffix == ".txt" else "def score(o, p, m): return [0.0] * len(o)\n")
+
+    def warned(cwd, **parts):
+        lines = inputs_warnings(small_dit_config(**parts), cwd, project, lambda p: p.name == "ignored.txt")
+        assert all(line.startswith("warning: ") and "\n" not in line for line in lines)
+        return lines
+
+    monkeypatch.chdir(project)  # the config's paths are read from the working directory
+    assert warned(project, prompts={"path": "data/p.txt"},
+                  reward={"components": [{"function": "r.py:score"}]}) == []  # uploaded, same path on the node
+    (outside,) = warned(project, prompts={"path": str(elsewhere / "q.txt")})
+    assert outside.startswith(f"warning: prompts.path: '{elsewhere / 'q.txt'}' will not exist on a rented node "
+                              f"(SkyPilot uploads the project folder {project.resolve()} only)")
+    (absolute,) = warned(project, prompts={"eval_path": str(project / "data" / "p.txt")})
+    assert "(the nodes read it from the project folder: write it as 'data/p.txt')" in absolute
+    (ignored,) = warned(project, prompts={"path": "data/ignored.txt"})
+    assert "(git ignores it, so SkyPilot does not upload it)" in ignored
+    monkeypatch.chdir(project / "data")
+    (moved,) = warned(project / "data", prompts={"path": "p.txt"})
+    assert "write it as 'data/p.txt'" in moved
+    # a model folder in a bucket is fetched by each node: nothing to warn about
+    assert warned(project, policy={"pretrained_path": "s3://bucket/models/qwen"}) == []
+
+
+def test_the_dry_run_is_also_spelled_dry_run_and_warns_of_local_inputs(tmp_path, capsys):
+    prompts = tmp_path / "mine.txt"
+    prompts.write_text("a red square\n")
+    config = tmp_path / "fleet.yaml"
+    config.write_text(to_yaml(small_dit_config(runtime={"kind": "ray", "spot_workers": 1},
+                                               prompts={"path": str(prompts)})))
+    assert main(["launch", str(config), "--dry-run", "--out", str(tmp_path / "tasks"), *STORE]) == 0
+    out = capsys.readouterr().out
+    assert f"warning: prompts.path: '{prompts}' will not exist on a rented node" in out
+    assert sky.not_uploaded(sky.REPO_ROOT / "runs" / "x.txt") and not sky.not_uploaded(REPO / "experiments" / "tiny_dit.yaml")
