@@ -52,13 +52,16 @@ def for_the_cloud(cfg: RunConfig, checkpoint_uri: str | None) -> tuple[RunConfig
     if uri is None:
         raise ConfigError("spotlight launch needs --checkpoint-uri s3://BUCKET/PREFIX or gs://BUCKET/PREFIX "
                           "(or cloud.checkpoint_uri): a fleet's checkpoints must outlive its head")
+    # The kind of store first: a folder's own faults (outside $SPOTLIGHT_STORE_ROOTS) would send the
+    # user to fix what a launched run refuses anyway.
+    scheme, sep, _ = uri.partition("://")
+    if not sep or scheme.lower() not in OBJECT_STORES:
+        raise ConfigError(f"--checkpoint-uri {short(uri)}: a folder is on the head's disk and is lost with it; "
+                          "a launched run needs an object store (s3://BUCKET/PREFIX or gs://BUCKET/PREFIX)")
     try:
-        location = parse_store_uri(uri)
+        parse_store_uri(uri)
     except StoreURIError as err:
         raise ConfigError(f"--checkpoint-uri: {err}") from None
-    if location.scheme not in OBJECT_STORES:
-        raise ConfigError(f"--checkpoint-uri {uri}: a folder is on the head's disk and is lost with it; "
-                          "a launched run needs an object store (s3://BUCKET/PREFIX or gs://BUCKET/PREFIX)")
     set_("cloud", "checkpoint_uri", uri)
     if not cfg.device.startswith("cuda"):
         set_(None, "device", "cuda")

@@ -220,6 +220,8 @@ def test_launch_runs_a_cloud_version_of_the_config_and_says_what_it_changed(tmp_
 @pytest.mark.parametrize("flags, says", [
     ([], "spotlight launch needs --checkpoint-uri s3://BUCKET/PREFIX"),
     (["--checkpoint-uri", "file:///tmp/ckpt"], "a folder is on the head's disk"),
+    # outside $SPOTLIGHT_STORE_ROOTS too: what a launch needs is said first (issue 42)
+    (["--checkpoint-uri", "/srv/ckpt"], "--checkpoint-uri '/srv/ckpt': a folder is on the head's disk"),
     (["--checkpoint-uri", "s3://"], "--checkpoint-uri: "),
 ])
 def test_launch_refuses_a_fleet_without_an_object_store_in_one_line(tmp_path, capsys, no_sky, monkeypatch, flags, says):
