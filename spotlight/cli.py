@@ -320,9 +320,12 @@ def check_train_inputs(cfg: RunConfig, args: argparse.Namespace, out: Path) -> N
         from spotlight.rl.prompt_file import evaluation_prompts, run_prompts
 
         try:  # read in full now: a bad line costs one error before anything starts
-            evaluation_prompts(cfg, run_prompts(cfg.prompts, cfg.seed))
+            train = run_prompts(cfg.prompts, cfg.seed)
+            held_out = evaluation_prompts(cfg, train)
         except ConfigError as err:
             raise ConfigError(f"{where}{err}") from None
+        if cfg.policy.kind == "llm" and not cfg.policy.llm.pretrained_path:
+            _tiny_llm_reads(train, held_out, cfg, where)
     for i, term in enumerate(cfg.reward.terms):  # each reward component's weights, or its function's file or module
         if term.model_path and not Path(term.model_path).is_dir():
             field = component_field(cfg.reward, i, "model_path")
@@ -566,6 +569,27 @@ def cmd_bench(args: argparse.Namespace) -> int:
     else:
         _print_table(result)
     return 0
+
+
+def _tiny_llm_reads(train: list, held_out: list, cfg: RunConfig, where: str) -> None:
+    """The tiny LLM's tokenizer reads digits and + - = only: a prompt file it cannot read is refused,
+    naming the first such character and its prompt's file line."""
+    from spotlight.rl.char_tokenizer import CHARACTERS, first_unreadable
+
+    from spotlight.rl.prompt_file import TEST_FILES, dataset_file
+
+    test_file = (dataset_file(cfg.prompts.path, TEST_FILES) if cfg.prompts.path and Path(cfg.prompts.path).is_dir()
+                 else None)
+    for field, path, prompts in (("prompts.path", cfg.prompts.path, train),
+                                 ("prompts.eval_path", cfg.prompts.eval_path or test_file, held_out)):
+        found = first_unreadable(prompts)
+        if found is None:
+            continue
+        prompt, char = found
+        at = f"{short(str(path))} line {prompt.line}" if prompt.line is not None else f"prompt {prompt.id}"
+        raise ConfigError(f"{where}{field}: {at}: the tiny LLM's tokenizer cannot read {char!r} in "
+                          f"{short(prompt.text)} (it reads only {''.join(CHARACTERS)}, for the arithmetic "
+                          "task; for other text give policy.pretrained_path a model folder with its tokenizer)")
 
 
 def cmd_launch(args: argparse.Namespace) -> int:

@@ -13,6 +13,9 @@ pretrained tokenizers that have no bos token.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import Any
+
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
 
@@ -20,6 +23,18 @@ SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>")
 CHARACTERS = tuple("0123456789") + ("+", "-", "=")
 VOCAB: dict[str, int] = {tok: i for i, tok in enumerate(SPECIAL_TOKENS + CHARACTERS)}
 """Token -> id: `<pad>` 0, `<bos>` 1, `<eos>` 2, `<unk>` 3, then the characters (17 in all)."""
+
+
+def first_unreadable(prompts: Iterable[Any]) -> tuple[Any, str] | None:
+    """The first prompt (a `prompts.Prompt`) holding a character this tokenizer has no token for,
+    and that character; None when it reads them all. Such a character is `<unk>` to the tiny LLM: a
+    natural-language prompt trains at reward 0 without a word said (issue 42)."""
+    known = set(CHARACTERS)
+    for prompt in prompts:
+        for char in prompt.text:
+            if char not in known:
+                return prompt, char
+    return None
 
 
 def build_char_tokenizer() -> PreTrainedTokenizerFast:

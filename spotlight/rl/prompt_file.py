@@ -102,7 +102,7 @@ def _parsed(path: Path, stamp: tuple[int, int, int], field: str, first_id: int, 
         if len(text_) > MAX_PROMPT_CHARS:
             raise ConfigError(f"{_shown(path)}:{number}: a prompt of {len(text_):,} characters (expected at most "
                               f"{MAX_PROMPT_CHARS:,})")
-        prompts.append(Prompt(first_id + len(prompts), text_, metadata))
+        prompts.append(Prompt(first_id + len(prompts), text_, metadata, line=number))
     if not prompts:
         raise ConfigError(f"{field}: {_shown(path)}: holds no prompts (expected at least one non-empty line)")
     return tuple(prompts)

@@ -43,6 +43,9 @@ class Prompt:
     metadata: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
     """A jsonl prompt's other fields (flow_grpo's GenEval `tag`/`include`, GSM8K's `answer`, ...),
     handed to rewards; empty for a txt line and the built-in sets."""
+    line: int | None = field(default=None, compare=False, hash=False)
+    """The line of its file it was read from (1-based, as an editor counts; ids skip blank lines),
+    for error lines; None for the built-in sets."""
 
 
 def colour_of(text: str) -> tuple[float, float, float]:

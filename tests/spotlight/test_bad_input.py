@@ -45,6 +45,10 @@ class _Fifo:
 FIFO = _Fifo()
 
 
+_LLM = "policy:\n  kind: llm\nreward:\n  name: arithmetic\n"
+"""A tiny-LLM run config's start (the character tokenizer: digits and + - = only)."""
+
+
 @dataclass
 class Case:
     id: str
@@ -146,6 +150,13 @@ TRAIN = [
          {"t.csv": FIFO}),
     Case("prompts.path a FIFO", ["train", "c.yaml", "--runtime", "local"], "prompts.path: p.txt: a FIFO",
          {"c.yaml": "prompts:\n  path: p.txt\n", "p.txt": FIFO}),
+    # issue 42: trained at reward 0.000 -> 0.000 without a word; now the file line of the first one
+    Case("tiny LLM, prompt it cannot read", ["train", "c.yaml", "--runtime", "local"],
+         "prompts.path: 'p.txt' line 3: the tiny LLM's tokenizer cannot read 'w' in 'what is 3+4?' (it reads only "
+         "0123456789+-=", {"c.yaml": _LLM + "prompts:\n  path: p.txt\n", "p.txt": "1+2=\n\nwhat is 3+4?\n"}),
+    Case("tiny LLM, eval prompt it cannot read", ["train", "c.yaml", "--runtime", "local"],
+         "prompts.eval_path: 'e.txt' line 2: the tiny LLM's tokenizer cannot read ' ' in '2 + 2='",
+         {"c.yaml": _LLM + "prompts:\n  path: p.txt\n  eval_path: e.txt\n", "p.txt": "1+2=\n", "e.txt": "3+4=\n2 + 2=\n"}),
     Case("train: [1, 2] with --steps", ["train", "c.yaml", "--steps", "1"],
          "c.yaml: train: expected a mapping of TrainConfig fields, got [1, 2]", {"c.yaml": "train: [1, 2]\n"}),
     Case("train: null with --steps", ["train", "c.yaml", "--steps", "1"],
