@@ -19,7 +19,11 @@ import torch
 class RewardError(RuntimeError):
     """A reward component failed on a batch, twice (or on data it cannot score, once): the run
     stops. `str(err)` is one line naming the component (`reward.components[1] (my_reward.py:score):
-    returned 3 values for 8 samples, tried twice`)."""
+    returned 3 values for 8 samples, tried twice`); `traceback`, where the component raised, is the
+    full traceback of what it raised (set as an attribute, so it crosses Ray's pickling with the
+    error), which `spotlight train` writes to the run folder and names in that line."""
+
+    traceback: str | None = None
 
 
 def pil_images(images: torch.Tensor) -> list[Any]:

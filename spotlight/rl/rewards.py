@@ -31,6 +31,7 @@ import math
 import re
 import threading
 import time
+import traceback
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
@@ -344,12 +345,14 @@ class RewardWorker:
         term, reward = self.terms[i], self.rewards[i]
         name = f"{component(self.cfg, i)} ({spec(term)})"
         timeout = self.cfg.timeout_s
-        problems = []
+        problems, tracebacks = [], []
         for _ in range(2):
             try:
                 return as_scores(call_with_timeout(reward, part, timeout), part)
             except RewardError as err:  # data it cannot score: the same again on a retry
-                raise RewardError(f"{name}: {err}") from None
+                error = RewardError(f"{name}: {err}")
+                error.traceback = _traceback(err)
+                raise error from None
             except _Timeout:
                 problems.append(f"took longer than reward.timeout_s ({timeout:g} s; its thread is left running "
                                 "and the run stops)")
@@ -359,8 +362,12 @@ class RewardWorker:
                 raise
             except BaseException as err:  # noqa: BLE001 — a user's function may raise anything
                 problems.append(_raised(err))
+                tracebacks.append(_traceback(err))
         again = "" if problems[0] == problems[1] else f" (first try: {problems[0]})"
-        raise RewardError(f"{name}: {problems[1]}, tried twice{again}")
+        error = RewardError(f"{name}: {problems[1]}, tried twice{again}")
+        if tracebacks:  # the last try's; the first one's too when it raised something else
+            error.traceback = "\n".join(dict.fromkeys(reversed(tracebacks)))
+        raise error
 
     def score(self, parts: list[Rollout]) -> Scores:
         """Scores of all samples of `parts`, in order: each component on each part, summed by weight."""
@@ -376,6 +383,10 @@ class RewardWorker:
             components[term.label] = scores
             total = total + term.weight * scores  # one term of weight 1: the component, bit for bit
         return Scores(total, components, time.perf_counter() - start)
+
+
+def _traceback(err: BaseException) -> str:
+    return "".join(traceback.format_exception(err))
 
 
 def _raised(err: BaseException) -> str:

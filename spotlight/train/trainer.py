@@ -70,6 +70,8 @@ from spotlight.train.training_iteration import TrainingIteration
 logger = logging.getLogger(__name__)
 
 
+REWARD_TRACEBACK = "reward-error.txt"
+"""In the run folder: the traceback of the reward failure that stopped the run (the newest one)."""
 EVAL_SEED0 = 10**9
 """Evaluation seeds start here: no training iteration's seeds come near."""
 
@@ -378,12 +380,27 @@ class Trainer:
         try:
             row = self.iteration(step)
         except NonFiniteUpdate as err:
-            raise NonFiniteUpdate(f"{getattr(err, 'cause', None) or err}; nothing after the checkpoint of "
-                                  f"iteration {self.saved} is kept") from None
+            raise NonFiniteUpdate(f"{getattr(err, 'cause', None) or err}; {self._kept()}") from None
         except RewardError as err:  # a reward failed twice: stop as cleanly (`rewards.RewardWorker`)
-            raise RewardError(f"{err}; iteration {step} stopped, nothing after the checkpoint of iteration "
-                              f"{self.saved} is kept") from None
+            written = self._write_traceback(err)
+            also = f"; its traceback: {written}" if written is not None else ""
+            raise RewardError(f"{err}; iteration {step} stopped, {self._kept()}{also}") from None
         return Completed(row, self.checkpoint_s)
+
+    def _kept(self) -> str:
+        """What a run stopped by an error keeps, in words for its last line."""
+        if self.saved == 0 and checkpoint.latest(self.out / "checkpoints") is None:
+            return "no checkpoint was written yet (a re-run starts at iteration 0)"
+        return f"nothing after the checkpoint of iteration {self.saved} is kept"
+
+    def _write_traceback(self, err: RewardError) -> Path | None:
+        """The full traceback of what a reward raised (`RewardError.traceback`), in the run folder's
+        reward-error.txt under the error's line; None when it raised nothing (a timeout, bad scores)."""
+        if not err.traceback:
+            return None
+        path = self.out / REWARD_TRACEBACK
+        path.write_text(f"{err}\n\n{err.traceback}")
+        return path
 
     def after(self, step: int, done: Completed) -> str | None:
         """The dollars saved, the row in TensorBoard, the store's copy and the status (`_publish`)."""

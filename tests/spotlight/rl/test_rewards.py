@@ -387,6 +387,41 @@ def test_train_stops_with_one_line_and_exit_2_when_a_reward_fails_and_keeps_the_
     assert "run.yaml: reward.components[1].function: 'missing.py' is not an existing file" in err[0], err
 
 
+def test_a_reward_that_raises_leaves_its_traceback_in_the_run_folder_and_names_it(tmp_path, monkeypatch, capsys):
+    """Issue 42: the type and message only, no traceback anywhere; and "nothing after the checkpoint
+    of iteration 0 is kept" said when no checkpoint existed."""
+    import pickle
+
+    from conftest import small_llm_config
+
+    from spotlight import cli
+    from spotlight.config import to_yaml
+
+    _write(tmp_path, "raises.py", """
+        def score(outputs, prompts, metadata):
+            return helper(outputs)
+
+        def helper(outputs):
+            raise KeyError("no such column")
+        """)
+    monkeypatch.chdir(tmp_path)
+    config = tmp_path / "run.yaml"
+    config.write_text(to_yaml(small_llm_config(train={"steps": 2}, reward={"components": [
+        {"name": "arithmetic"}, {"function": "raises.py:score"}]})))
+    assert cli.main(["train", str(config), "--out", "out", "--no-progress"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("spotlight: error: reward.components[1] (raises.py:score): raised KeyError: 'no such "
+                           "column', tried twice; iteration 0 stopped, no checkpoint was written yet (a re-run "
+                           "starts at iteration 0); its traceback: out/reward-error.txt"), line
+    written = (tmp_path / "out" / "reward-error.txt").read_text()
+    assert written.startswith("reward.components[1] (raises.py:score): raised KeyError")
+    assert "Traceback (most recent call last)" in written and 'in helper\n    raise KeyError("no such column")' in written
+    # the traceback crosses Ray as the error does (pickled with it)
+    err = RewardError("x")
+    err.traceback = "Traceback ..."
+    assert pickle.loads(pickle.dumps(err)).traceback == "Traceback ..."
+
+
 @pytest.mark.slow
 def test_ray_reward_workers_split_a_batch_and_score_what_one_worker_scores(tmp_path, monkeypatch):
     """Two reward actors (a user file relative to the controller's working directory, metadata by
