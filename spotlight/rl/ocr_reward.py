@@ -49,12 +49,12 @@ def target_text(prompt: Prompt) -> str:
     if TARGET_FIELD in prompt.metadata:
         text = prompt.metadata[TARGET_FIELD]
         if not isinstance(text, str) or not text.replace(" ", ""):
-            raise RewardError(f"prompt {prompt.id}'s {TARGET_FIELD} is {text!r:.60} (expected the text to render)")
+            raise RewardError(f"{prompt.where()}: its {TARGET_FIELD} is {text!r:.60} (expected the text to render)")
         return text
     try:
         return quoted_text(prompt.text)
     except ValueError:
-        raise RewardError(f"prompt {prompt.id} has no text to render (expected it between double quotes, "
+        raise RewardError(f"{prompt.where()} has no text to render (expected it between double quotes, "
                           f"'a sign that says \"Open\"', or in a jsonl field {TARGET_FIELD!r}): {prompt.text[:60]!r}") from None
 
 

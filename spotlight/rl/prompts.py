@@ -47,6 +47,13 @@ class Prompt:
     """The line of its file it was read from (1-based, as an editor counts; ids skip blank lines),
     for error lines; None for the built-in sets."""
 
+    def where(self, path: object = None) -> str:
+        """The prompt as an error line names it: by its file line where it has one (ids count from 0
+        and skip blank lines; an editor counts lines from 1), `path` being its file when known."""
+        if self.line is None:
+            return f"prompt {self.id}"
+        return f"{path} line {self.line}" if path is not None else f"prompt {self.id} (file line {self.line})"
+
 
 def colour_of(text: str) -> tuple[float, float, float]:
     """The target colour named in a prompt (the first colour word)."""

@@ -44,7 +44,7 @@ import torch
 
 from spotlight.config import ConfigError, RewardComponent, RewardConfig
 from spotlight.rl.policy import Rollout
-from spotlight.rl.prompts import arithmetic_answer, colour_of
+from spotlight.rl.prompts import COLOURS, Prompt, arithmetic_answer, colour_of
 from spotlight.rl.reward_inputs import RewardError, pil_images
 from spotlight.reward_names import check_name, component, component_field, spec
 from spotlight.rl.user_reward import UserReward, load
@@ -115,9 +115,17 @@ class ColourReward:
 
     def __call__(self, rollout: Rollout) -> torch.Tensor:
         images = _images(rollout).float()
-        target = torch.tensor([colour_of(p.text) for p in rollout.prompts], device=images.device)
+        target = torch.tensor([_colour(p) for p in rollout.prompts], device=images.device)
         dist2 = ((images - target[:, :, None, None]) ** 2).sum(dim=1)
         return torch.exp(-dist2 / self.width).mean(dim=(1, 2)).cpu()
+
+
+def _colour(prompt: Prompt) -> tuple[float, float, float]:
+    try:
+        return colour_of(prompt.text)
+    except ValueError:  # data it cannot score: a RewardError, its line whole (the colours are the help)
+        raise RewardError(f"{prompt.where()} ({prompt.text[:80]!r}) names none of the colours the colour reward "
+                          f"scores: {', '.join(COLOURS)}") from None
 
 
 def jpeg_kilobytes(images: torch.Tensor, quality: int = 95) -> torch.Tensor:
@@ -175,12 +183,12 @@ class AnswerMatchReward:
         for prompt, completion in zip(rollout.prompts, _completions(rollout, "answer_match")):
             answer = prompt.metadata.get("answer")
             if answer is None or isinstance(answer, bool) or not isinstance(answer, (str, int, float)):
-                raise RewardError(f"prompt {prompt.id} has no answer (expected an \"answer\" field in its jsonl line, "
+                raise RewardError(f"{prompt.where()} has no answer (expected an \"answer\" field in its jsonl line, "
                                   "e.g. \"... #### 72\")" if answer is None else
-                                  f"prompt {prompt.id}'s answer is {type(answer).__name__} (expected text or a number)")
+                                  f"{prompt.where()}: its answer is {type(answer).__name__} (expected text or a number)")
             target = final_number(str(answer))
             if target is None:
-                raise RewardError(f"prompt {prompt.id}'s answer {str(answer)[:60]!r} has no number (answer_match "
+                raise RewardError(f"{prompt.where()}: its answer {str(answer)[:60]!r} has no number (answer_match "
                                   "compares numbers, GSM8K style)")
             scores.append(float(final_number(completion) == target))
         return torch.tensor(scores, dtype=torch.float32)

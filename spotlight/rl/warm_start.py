@@ -90,12 +90,12 @@ def _check_prompts_draw(prompts: Sequence[Prompt], cfg: RunConfig) -> None:
                 quoted_text(p.text)
             except ValueError:
                 raise ConfigError(f"warm_start.data: the text warm start draws the text between a prompt's double "
-                                  f"quotes, and prompt {p.id} ({p.text[:60]!r}) has none") from None
+                                  f"quotes, and {p.where(cfg.prompts.path)} ({p.text[:60]!r}) has none") from None
         return
     for p in prompts:
         try:
             colour_of(p.text)
         except ValueError:
             raise ConfigError(f"warm_start.steps: the synthetic warm start draws the colour a prompt names, and "
-                              f"prompt {p.id} of {cfg.prompts.path} ({p.text[:60]!r}) names none of "
+                              f"{p.where(cfg.prompts.path)} ({p.text[:60]!r}) names none of "
                               f"{', '.join(COLOURS)}; set warm_start.steps: 0 (a pretrained model needs none)") from None

@@ -98,9 +98,10 @@ def test_spotlight_train_refuses_a_bad_prompt_file_before_anything_starts(tmp_pa
 def test_the_synthetic_warm_start_refuses_prompts_naming_no_colour(tmp_path):
     from spotlight.rl.warm_start import apply_warm_start
 
-    (tmp_path / "p.txt").write_text("a red image\na sign that says hello\n")
+    # prompt 1 is on the file's line 3 (ids skip blank lines): the error names the line (issue 42)
+    (tmp_path / "p.txt").write_text("a red image\n\na sign that says hello\n")
     cfg = default_config({"prompts": {"path": str(tmp_path / "p.txt")}, "warm_start": {"cache_dir": str(tmp_path)}})
-    with pytest.raises(ConfigError, match=r"prompt 1 of .*p.txt \('a sign that says hello'\) names none of"):
+    with pytest.raises(ConfigError, match=r"and .*p.txt line 3 \('a sign that says hello'\) names none of red, "):
         apply_warm_start(None, cfg, run_prompts(cfg.prompts, cfg.seed))
 
 

@@ -25,6 +25,16 @@ def test_colour_reward_closed_form():
     assert r.tolist() == pytest.approx([1.0, torch.exp(torch.tensor(-d2 / 0.5)).item()])
 
 
+def test_a_prompt_the_colour_reward_cannot_score_is_named_by_its_file_line_with_every_colour():
+    # issue 42: the line was cut at 200 characters, in the middle of the colours the user needed
+    rollout = Rollout([Prompt(0, "a red image", line=1), Prompt(1, "a sign", line=4)], [0, 1],
+                      images=torch.stack([_solid(COLOURS["red"])] * 2))
+    with pytest.raises(RewardError) as err:
+        RewardWorker(RewardConfig(name="colour")).score([rollout])
+    assert str(err.value) == (f"reward.name (colour): prompt 1 (file line 4) ('a sign') names none of the colours the "
+                              f"colour reward scores: {', '.join(COLOURS)}")
+
+
 def test_jpeg_rewards_prefer_flat_or_busy_images():
     g = torch.Generator().manual_seed(0)
     images = torch.stack([_solid((0.5, 0.5, 0.5), 64), torch.rand(3, 64, 64, generator=g)])
@@ -340,7 +350,7 @@ def test_answer_match_without_an_answer_names_the_prompt():
     rollout = Rollout([Prompt(5, "q"), Prompt(5, "q")], [0, 1], completions=["1", "2"])
     with pytest.raises(RewardError, match=r"^reward.name \(answer_match\): prompt 5 has no answer"):
         RewardWorker(RewardConfig(name="answer_match"), metadata={4: {"answer": "1"}}).score([rollout])
-    with pytest.raises(RewardError, match=r"prompt 5's answer 'Paris' has no number"):
+    with pytest.raises(RewardError, match=r"prompt 5: its answer 'Paris' has no number"):
         RewardWorker(RewardConfig(name="answer_match"), metadata={5: {"answer": "Paris"}}).score([rollout])
 
 

@@ -58,7 +58,7 @@ def test_the_text_warm_start_refuses_prompts_with_no_quoted_text(tmp_path):
     (tmp_path / "p.txt").write_text('a sign that says "42"\na red image\n')
     cfg = default_config({"prompts": {"path": str(tmp_path / "p.txt")},
                           "warm_start": {"data": "text", "cache_dir": str(tmp_path)}})
-    with pytest.raises(ConfigError, match=r"warm_start.data: .* prompt 1 \('a red image'\) has none"):
+    with pytest.raises(ConfigError, match=r"warm_start.data: .*/p.txt line 2 \('a red image'\) has none"):
         apply_warm_start(None, cfg, run_prompts(cfg.prompts, cfg.seed))
 
 
