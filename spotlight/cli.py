@@ -50,6 +50,7 @@ import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from cloud.store import StoreError
 from spotlight.config import ConfigError, RunConfig, default_config, load_config, to_yaml
@@ -527,12 +528,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.name == "throughput":
         from spotlight.bench.throughput import run_throughput
 
-        result = run_throughput(repeats=5 if args.repeats is None else args.repeats, progress=_progress(args))
+        result = run_throughput(repeats=args.repeats, progress=_progress(args))
     elif args.name == "sp-regroup":
         from spotlight.bench.sp_regroup import run_sp_regroup_bench
 
         try:
-            result = run_sp_regroup_bench(world=args.world, repeats=3 if args.repeats is None else args.repeats,
+            result = run_sp_regroup_bench(world=args.world, repeats=args.repeats,
                                           heads=args.heads, agent=args.agent, progress=_progress(args))
         except ValueError as err:  # a flag combination the bench cannot run, named by the error
             raise ConfigError(str(err)) from None
@@ -543,7 +544,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             raise ConfigError(f"--iterations: sp-train needs 2 or more (one to time, the last to lose a member "
                               f"in), got {args.iterations}")
         result = run_sp_train_bench(nodes=args.nodes, devices=args.devices, iterations=args.iterations,
-                                    repeats=3 if args.repeats is None else args.repeats, progress=_progress(args))
+                                    repeats=args.repeats, progress=_progress(args))
     elif args.name == "update":
         from spotlight.bench.update import run_update_bench
 
@@ -552,7 +553,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                               f"killed one, the replacement's two updates later), got {args.iterations}")
         try:
             result = run_update_bench(executors=args.executors, iterations=args.iterations,
-                                      repeats=1 if args.repeats is None else args.repeats, progress=_progress(args))
+                                      repeats=args.repeats, progress=_progress(args))
         except RuntimeError as err:  # the kill missed its update: a run that could not be timed, not bad input
             _say(f"bench update: {err}")
             return 1
@@ -660,9 +661,13 @@ def cmd_launch(args: argparse.Namespace) -> int:
 def cmd_simulate(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    plot = _plot_file(args.plot) if args.plot else None
     if args.config:
+        given = [flag for dest, default, flag in args.fleet_flags if getattr(args, dest) != default]
+        if given:
+            raise ConfigError(f"simulate --config: {', '.join(given)} does not apply (the run config sets the fleet, "
+                              "the policy and the model; with --config only --trace, --step-times and --json do)")
         return _simulate_run(args)
+    plot = _plot_file(args.plot) if args.plot else None
     from spotlight.iteration.iteration_time import PEAK_BF16_FLOPS
     from spotlight.sim.simulator import POLICIES, SimConfig, gpu_prices, price_rows_of, simulate
     from spotlight.sim.report import hour_saved_lines, plot_simulation, price_range_table, table
@@ -797,7 +802,7 @@ def cmd_traces(args: argparse.Namespace) -> int:
     if args.action == "synth" and not args.out:
         raise ConfigError("traces synth: --out FILE is required (the Bamboo CSV to write)")
     out = _output_file(args.out, "--out") if args.action == "synth" else None
-    plot = _plot_file(args.plot) if args.plot else None
+    plot = _plot_file(args.plot) if args.action == "show" and args.plot else None
     trace = open_trace(args.trace)
     if out is not None:
         write_bamboo(trace, out)
@@ -909,44 +914,56 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser("bench", help="benchmarks that print figures",
                            description="Benchmarks: figures of this machine, with ratios to a baseline run alongside.")
-    bench.add_argument("name", choices=["throughput", "scheduler", "sp-regroup", "sp-train", "update", "lora"],
-                       help="throughput: tiny-DiT denoising steps/s and trained samples/s; scheduler: queue "
-                            "operations/s in-process and on Ray, and steps recomputed per preemption when a "
-                            "shipped trace is replayed, against restarting requests from step 0; sp-regroup: "
-                            "seconds for an SP group to serve again after losing a member (re-formed in place) "
-                            "against a restart from the checkpoint, and SP output error per degree; sp-train: "
-                            "on a multi-node loopback Ray cluster, an SP group's in-place regroup inside a "
-                            "training run against a cold restart of the group, and rollout requests/s at SP "
-                            "degree 1 against 2; update: seconds of the tiny DiT's update with its gradient "
-                            "computed by 1, 2, 4 rollout workers (train.update_on: fleet) against the learner "
-                            "alone, the per-executor efficiency, and the cost of a worker killed mid-update; "
-                            "lora: bytes one weight publication moves with LoRA adapters against full weights "
-                            "(tiny DiT and LLM), with the adapter-to-full parameter ratio, and the real "
-                            "Qwen-Image transformer's counts at rank 64")
-    bench.add_argument("--json", action="store_true", help="print one JSON object (and no progress on stderr)")
-    bench.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
-    bench.add_argument("--repeats", type=_int(*BENCH_LIMITS["repeats"]), default=None,
-                       help="throughput: timed repetitions (default 5); sp-regroup: losses per recovery path "
-                            "(default 3); sp-train: cold restarts (default 3); update: runs per setting "
-                            "(default 1); medians reported; 1..1000")
-    bench.add_argument("--iterations", type=_int(*BENCH_LIMITS["iterations"]), default=6,
-                       help="scheduler: training iterations per replayed run; sp-train: per training run, 2 or "
-                            "more; update: per training run, 5 or more (1..1000)")
-    bench.add_argument("--executors", type=_int_list(*BENCH_LIMITS["executors"]), default=(1, 2, 4),
-                       help="update: comma-separated numbers of gradient executors (rollout workers), each "
-                            "1..16 (default 1,2,4)")
-    bench.add_argument("--nodes", type=_int(*BENCH_LIMITS["nodes"]), default=2,
-                       help="sp-train: nodes of the loopback cluster besides its head (1..8)")
-    bench.add_argument("--devices", type=_int(*BENCH_LIMITS["devices"]), default=2,
-                       help="sp-train: member processes per node (its `spot` units), 2..8")
-    bench.add_argument("--world", type=_int(*BENCH_LIMITS["world"]), default=4,
-                       help="sp-regroup: member processes (the first group's degree), 2..16")
-    bench.add_argument("--heads", type=_int(*BENCH_LIMITS["heads"]), default=4,
-                       help="sp-regroup: attention heads of the tiny DiT, 1..64")
-    bench.add_argument("--agent", choices=["ray", "local"], default="ray",
-                       help="sp-regroup: the node agent as a Ray actor on a local Ray cluster, as `spotlight "
-                            "train` deploys it (default), or inside the bench's process")
-    bench.set_defaults(func=cmd_bench)
+    benches = bench.add_subparsers(dest="name", required=True, metavar="NAME")
+
+    def a_bench(name: str, what: str, *flags: tuple[str, dict[str, Any]]) -> None:
+        """Bench `name`, doing `what`, with --json, --no-progress and its own `flags` only."""
+        one = benches.add_parser(name, help=what.split(";")[0], description=what[0].upper() + what[1:] + ".")
+        one.add_argument("--json", action="store_true", help="print one JSON object (and no progress on stderr)")
+        one.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
+        for flag, options in flags:
+            one.add_argument(flag, **options)
+        one.set_defaults(func=cmd_bench)
+
+    def repeats(what: str, default: int) -> tuple[str, dict[str, Any]]:
+        return "--repeats", {"type": _int(*BENCH_LIMITS["repeats"]), "default": default,
+                             "help": f"{what} (default {default}; medians reported), 1..1000"}
+
+    def iterations(what: str) -> tuple[str, dict[str, Any]]:
+        return "--iterations", {"type": _int(*BENCH_LIMITS["iterations"]), "default": 6,
+                                "help": f"{what} (default 6; 1..1000)"}
+
+    a_bench("throughput", "tiny-DiT denoising steps/s and trained samples/s", repeats("timed repetitions", 5))
+    a_bench("scheduler", "queue operations/s in-process and on Ray, and steps recomputed per preemption when a "
+                         "shipped trace is replayed, against restarting requests from step 0",
+            iterations("training iterations per replayed run"))
+    a_bench("sp-regroup", "seconds for an SP group to serve again after losing a member (re-formed in place) "
+                          "against a restart from the checkpoint, and SP output error per degree",
+            repeats("losses per recovery path", 3),
+            ("--world", {"type": _int(*BENCH_LIMITS["world"]), "default": 4,
+                         "help": "member processes (the first group's degree), 2..16"}),
+            ("--heads", {"type": _int(*BENCH_LIMITS["heads"]), "default": 4,
+                         "help": "attention heads of the tiny DiT, 1..64"}),
+            ("--agent", {"choices": ["ray", "local"], "default": "ray",
+                         "help": "the node agent as a Ray actor on a local Ray cluster, as `spotlight train` "
+                                 "deploys it (default), or inside the bench's process"}))
+    a_bench("sp-train", "on a multi-node loopback Ray cluster, an SP group's in-place regroup inside a training "
+                        "run against a cold restart of the group, and rollout requests/s at SP degree 1 against 2",
+            repeats("cold restarts", 3), iterations("iterations per training run, 2 or more"),
+            ("--nodes", {"type": _int(*BENCH_LIMITS["nodes"]), "default": 2,
+                         "help": "nodes of the loopback cluster besides its head (1..8)"}),
+            ("--devices", {"type": _int(*BENCH_LIMITS["devices"]), "default": 2,
+                           "help": "member processes per node (its `spot` units), 2..8"}))
+    a_bench("update", "seconds of the tiny DiT's update with its gradient computed by 1, 2, 4 rollout workers "
+                      "(train.update_on: fleet) against the learner alone, the per-executor efficiency, and the "
+                      "cost of a worker killed mid-update",
+            repeats("runs per setting", 1), iterations("iterations per training run, 5 or more"),
+            ("--executors", {"type": _int_list(*BENCH_LIMITS["executors"]), "default": (1, 2, 4),
+                             "help": "comma-separated numbers of gradient executors (rollout workers), each 1..16 "
+                                     "(default 1,2,4)"}))
+    a_bench("lora", "bytes one weight publication moves with LoRA adapters against full weights (tiny DiT and "
+                    "LLM), with the adapter-to-full parameter ratio, and the real Qwen-Image transformer's counts "
+                    "at rank 64")
 
     launch = sub.add_parser("launch", help="launch a run on a spot fleet with SkyPilot",
                             description="Turn a run config into a cloud one (device cuda, notice sources, a "
@@ -1013,7 +1030,8 @@ def build_parser() -> argparse.ArgumentParser:
     sim_help.policy = policy
     sim.add_argument("--config", metavar="RUN.yaml",
                      help="simulate this run config as `spotlight train` would run it (its phases, update "
-                          "placement, workers and steps; the other flags but --trace and --json are ignored)")
+                          "placement, workers and steps); with it, only --trace, --step-times and --json apply "
+                          "(any other flag is refused)")
     sim.add_argument("--gpus", type=_int(), help="on-demand GPUs, the same for every policy (default 16)")
     sim.add_argument("--spot-gpus", type=_int(), help="spot GPUs at the trace's peak (default 4x --gpus)")
     sim.add_argument("--iterations", type=_int(), help="most iterations to simulate (default 300)")
@@ -1055,18 +1073,26 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--no-progress", action="store_true", help="no progress bars on stderr (one per policy)")
     sim.add_argument("--plot", metavar="PNG", help="write progress, dollars spent and live GPUs over time per "
                                                    "policy, the preemptions marked and the verdict under it")
-    sim.set_defaults(func=cmd_simulate)
+    with_config = {"help", "trace", "config", "step_times", "json", "no_progress", "quiet", "verbose"}
+    sim.set_defaults(func=cmd_simulate, fleet_flags=[(a.dest, a.default, a.option_strings[-1]) for a in sim._actions
+                                                     if a.option_strings and a.dest not in with_config])
 
     traces = sub.add_parser("traces", help="summarise, plot or generate preemption traces",
                             description="show: nodes over time and preemptions per hour of a trace; synth: write "
                                         "a synthetic trace (a synth:poisson?... spec) as Bamboo CSV.")
-    traces.add_argument("action", choices=["show", "synth"])
-    traces.add_argument("trace", metavar="TRACE", help="a trace file or a synth:poisson?... spec")
-    traces.add_argument("--plot", metavar="PNG", help="show: plot live nodes and preemptions per hour")
-    traces.add_argument("--json", action="store_true", help="show: print the summary as JSON")
-    traces.add_argument("--out", metavar="FILE", help="synth: where to write the trace")
-    traces.set_defaults(func=cmd_traces)
-    for command in sub.choices.values():
+    actions = traces.add_subparsers(dest="action", required=True, metavar="show|synth")
+    show = actions.add_parser("show", help="nodes over time and preemptions per hour of a trace",
+                              description="Summarise a trace: nodes over time and preemptions per hour.")
+    show.add_argument("trace", metavar="TRACE", help="a trace file or a synth:poisson?... spec")
+    show.add_argument("--plot", metavar="PNG", help="plot live nodes and preemptions per hour")
+    show.add_argument("--json", action="store_true", help="print the summary as JSON")
+    synth = actions.add_parser("synth", help="write a synthetic trace as Bamboo CSV",
+                               description="Write a synthetic trace (a synth:poisson?... spec) as Bamboo CSV.")
+    synth.add_argument("trace", metavar="SPEC", help="a synth:poisson?... spec (or a trace file, rewritten)")
+    synth.add_argument("--out", metavar="FILE", help="where to write the trace (required)")
+    for command in (show, synth):
+        command.set_defaults(func=cmd_traces)
+    for command in [*sub.choices.values(), *benches.choices.values(), *actions.choices.values()]:
         _verbosity_flags(command)
     return parser
 
