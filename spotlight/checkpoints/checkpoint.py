@@ -139,6 +139,7 @@ def save(root: Path, step: int, model: torch.nn.Module, optimizer: torch.optim.O
     if ema is not None:
         save_file(storable(ema), str(tmp / EMA))
         names = (*FILES, EMA)
+    give_own_modes(tmp)
     files = {}
     for name in names:
         fsync_file(tmp / name)
@@ -152,6 +153,17 @@ def save(root: Path, step: int, model: torch.nn.Module, optimizer: torch.optim.O
     for old in list_checkpoints(root)[:-keep]:
         shutil.rmtree(old.path, ignore_errors=True)
     return Checkpoint(final, step)
+
+
+def give_own_modes(folder: Path) -> None:
+    """The files in `folder` (and its subfolders: a pipeline's) get the mode Python's `open` gives (0o666 less the umask):
+    safetensors writes its files 0600, so a run's weights were the one thing in its folder that
+    another user (or a web server, a sync tool) could not read beside its 0644 config (issue 42)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    for path in folder.rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            path.chmod(0o666 & ~mask)
 
 
 def list_checkpoints(root: Path) -> list[Checkpoint]:

@@ -236,3 +236,4 @@ class Learner:
         with self._ema_weights():
             self.policy.save_pretrained(Path(path))
         write_model_card(Path(path), self.cfg, self.version)
+        checkpoint.give_own_modes(Path(path))

@@ -17,6 +17,7 @@ import ast
 import dataclasses
 import hashlib
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -61,6 +62,16 @@ def stopped_after_3(tmp_path_factory):
     Trainer(small_llm_config(train={"steps": 3, "checkpoint_every": 1}), out, progress=False).build().train()
     assert [c.step for c in checkpoint.list_checkpoints(out / "checkpoints")] == [2, 3]
     return out
+
+
+def test_the_weights_get_the_modes_of_the_runs_other_files(stopped_after_3):
+    # issue 42: safetensors writes 0600, so the weights were the one thing others could not read
+    mask = os.umask(0)
+    os.umask(mask)
+    files = [p for folder in ("final", "checkpoints") for p in (stopped_after_3 / folder).rglob("*") if p.is_file()]
+    assert any(p.suffix == ".safetensors" for p in files)
+    assert {p.name: oct(p.stat().st_mode & 0o777) for p in files} == {p.name: oct(0o666 & ~mask) for p in files}
+    assert oct((stopped_after_3 / "config.yaml").stat().st_mode & 0o777) == oct(0o666 & ~mask)
 
 
 @pytest.mark.parametrize("damage", ["truncate", "empty"])
