@@ -32,7 +32,7 @@ from typing import Any
 from cloud.open_store import open_store
 from cloud.rendezvous import DONE_KEY, HEAD_KEY, MAX_RECORD_BYTES
 from cloud.store import ChecksumMismatch, MissingKey, Store, StoreError, check_key, get_json
-from schedulers.input_file import ConfigError
+from schedulers.input_file import ConfigError, short
 from spotlight.logs import silenced
 from spotlight.text import plural
 from spotlight.train.checkpoint_sync import CheckpointSync, step_dir
@@ -148,6 +148,11 @@ def read_manifest(store: Store) -> dict[str, Any] | None:
 
 
 def _no_run(store: Store) -> ResultsError:
+    root = getattr(store, "root", None)  # a folder store: is it a run folder rather than a run's store?
+    if isinstance(root, Path) and all((root / name).is_file() for name in ("config.yaml", "metrics.jsonl")):
+        return ResultsError(f"{short(store.uri)}: a run folder, not a run's store (status and pull read the store a "
+                            f"run's --checkpoint-uri named); this run's records are here: summary.json, metrics.jsonl, "
+                            "cost.json")
     return ResultsError(f"{store.uri}: no run here (no {MANIFEST}, no {STATUS}, no step-*/ checkpoints; "
                         "expected the URI a run's cloud.checkpoint_uri named)")
 

@@ -250,6 +250,14 @@ def test_a_bad_uri_and_a_store_with_no_run_are_one_line(tmp_path, capsys):
         _one_error(capsys, command[0], "s3:///runs/x", *command[1:], says="s3:///runs/x: no bucket")
         _one_error(capsys, command[0], "gcs://bucket/x", *command[1:], says="unknown scheme 'gcs'")
         _one_error(capsys, command[0], str(tmp_path / "nothing"), *command[1:], says="no run here")
+    # a local run folder (issue 42: "no run here"): named as one, with where its records are
+    run = tmp_path / "runs" / "x"
+    run.mkdir(parents=True)
+    for name in ("config.yaml", "metrics.jsonl"):
+        (run / name).write_text("")
+    for command in (["status"], ["pull", "--out", str(tmp_path / "got")]):
+        _one_error(capsys, command[0], str(run), *command[1:],
+                   says=f"'{run}': a run folder, not a run's store (status and pull read the store")
     assert not (tmp_path / "got").exists()
 
 
