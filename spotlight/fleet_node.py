@@ -66,7 +66,10 @@ DONE_EXIT_CODES = {0: None, 2: "failed: the run's input or config (exit 2); a re
 """`spotlight train` exits after which the run has ended for good (0: read its summary's stop_reason)."""
 
 
-logger = logging.getLogger(__name__)
+NAME = "spotlight.fleet_node"
+logger = logging.getLogger(NAME)
+"""By its package name, not `__name__`: a node runs this module as `python -m spotlight.fleet_node`,
+where `__name__` is "__main__", whose lines no handler of `configure` would print."""
 
 PREFIX = "spotlight fleet: "
 """Before each line of this module's and the fleet records' (`main` configures it): the node's
@@ -280,7 +283,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.role == "head" and args.out is None:
         parser.error("head needs --out")
-    configure("stdout", prefixes={__name__: PREFIX, "cloud.rendezvous": PREFIX})
+    configure("stdout", prefixes={NAME: PREFIX, "cloud.rendezvous": PREFIX})
     try:
         return run_head(args.config, args.name, args.out) if args.role == "head" else run_spot(args.config, args.name)
     except InputError as err:  # a config, token or model source no restart can mend
