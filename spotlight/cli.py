@@ -576,18 +576,15 @@ def _tiny_llm_reads(train: list, held_out: list, cfg: RunConfig, where: str) -> 
     """The tiny LLM's tokenizer reads digits and + - = only: a prompt file it cannot read is refused,
     naming the first such character and its prompt's file line."""
     from spotlight.rl.char_tokenizer import CHARACTERS, first_unreadable
+    from spotlight.rl.prompt_file import evaluation_file
 
-    from spotlight.rl.prompt_file import TEST_FILES, dataset_file
-
-    test_file = (dataset_file(cfg.prompts.path, TEST_FILES) if cfg.prompts.path and Path(cfg.prompts.path).is_dir()
-                 else None)
     for field, path, prompts in (("prompts.path", cfg.prompts.path, train),
-                                 ("prompts.eval_path", cfg.prompts.eval_path or test_file, held_out)):
+                                 ("prompts.eval_path", evaluation_file(cfg), held_out)):
         found = first_unreadable(prompts)
         if found is None:
             continue
         prompt, char = found
-        at = f"{short(str(path))} line {prompt.line}" if prompt.line is not None else f"prompt {prompt.id}"
+        at = prompt.where(short(str(path)) if path is not None else None)
         raise ConfigError(f"{where}{field}: {at}: the tiny LLM's tokenizer cannot read {char!r} in "
                           f"{short(prompt.text)} (it reads only {''.join(CHARACTERS)}, for the arithmetic "
                           "task; for other text give policy.pretrained_path a model folder with its tokenizer)")

@@ -36,7 +36,7 @@ from schedulers.input_file import ConfigError, short
 from spotlight.logs import silenced
 from spotlight.text import plural
 from spotlight.train.checkpoint_sync import CheckpointSync, step_dir
-from spotlight.train import run_files
+from spotlight.checkpoints.checkpoint import own_mode
 from spotlight.train.results_sync import (MANIFEST, MAX_MANIFEST_BYTES, MAX_STATUS_BYTES, RESERVED, RESULTS, STATUS,
                                          is_result)
 
@@ -292,7 +292,7 @@ def _download(store: Store, manifest: dict[str, Any], staging: Path, progress: b
     files = manifest["files"]
     bar = tqdm(total=sum(f["size"] for f in files.values()), desc="pull", unit="B", unit_scale=True,
                disable=not progress, file=sys.stderr)
-    mode = run_files.own_mode()
+    mode = own_mode()
     try:
         staging.mkdir(parents=True)
         for rel, want in files.items():

@@ -155,15 +155,25 @@ def save(root: Path, step: int, model: torch.nn.Module, optimizer: torch.optim.O
     return Checkpoint(final, step)
 
 
-def give_own_modes(folder: Path) -> None:
-    """The files in `folder` (and its subfolders: a pipeline's) get the mode Python's `open` gives (0o666 less the umask):
-    safetensors writes its files 0600, so a run's weights were the one thing in its folder that
-    another user (or a web server, a sync tool) could not read beside its 0644 config (issue 42)."""
+OWN_MODE = 0o666
+"""What the run's files are created with, before the umask (Python's `open` default)."""
+
+
+def own_mode() -> int:
+    """The mode the run's own files get here: `OWN_MODE` less this process's umask."""
     mask = os.umask(0)
     os.umask(mask)
+    return OWN_MODE & ~mask
+
+
+def give_own_modes(folder: Path) -> None:
+    """The files in `folder` (and its subfolders: a pipeline's) get `own_mode()`: safetensors writes
+    its files 0600, so a run's weights were the one thing in its folder that another user (or a web
+    server, a sync tool) could not read beside its 0644 config (issue 42)."""
+    mode = own_mode()
     for path in folder.rglob("*"):
         if path.is_file() and not path.is_symlink():
-            path.chmod(0o666 & ~mask)
+            path.chmod(mode)
 
 
 def list_checkpoints(root: Path) -> list[Checkpoint]:

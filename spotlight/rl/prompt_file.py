@@ -131,6 +131,15 @@ EVAL_DRAW = -1
 """Evaluation prompts taken from the training set are the draw of this (never trained) iteration index."""
 
 
+def evaluation_file(cfg: RunConfig) -> str | Path | None:
+    """The file the evaluation prompts are read from: `prompts.eval_path`, else (with
+    `train.eval_prompts` > 0) a dataset folder's test file; None: they are training prompts."""
+    path = cfg.prompts.eval_path
+    if path is None and cfg.train.eval_prompts and cfg.prompts.path is not None and Path(cfg.prompts.path).is_dir():
+        return dataset_file(cfg.prompts.path, TEST_FILES)
+    return path
+
+
 def evaluation_prompts(cfg: RunConfig, train: list[Prompt]) -> list[Prompt]:
     """The fixed prompts every evaluation scores (`train.eval_every`); empty: no evaluation.
 
@@ -140,9 +149,7 @@ def evaluation_prompts(cfg: RunConfig, train: list[Prompt]) -> list[Prompt]:
       is a folder with one, otherwise that many of the training prompts (`draw_prompts` of the
       never-trained iteration index `EVAL_DRAW`)."""
     limit = cfg.train.eval_prompts
-    path = cfg.prompts.eval_path
-    if path is None and limit and cfg.prompts.path is not None and Path(cfg.prompts.path).is_dir():
-        path = dataset_file(cfg.prompts.path, TEST_FILES)
+    path = evaluation_file(cfg)
     if path is not None:
         prompts = read_prompts(path, "prompts.eval_path", EVAL_PROMPT_ID0, cfg.prompts.text_field)
         return prompts[:limit] if limit else prompts

@@ -222,7 +222,7 @@ class CheckpointSync:
     def _install(staging: Path, out: Path, step: int) -> None:
         """Move verified files into `out`: everything else first, the checkpoint folder last."""
         folder = Path("checkpoints") / f"{checkpoint.PREFIX}{step:06d}"
-        mode = run_files.own_mode()
+        mode = checkpoint.own_mode()
         for path in sorted(p for p in staging.rglob("*") if p.is_file()):
             path.chmod(mode)  # the run's own modes, whatever the object or the download gave it
             rel = path.relative_to(staging)

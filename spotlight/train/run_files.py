@@ -10,8 +10,8 @@ would not have written. So what is pushed and pulled is named here, by the code:
 
 A file qualifies only when it is a regular file — not a symlink, FIFO, socket or device — owned by
 the user running Spotlight (`regular`): a file another user planted, even a regular one, stays put.
-Pulled files get the modes the run gives its own files (`OWN_MODE` less the umask), never the
-stored object's or a planted file's. tests/spotlight/train/test_run_files.py checks each of these.
+Pulled files get the modes the run gives its own files (`spotlight.checkpoints.checkpoint.own_mode`:
+0o666 less the umask), never the stored object's or a planted file's. tests/spotlight/train/test_run_files.py checks each of these.
 """
 
 from __future__ import annotations
@@ -23,8 +23,6 @@ from pathlib import Path
 RUN_FILES = ("config.yaml", "metrics.jsonl", "cost.json", "summary.json")
 """The files the run writes directly in its folder (the resume key, one row per iteration, the
 dollars spent across resumes, the summary at the end)."""
-OWN_MODE = 0o666
-"""What the run's files are created with, before the umask (Python's `open` default)."""
 
 
 def regular(path: Path) -> bool:
@@ -56,10 +54,3 @@ def tree(out: Path, folder: str) -> list[str]:
             if not name.startswith(".") and regular(path):
                 found.append(path.relative_to(out).as_posix())
     return sorted(found)
-
-
-def own_mode() -> int:
-    """The mode the run's own files get here: `OWN_MODE` less this process's umask."""
-    mask = os.umask(0)
-    os.umask(mask)
-    return OWN_MODE & ~mask

@@ -93,7 +93,7 @@ def test_a_pulled_checkpoint_has_the_runs_own_modes(planted, tmp_path):
     fresh.mkdir()
     assert CheckpointSync(store).pull(fresh) == 1
     modes = {stat.S_IMODE(p.stat().st_mode) for p in fresh.rglob("*") if p.is_file()}
-    assert modes == {run_files.own_mode()}, modes
+    assert modes == {checkpoint.own_mode()}, modes
 
 
 def test_results_pull_refuses_a_manifest_naming_a_file_the_run_does_not_write(tmp_path):
