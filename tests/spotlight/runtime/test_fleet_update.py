@@ -186,25 +186,55 @@ def _preemptions_in_updates():
             ReplayAction(0.7, 1, "add"), ReplayAction(0.8, 0, "add")]
 
 
+class _PreemptAfterSpotWork:
+    """A fleet source that schedules `actions` (replay seconds from then on, on the train phases'
+    clock) once a spot worker has sent a gradient part: the kills come by what happened, not by
+    seconds. With the trace at fixed times, a loaded machine (CI, two xdist workers) ran the first
+    update slower than the kills at 0.05-0.35 s and the restarted nodes outlasted the run: no spot
+    part at all."""
+
+    def __init__(self, queue, actions):
+        self.queue, self.actions, self.scheduled = queue, actions, False
+
+    def poll(self, engine):
+        from schedulers.fleet import FleetAction
+
+        if self.scheduled:
+            return
+        sent = self.queue.completions_by_worker(Kind.TRAIN)
+        if any(getattr(engine.nodes.get(w.rsplit(".", 1)[0]), "spot", False) for w in sent):
+            now = engine.replay.now()
+            for a in self.actions:
+                engine.schedule(FleetAction(now + a.at_s, f"spot{a.slot}", a.action))
+            self.scheduled = True
+
+    def capacity_may_come(self):
+        return False
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["dit", "llm", "llm-lora-kl"])
 def test_spot_workers_killed_during_updates_change_no_weight(tmp_path, kind):
     from spotlight.runtime.ray_runtime import RayRuntime
 
+    class PreemptedAfterSpotWork(RayRuntime):
+        def build(self, checkpoints):
+            info = super().build(checkpoints)
+            self.engine.sources.append(_PreemptAfterSpotWork(self.queue, _preemptions_in_updates()))
+            return info
+
     # Requests of 2 micro-batches, 8 a round (DiT: 16 samples x 4 SDE steps / 4 rows; LLM: 16 samples
-    # of one row each): enough that every node's crew takes some while the trace kills and brings back
-    # the spot nodes. With the LLM's 4-row micro-batches (2 requests a round) the on-demand worker
-    # took both of every round on a loaded machine (CI, two xdist workers): no spot part at all.
+    # of one row each): every node's worker can take some. With the LLM's 4-row micro-batches
+    # (2 requests a round) the on-demand worker took both of every round on a loaded machine.
     train = {"parts_per_request": 2, **({"micro_batch": 1} if kind.startswith("llm") else {})}
     _, alone, _ = _run(_config(kind, "learner", **train), tmp_path / "learner")
     cfg = _config(kind, "fleet", runtime="ray", **train)
-    runtime = RayRuntime(cfg, actions=_preemptions_in_updates(), replay_phases=("train",))
-    summary, weights, rows = _run(cfg, tmp_path / "ray", runtime)
+    summary, weights, rows = _run(cfg, tmp_path / "ray", PreemptedAfterSpotWork(cfg, replay_phases=("train",)))
+    # The preemptions came (so a spot worker had computed a part of an update first), during updates.
     assert summary["preemptions"] >= 1 and summary["workers_lost"] >= 1, summary
     assert summary["requests_lost"] == 0 and summary["requests_duplicated"] == 0, summary
-    # The spot workers computed part of the updates, and each update had all its parts.
     assert sum(r["gradient_parts_spot"] for r in rows) > 0, rows
-    assert {r["gradient_parts"] for r in rows} == {8 * cfg.train.updates_per_step}, rows
+    assert {r["gradient_parts"] for r in rows} == {8 * cfg.train.updates_per_step}, rows  # each update whole
     _assert_same_weights(alone, weights)
 
 
