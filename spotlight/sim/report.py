@@ -3,17 +3,50 @@ matplotlib figure (Agg backend: no display needed)."""
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 from typing import Any
 
+from spotlight.sim.config import POLICIES
 from spotlight.text import plural
 
+WIDTH = 100
+"""The terminal output's width at most: a table too wide is printed in blocks of columns, each
+under the policy names (as pandas prints a wide frame), and prose is wrapped. One row of every
+column ran to 225 characters (issue 42)."""
 
-COLUMNS = (("time_to_target_h", "hours to target", "{:.2f}"), ("cost_usd", "cost $", "{:,.0f}"),
-           ("gpu_utilization", "GPU util", "{:.0%}"), ("preemptions", "preemptions", "{}"),
+ANSWER = (("time_to_target_h", "hours to target", "{:.2f}"), ("cost_usd", "cost $", "{:,.0f}"))
+"""The columns a buyer reads first, before the comparisons with the baselines."""
+COLUMNS = (("gpu_utilization", "GPU util", "{:.0%}"), ("preemptions", "preemptions", "{}"),
            ("steps_recomputed", "steps redone", "{}"), ("iterations_to_target", "iterations", "{}"),
            ("final_score", "final score", "{:.3f}"), ("total_cost_usd", "spent $", "{:,.0f}"),
            ("stop_reason", "stopped at", "{}"))
+"""The columns after the comparisons."""
+
+
+def columns(rows: list[list[str]], width: int = WIDTH) -> list[str]:
+    """`rows` (the first the header) as aligned text no wider than `width` where the columns allow:
+    the first column left-aligned, the others right-aligned, two spaces apart; columns that do not
+    fit go to a further block (after an empty line) that repeats the first column."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    blocks, block = [], [0]
+    for i in range(1, len(widths)):
+        if len(block) > 1 and sum(widths[j] + 2 for j in block) + widths[i] > width:
+            blocks.append(block)
+            block = [0]
+        block.append(i)
+    blocks.append(block)
+    lines: list[str] = []
+    for b in blocks:
+        lines += [""] if lines else []
+        lines += ["  ".join(row[i].ljust(widths[i]) if i == 0 else row[i].rjust(widths[i]) for i in b).rstrip()
+                  for row in rows]
+    return lines
+
+
+def wrapped(text: str, width: int = WIDTH) -> list[str]:
+    """A line of prose as lines of at most `width` characters (the continuations indented)."""
+    return textwrap.wrap(text, width, subsequent_indent="  ", break_on_hyphens=False) or [""]
 
 
 def _vs_ondemand(ratio: float) -> str:
@@ -43,6 +76,43 @@ def _headline(result: dict[str, Any]) -> tuple[str, str, dict[str, Any]] | None:
     return None if base is None else (VERDICT_POLICY, base, r)
 
 
+def first_to_target(result: dict[str, Any]) -> str | None:
+    """The policy that reaches the target soonest (the oracle, which knows the trace, left out;
+    ties: the cheaper, then the first simulated); None when none does."""
+    reached = [(r["time_to_target_h"], r["cost_usd"] if r.get("cost_usd") is not None else float("inf"), i, name)
+               for i, (name, r) in enumerate(result["policies"].items())
+               if r.get("time_to_target_h") is not None and not _oracle(name)]
+    return min(reached)[3] if reached else None
+
+
+def frontier(result: dict[str, Any]) -> list[str]:
+    """The policies that reached the target that no other reached both sooner and cheaper (the
+    oracle left out), by hours to target: what a buyer chooses among."""
+    points = {name: (r["time_to_target_h"], r["cost_usd"]) for name, r in result["policies"].items()
+              if r.get("time_to_target_h") is not None and r.get("cost_usd") is not None and not _oracle(name)}
+    front = [name for name, (t, c) in points.items()
+             if not any(t2 <= t and c2 <= c and (t2, c2) != (t, c) for t2, c2 in points.values())]
+    return sorted(front, key=lambda name: points[name])
+
+
+def _oracle(name: str) -> bool:
+    return name in POLICIES and POLICIES[name].oracle
+
+
+def _first_line(result: dict[str, Any], policy: str) -> str:
+    """"; ondemand_total reaches it first (0.04 h, $4 against 0.06 h, $3)" where another policy
+    than `policy` reaches the target first; "" otherwise."""
+    first = first_to_target(result)
+    if first is None or first == policy:
+        return ""
+    pols = result["policies"]
+    a, b = pols[first], pols[policy]
+    theirs = f"{a['time_to_target_h']:.2f} h, {_usd(a['cost_usd'])}"
+    ours = ("it does not reach it" if b.get("time_to_target_h") is None
+            else f"against {b['time_to_target_h']:.2f} h, {_usd(b['cost_usd'])}")
+    return f"; {first} reaches it first ({theirs} {ours})"
+
+
 def _span(result: dict[str, Any], policy: str, field: str) -> str:
     """The lowest and highest value of `field` over the constant sets (`result["ranges"]`), as
     "2.40-3.90x"; "" with one set, or where both ends print the same."""
@@ -64,17 +134,20 @@ def summary(result: dict[str, Any]) -> str | None:
     speedup, ratio = r.get(f"speedup_vs_{base}"), r.get(f"cost_ratio_vs_{base}")
     if speedup is None:
         missed = [n for n in (policy, base) if result["policies"][n]["time_to_target_h"] is None]
-        return f"{policy}: no comparison with {base}: {' and '.join(missed)} did not reach the target"
+        return (f"{policy}: no comparison with {base}: {' and '.join(missed)} did not reach the target"
+                + _first_line(result, policy))
     s_span, c_span = _span(result, policy, f"speedup_vs_{base}"), _span(result, policy, f"cost_ratio_vs_{base}")
     line = f"{policy}: {speedup:.2f}x {'sooner than' if speedup >= 1 else 'the speed of'} {base}"
     line += f" ({s_span} over the pessimistic-to-optimistic constants)" if s_span else ""
     line += "" if ratio is None else f", {ratio:.2f}x its cost" + (f" ({c_span})" if c_span else "")
-    return line
+    return line + _first_line(result, policy)
 
 
 def verdict(result: dict[str, Any]) -> str | None:
-    """The plot's one line: "spotlight reaches the target 3.36x sooner than ondemand at 0.81x its
-    cost (2.40-3.90x and 0.65-1.13x over the constant sets)"; None without a headline."""
+    """The plot's headline: "spotlight reaches the target 3.36x sooner than ondemand at 0.81x its
+    cost (2.40-3.90x and 0.65-1.13x over the constant sets)", and which policy reaches it first
+    where another does ("; ondemand_total reaches it first (1.50 h, $827 against 2.45 h, $739)");
+    None without a headline."""
     head = _headline(result)
     if head is None:
         return None
@@ -85,40 +158,43 @@ def verdict(result: dict[str, Any]) -> str | None:
     line = f"{policy} reaches the target {speedup:.2f}x {'sooner than' if speedup >= 1 else 'the speed of'} {base}"
     line += "" if ratio is None else f" at {ratio:.2f}x its cost"
     spans = [x for x in (_span(result, policy, f"speedup_vs_{base}"), _span(result, policy, f"cost_ratio_vs_{base}")) if x]
-    return line + (f" ({' and '.join(spans)} over the constant sets)" if spans else "")
+    return line + (f" ({' and '.join(spans)} over the constant sets)" if spans else "") + _first_line(result, policy)
 
 
 def table(result: dict[str, Any]) -> str:
-    """One row per policy, with its speed-up and its cost against each of `TABLE_BASELINES` that was
-    simulated (the `speedup_vs_*` / `cost_ratio_vs_*` fields): above 1x is sooner, below 1x
-    cheaper, with the cost difference in words so that neither reads backwards."""
+    """One row per policy — its hours and dollars to the target, its speed-up and its cost against
+    each of `TABLE_BASELINES` that was simulated (the `speedup_vs_*` / `cost_ratio_vs_*` fields:
+    above 1x is sooner, below 1x cheaper, with the cost difference in words so that neither reads
+    backwards), then the rest — in blocks of columns no wider than `WIDTH`, the lines under it
+    wrapped to it."""
     pols = result["policies"]
     bases = [b for b in TABLE_BASELINES if b in pols]
-    head = ["policy"] + [c[1] for c in COLUMNS] + [h for b in bases for h in (f"speed-up vs {b}", f"cost vs {b}")]
+    head = (["policy"] + [c[1] for c in ANSWER] + [h for b in bases for h in (f"speed-up vs {b}", f"cost vs {b}")]
+            + [c[1] for c in COLUMNS])
     rows = [head]
     for name, r in pols.items():
-        cells = [name] + ["-" if r.get(k) is None else fmt.format(r[k]) for k, _, fmt in COLUMNS]
+        cells = [name] + ["-" if r.get(k) is None else fmt.format(r[k]) for k, _, fmt in ANSWER]
         for b in bases:
             speedup, cost = r.get(f"speedup_vs_{b}"), r.get(f"cost_ratio_vs_{b}")
             cells += ["-" if speedup is None else f"{speedup:.2f}x", "-" if cost is None else _vs_ondemand(cost)]
-        rows.append(cells)
-    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
-    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))) for row in rows]
+        rows.append(cells + ["-" if r.get(k) is None else fmt.format(r[k]) for k, _, fmt in COLUMNS])
+    lines = columns(rows)
     headline = summary(result)
     if headline:
-        lines.append(headline)
+        lines += wrapped(headline)
     c = result["config"]
-    lines.append(f"({c['gpus']} on-demand + up to {c['spot_gpus_peak']} spot {c['gpu']} GPUs at "
-                 f"${c['price_per_gpu_h']['ondemand']:.2f} / ${c['price_per_gpu_h']['spot']:.2f} per GPU-hour "
-                 f"({c['price_per_gpu_h']['priced_from']}: {c['price_source']}), "
-                 f"{c['resolution']}px, {c['prompts']}x{c['group_size']} samples per iteration; trace {result['trace']})")
+    lines += wrapped(f"({c['gpus']} on-demand + up to {c['spot_gpus_peak']} spot {c['gpu']} GPUs at "
+                     f"${c['price_per_gpu_h']['ondemand']:.2f} / ${c['price_per_gpu_h']['spot']:.2f} per GPU-hour "
+                     f"({c['price_per_gpu_h']['priced_from']}: {c['price_source']}), "
+                     f"{c['resolution']}px, {c['prompts']}x{c['group_size']} samples per iteration; trace {result['trace']})")
     if bases:
         defined = {"ondemand": f"ondemand: {c['gpus']} on-demand GPUs",
                    "ondemand_total": f"ondemand_total: {c['ondemand_total_gpus']} on-demand GPUs "
                                      f"({c['gpus']} + the spot fleet's peak)"}
-        lines.append("(speed-up: the baseline's hours to target / the policy's, above 1x is sooner; cost: the policy's "
-                     "dollars to target / the baseline's, below 1x is cheaper; " + "; ".join(defined[b] for b in bases)
-                     + "; --json also compares with spot_restart and sync_explore when they were simulated)")
+        lines += wrapped("(speed-up: the baseline's hours to target / the policy's, above 1x is sooner; cost: the "
+                         "policy's dollars to target / the baseline's, below 1x is cheaper; "
+                         + "; ".join(defined[b] for b in bases)
+                         + "; --json also compares with spot_restart and sync_explore when they were simulated)")
     return "\n".join(lines)
 
 
@@ -138,7 +214,7 @@ def price_range_table(result: dict[str, Any]) -> str | None:
     rows = pr["rows"]
     how = ("re-priced from each policy's on-demand and spot GPU-hours (no decision reads a price)"
            if pr["how"] == "repriced" else f"each row simulated again: {pr['why_simulated']}")
-    lines = [f"dollars to the target over the price rows (--price-rows {pr['spec']}; typical constants; {how}):"]
+    lines = wrapped(f"dollars to the target over the price rows (--price-rows {pr['spec']}; typical constants; {how}):")
     head = ["policy"] + [f"[{i}] {r['ratio']:.2f}x" if r["ratio"] is not None else f"[{i}]"
                          for i, r in enumerate(rows, 1)]
     cells = [head]
@@ -152,15 +228,13 @@ def price_range_table(result: dict[str, Any]) -> str | None:
             ratio = got.get("cost_ratio_vs_ondemand")
             row_cells.append(_usd(got["cost_usd"]) + ("" if ratio is None else f" ({ratio:.2f}x)"))
         cells.append(row_cells)
-    widths = [max(len(c[i]) for c in cells) for i in range(len(head))]
-    lines += ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
-              for row in cells]
+    lines += columns(cells)
     for i, r in enumerate(rows, 1):
         ratio = "" if r["ratio"] is None else f"spot {r['ratio']:.2f}x on-demand, "
-        lines.append(f"[{i}] {r['name']}: {ratio}${r['spot_usd_h']:,.2f} / ${r['ondemand_usd_h']:,.2f} per "
-                     f"{r['gpus']}-GPU node-hour; on-demand basis: {r['ondemand_basis']}; source: {r['source']}; "
-                     f"{r['date']}")
-    lines.append("(the cost ratio in brackets: the policy's dollars to the target / ondemand's at the same row)")
+        lines += wrapped(f"[{i}] {r['name']}: {ratio}${r['spot_usd_h']:,.2f} / ${r['ondemand_usd_h']:,.2f} per "
+                         f"{r['gpus']}-GPU node-hour; on-demand basis: {r['ondemand_basis']}; source: {r['source']}; "
+                         f"{r['date']}")
+    lines += wrapped("(the cost ratio in brackets: the policy's dollars to the target / ondemand's at the same row)")
     return "\n".join(lines)
 
 
@@ -180,7 +254,7 @@ def _spread(values: dict[str, float | None], what: str) -> str:
 
 
 def hour_saved_lines(result: dict[str, Any]) -> list[str]:
-    """One line per baseline of `result["price_of_an_hour_saved"]`: what an hour sooner costs at the
+    """One line (wrapped to `WIDTH`) per baseline of `result["price_of_an_hour_saved"]`: what an hour sooner costs at the
     typical constants, with the spread over the constant sets and over the price rows, or why there
     is none (not sooner, a target not reached); nothing for a baseline not simulated (`--json` says so)."""
     h = result.get("price_of_an_hour_saved")
@@ -197,22 +271,25 @@ def hour_saved_lines(result: dict[str, Any]) -> list[str]:
                                _spread(values["by_price_row"], "price rows")) if x]
         tail = f" ({'; '.join(spreads)})" if spreads else ""
         if typical is None:
-            lines.append(f"{policy} vs {base}: no price of an hour saved at the typical constants: "
-                         f"{why['by_constant_set'].get('typical', '')}{tail}")
+            lines.append("\n".join(wrapped(f"{policy} vs {base}: no price of an hour saved at the typical "
+                                            f"constants: {why['by_constant_set'].get('typical', '')}{tail}")))
             continue
         note = " (sooner and cheaper)" if typical < 0 else ""
-        lines.append(f"{policy}: {_dollars_per_hour(typical)} per hour sooner than {base}{note}, at the typical "
-                     f"constants and the run's prices{tail}")
+        lines.append("\n".join(wrapped(f"{policy}: {_dollars_per_hour(typical)} per hour sooner than {base}{note}, "
+                                        f"at the typical constants and the run's prices{tail}")))
     return lines
 
 
 def plot_simulation(result: dict[str, Any], path: str | Path) -> Any:
-    """What a buyer needs, one panel above the other on the hours of the runs (to the longest run's
-    end, not the trace's): the modelled validation score with the target, the dollars spent so far
-    (`cumulative_cost`), and the live (paid) GPUs, each policy in its own colour, line style and
-    marker, its time to target marked on the first two. The trace's preemptions during the runs are
-    ticks along the bottom of every panel; the oracle's lines end when its run ends. `verdict` is
-    the line under the figure. Returns the (closed) figure, for a test to read."""
+    """What a buyer needs, in one figure under its headline (`verdict`): first the answer — each
+    policy's hours and dollars to the target, one labelled point each, the frontier (`frontier`:
+    no other policy both sooner and cheaper) joined and ringed — then, on the hours of the runs
+    (to the longest run's end, not the trace's), the modelled validation score with the target,
+    the dollars spent so far (`cumulative_cost`) and the live (paid) GPUs, each policy in its own
+    colour, line style and marker (one legend, beside the panels, for all three), its time to
+    target marked on the first two. The trace's preemptions during the runs are ticks along the
+    bottom of the three; the oracle's lines end when its run ends. Every text lies inside the
+    figure (a long trace name is wrapped). Returns the (closed) figure, for a test to read."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -220,22 +297,29 @@ def plot_simulation(result: dict[str, Any], path: str | Path) -> Any:
 
     pols = result["policies"]
     end_h = max((r["wall_h"] for r in pols.values()), default=0.0) or 1.0
-    fig, (score, cost, gpus) = plt.subplots(3, 1, figsize=(9, 9), sharex=True,
-                                            gridspec_kw={"height_ratios": [2.2, 2.2, 1.3]})
+    fig = plt.figure(figsize=(11, 12.5), layout="constrained")
+    grid = fig.add_gridspec(4, 1, height_ratios=[2.6, 2.0, 2.0, 1.3])
+    answer = fig.add_subplot(grid[0])
+    score = fig.add_subplot(grid[1])
+    cost = fig.add_subplot(grid[2], sharex=score)
+    gpus = fig.add_subplot(grid[3], sharex=score)
     styles = ["-", "--", "-.", ":"]
     markers = ["o", "s", "^", "D", "v", "P", "X", "*"]
+    looks = {}
     for i, (name, r) in enumerate(pols.items()):
-        look = dict(color=f"C{i % 10}", ls=styles[i % len(styles)], lw=1.4)
+        look = looks[name] = dict(color=f"C{i % 10}", ls=styles[i % len(styles)], lw=1.4)
         prog = r["progress"]
         score.plot([p[0] for p in prog], [p[1] for p in prog], marker=markers[i % len(markers)],
                    markevery=max(1, len(prog) // 12), ms=4, label=name, **look)
         spent = cumulative_cost(r, result["config"])
-        cost.plot([p[0] for p in spent], [p[1] for p in spent], **look)
+        cost.plot([p[0] for p in spent], [p[1] for p in spent], label=name, **look)
         if r.get("time_to_target_h") is not None:
             score.plot(r["time_to_target_h"], result["progress_model"]["target"], "o", color=look["color"], ms=7)
             cost.plot(r["time_to_target_h"], r["cost_usd"], "o", color=look["color"], ms=7)
         live = _until(r["timeline"], r["wall_h"])
-        gpus.step([p[0] for p in live], [p[1] for p in live], where="post", color=look["color"], lw=1.0, alpha=0.8)
+        gpus.step([p[0] for p in live], [p[1] for p in live], where="post", label=name, **{**look, "lw": 1.0},
+                  alpha=0.8)
+    _plot_answer(answer, result, looks, markers)
     # The trace's removals during the runs: a tick per instant (a burst is one), counted in the legend.
     preempted = sorted({t for r in pols.values() for t in r.get("preemption_times_h", ()) if t <= end_h})
     removals = max((len(r.get("preemption_times_h", ())) for r in pols.values()), default=0)
@@ -247,23 +331,66 @@ def plot_simulation(result: dict[str, Any], path: str | Path) -> Any:
         ax.tick_params(labelsize=8)
     score.axhline(result["progress_model"]["target"], color="grey", ls="--", lw=1, label="target")
     score.set_ylabel("validation score (model)")
-    score.legend(fontsize=8, ncol=2)
-    score.set_title(f"progress and dollars over time, per policy (o: the target reached); trace {result['trace']}",
-                    fontsize=10)
+    score.set_title("over the hours of the runs (o: the target reached)", fontsize=10)
     cost.set_ylabel("dollars spent")
     gpus.set_ylabel("live GPUs (paid)", fontsize=9)
     gpus.set_ylim(bottom=0)
-    if preempted:
-        gpus.legend(fontsize=8, loc="lower right")
+    if preempted:  # the policies are the figure's legend; this panel's says what the ticks are
+        gpus.legend(handles=[h for h in gpus.get_lines() if h.get_label().endswith("spot run")], fontsize=8,
+                    loc="lower right")
     gpus.set_xlabel("hours")
     gpus.set_xlim(0, end_h * 1.02)
+    handles, labels = score.get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside right center", fontsize=8, title="policy", title_fontsize=8)
     line = verdict(result)
     if line:
-        fig.text(0.5, 0.012, line, ha="center", va="bottom", fontsize=9, wrap=True)
-    fig.tight_layout(rect=(0, 0.04 if line else 0, 1, 1))
+        fig.suptitle(_plain("\n".join(textwrap.wrap(line, 110))), fontsize=10)
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return fig
+
+
+def _plot_answer(ax: Any, result: dict[str, Any], looks: dict[str, dict], markers: list[str]) -> None:
+    """The buyer's panel: hours to target (x) against dollars to target (y), a point per policy
+    that reached it, named; the frontier joined and ringed; the policies that did not reach it said."""
+    pols = result["policies"]
+    reached = [n for n, r in pols.items() if r.get("time_to_target_h") is not None and r.get("cost_usd") is not None]
+    for i, name in enumerate(pols):
+        if name in reached:
+            ax.plot(pols[name]["time_to_target_h"], pols[name]["cost_usd"], marker=markers[i % len(markers)], ms=8,
+                    ls="none", color=looks[name]["color"], label=name)
+    front = frontier(result)
+    if front:
+        xs = [pols[n]["time_to_target_h"] for n in front]
+        ys = [pols[n]["cost_usd"] for n in front]
+        ax.step(xs, ys, where="post", color="black", lw=1.0, alpha=0.6, zorder=0)
+        ax.plot(xs, ys, "o", ms=15, mfc="none", mec="black", mew=1.0, label="frontier")
+    # One name per point; policies at the same point share it ("spotlight, spotlight_noexplore").
+    at: dict[tuple[float, float], list[str]] = {}
+    for n in reached:
+        at.setdefault((pols[n]["time_to_target_h"], pols[n]["cost_usd"]), []).append(n)
+    xs = [x for x, _ in at] or [0.0]
+    middle = (min(xs) + max(xs)) / 2
+    for (x, y), names in at.items():
+        right = x <= middle  # names point inwards, so none leaves the panel
+        ax.annotate(", ".join(names), (x, y), xytext=(9 if right else -9, 6), textcoords="offset points",
+                    ha="left" if right else "right", fontsize=8)
+    ax.margins(x=0.12, y=0.15)
+    missed = [n for n in pols if n not in reached]
+    if missed:
+        ax.text(0.01, 0.02, "\n".join(textwrap.wrap("did not reach the target: " + ", ".join(missed), 80)),
+                transform=ax.transAxes, fontsize=8, va="bottom")
+    ax.set_xlabel("hours to target", fontsize=9)
+    ax.set_ylabel("dollars to target")
+    ax.tick_params(labelsize=8)
+    trace = _plain("\n".join(textwrap.wrap(f"trace {result['trace']}", 100)))
+    ax.set_title(f"hours and dollars to the target, per policy (ringed: the frontier, none sooner and cheaper)\n"
+                 f"{trace}", fontsize=10)
+
+
+def _plain(text: str) -> str:
+    """`text` as matplotlib prints it verbatim: a `$` would start its math mode ("$3.53 against $3.28")."""
+    return text.replace("$", r"\$")
 
 
 def _until(timeline: list, end_h: float) -> list[tuple[float, int]]:

@@ -399,10 +399,11 @@ def test_the_simulator_table_says_which_way_is_cheaper(tmp_path, capsys):
     result = json.loads(capsys.readouterr().out)
     assert png.stat().st_size > 10_000
     lines = table(result).splitlines()
-    assert lines[0].split()[-3:] == ["cost", "vs", "ondemand"] and "cost ratio" not in lines[0]
+    at = lines[0].index("cost vs ondemand") + len("cost vs ondemand")  # the column's right edge
+    assert "cost ratio" not in lines[0]
     od, sync = (result["policies"][n]["cost_usd"] for n in ("ondemand", "sync_explore"))
     ratio = sync / od
     assert ratio > 1.05  # exploring on the critical path costs more than on-demand alone
-    assert lines[1].endswith("1.00x (same)")
-    assert lines[2].endswith(f"{ratio:.2f}x ({ratio - 1:.0%} more)")
-    assert "below 1x is cheaper" in lines[-1]
+    assert lines[1][:at].endswith("1.00x (same)")
+    assert lines[2][:at].endswith(f"{ratio:.2f}x ({ratio - 1:.0%} more)")
+    assert "below 1x is cheaper" in " ".join(" ".join(lines).split())

@@ -97,7 +97,9 @@ def test_the_text_output_prints_each_rows_ratio_source_and_date_and_the_json_car
             "--iterations-scale", "0.1", "--constants", "typical", "--no-progress",
             "--policy", "ondemand,near_all_spot,managed_restart,spotlight"]
     assert cli.main(args) == 0
-    text = capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert max(len(line) for line in out.splitlines()) <= 100
+    text = " ".join(out.split())  # the prose is wrapped to 100 columns: read it as one line
     assert "dollars to the target over the price rows (--price-rows range" in text
     assert "[2] aws p5.48xlarge us-east-1@catalog: spot 0.27x on-demand" in text
     assert "[3] gcp a3-highgpu-8g us-central1: spot 0.23x on-demand" in text and "commit 017e250" in text
@@ -105,7 +107,7 @@ def test_the_text_output_prints_each_rows_ratio_source_and_date_and_the_json_car
     assert re.search(r"spotlight: -?\$[\d,.]+ per hour sooner than near_all_spot", text) or \
         "spotlight vs near_all_spot: no price of an hour saved" in text
     assert cli.main(args + ["--price-rows", "home"]) == 0  # the run's own row alone: the table above says it
-    text = capsys.readouterr().out
+    text = " ".join(capsys.readouterr().out.split())
     assert "over the price rows" not in text and "per hour sooner than managed_restart" in text
     assert cli.main(args + ["--json", "--price-rows", "us-west-2,europe-west4"]) == 0
     out = json.loads(capsys.readouterr().out)

@@ -344,20 +344,23 @@ def test_every_answer_is_a_range_over_the_constant_sets_and_the_plot_shows_the_r
     assert list(full["assumptions"]) == list(SETS) and list(one["assumptions"]) == ["typical"]
     assert {len(v) for r in one["ranges"].values() for v in r.values()} == {1}
     # the line under the table, with the range
-    line = next(l for l in table(full).splitlines() if l.startswith("spotlight: "))
+    printed = table(full).splitlines()
+    start = next(i for i, l in enumerate(printed) if l.startswith("spotlight: "))
+    line = " ".join([printed[start]] + [l.strip() for l in printed[start + 1:] if l.startswith("  ")][:1])
     s = spot["speedup_vs_ondemand"]
     assert line.startswith(f"spotlight: {s['typical']:.2f}x sooner than ondemand ({min(s.values()):.2f}-"
                            f"{max(s.values()):.2f}x over the pessimistic-to-optimistic constants), ")
     # the plot: score, dollars, live GPUs; the verdict under it; hours to the longest run's end
     fig = plot_simulation(full, tmp_path / "sim.png")
     assert (tmp_path / "sim.png").stat().st_size > 10_000
-    assert [ax.get_ylabel() for ax in fig.axes] == ["validation score (model)", "dollars spent", "live GPUs (paid)"]
+    assert [ax.get_ylabel() for ax in fig.axes] == ["dollars to target", "validation score (model)", "dollars spent",
+                                                    "live GPUs (paid)"]
     said = verdict(full)
     assert said.startswith("spotlight reaches the target") and "over the constant sets" in said
-    assert [t.get_text() for t in fig.texts] == [said]
+    assert [t.get_text().replace("\n", " ").replace(r"\$", "$") for t in fig.texts] == [said]  # the headline
     longest = max(r["wall_h"] for r in full["policies"].values())
-    assert fig.axes[2].get_xlim() == pytest.approx((0.0, 1.02 * longest)) and longest < 1.0
-    assert fig.axes[2].get_legend().get_texts()[0].get_text() == "1 preemption in the longest spot run"
+    assert fig.axes[3].get_xlim() == pytest.approx((0.0, 1.02 * longest)) and longest < 1.0
+    assert [t.get_text() for t in fig.axes[3].get_legend().get_texts()] == ["1 preemption in the longest spot run"]
     for name, r in full["policies"].items():  # each dollar curve ends where its run does, at what it spent
         assert cumulative_cost(r, full["config"])[-1] == pytest.approx((r["wall_h"], r["total_cost_usd"]), rel=1e-9)
     assert full["policies"]["spotlight"]["preemption_times_h"] == [100.0 / 3600]
