@@ -64,6 +64,7 @@ class CostMeter:
         self.fleet = fleet
         self._settled_usd = spent_usd
         self._since = clock.now()
+        self._stopped: float | None = None
 
     @property
     def rate_usd_h(self) -> float:
@@ -73,7 +74,15 @@ class CostMeter:
         return fleet.ondemand * self.ondemand_usd_h + fleet.spot * self.spot_usd_h
 
     def spent_usd(self) -> float:
-        return self._settled_usd + self.rate_usd_h * max(0.0, self.clock.now() - self._since) / 3600.0
+        now = self.clock.now() if self._stopped is None else self._stopped
+        return self._settled_usd + self.rate_usd_h * max(0.0, now - self._since) / 3600.0
+
+    def stop(self) -> None:
+        """The run has ended (its final/ written): the dollars are what they are now, one figure for
+        summary.json, cost.json and the store's status.json. Shutting the runtime down and the final
+        push to a store come after and are not counted (a launched fleet's teardown is SkyPilot's)."""
+        if self._stopped is None:
+            self._stopped = self.clock.now()
 
     def restart(self) -> None:
         """Pay from now on only: the seconds since the meter started (or its last change) are not
@@ -255,6 +264,10 @@ class CostControl:
 
     def spent_usd(self) -> float:
         return self.meter.spent_usd()
+
+    def stop(self) -> None:
+        """The run's end: the meter stops (`CostMeter.stop`)."""
+        self.meter.stop()
 
     def start(self, done: int, restart_s: float | None = None) -> None:
         """Iterations begin now, `done` of them already done; `restart_s`: what bringing up

@@ -101,7 +101,24 @@ def model_card(cfg: RunConfig, iterations: int) -> str:
            f"{cfg.train.ema_decay:g}), not the last iteration's"] if cfg.train.ema_decay else []),
         f"- Run seed: {cfg.seed}", "",
         "## Loading", "", "```python", _loading(cfg), "```", "",
-        "## Run config", "", "```yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False).strip(), "```", ""])
+        "## Run config", "", "The settings in effect (the run folder's config.yaml has every field).", "",
+        "```yaml", yaml.safe_dump(in_effect(cfg), sort_keys=False).strip(), "```", ""])
+
+
+def in_effect(cfg: RunConfig) -> dict:
+    """`cfg` as a dict without the fields this run did not use, so that a reader does not take a
+    default for what trained the model: the one-reward `reward.name` when `reward.components` are
+    given, `reward.colour_width` without a colour reward, and the built-in set's `prompts.name`
+    and `count` when `prompts.path` is a file of the user's. Read back as a config, it trains the
+    same run (what is left out reads back as its default, which the run does not read either)."""
+    d = cfg.to_dict()
+    if cfg.reward.components:
+        del d["reward"]["name"]
+    if not any(t.name == "colour" for t in cfg.reward.terms):
+        del d["reward"]["colour_width"]
+    if cfg.prompts.path:
+        del d["prompts"]["name"], d["prompts"]["count"]
+    return d
 
 
 def _reward(cfg: RunConfig) -> str:

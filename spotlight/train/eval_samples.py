@@ -67,7 +67,10 @@ def image_grid(images: torch.Tensor, prompts: Sequence[str], rewards: Sequence[f
 
 def write_evaluation(folder: Path, step: int, rollout, seeds_per_prompt: int, rewards: torch.Tensor) -> Path:
     """Write evaluation `step`'s samples under `folder` (`eval/`): `step-NNNNNN.png` for a rollout with
-    images, `step-NNNNNN.jsonl` (prompt, seed, completion, reward a line) for one with completions.
+    images, `step-NNNNNN.jsonl` for one with completions: a line per sample with its `prompt`, `line`
+    (the prompt's line in its file, 1-based; null for a built-in set), `prompt_id` (its index in the
+    training set, or `EVAL_PROMPT_ID0` = 2**32 + its index in an evaluation file of its own, so that
+    evaluation never shares a random stream with training), `seed`, `completion` and `reward`.
     Returns the file written."""
     folder.mkdir(parents=True, exist_ok=True)
     rewards = rewards.float().tolist()
@@ -79,6 +82,6 @@ def write_evaluation(folder: Path, step: int, rollout, seeds_per_prompt: int, re
     path = folder / f"step-{step:06d}.jsonl"
     with open(path, "w") as f:
         for p, seed, completion, reward in zip(rollout.prompts, rollout.seeds, rollout.completions, rewards):
-            f.write(json.dumps({"prompt": p.text, "prompt_id": p.id, "seed": seed, "completion": completion,
-                                "reward": reward}) + "\n")
+            f.write(json.dumps({"prompt": p.text, "line": p.line, "prompt_id": p.id, "seed": seed,
+                                "completion": completion, "reward": reward}) + "\n")
     return path

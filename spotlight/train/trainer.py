@@ -330,6 +330,7 @@ class Trainer:
             self._loop()
             final = self.out / "final"
             self.runtime.save_final(final)
+            self.cost.stop()  # the run's dollars from here on: summary.json, cost.json and status.json say one figure
             summary = summarize(self.out / "metrics.jsonl", self.cfg.train.steps)
             summary.update({"final_dir": str(final), "warm_start": self.warm, "policy": self.cfg.policy.kind,
                             "runtime": self.cfg.runtime.kind, "resumed_from": self.start_step,

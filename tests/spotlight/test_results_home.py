@@ -96,6 +96,10 @@ def test_a_finished_run_stores_its_results_with_a_manifest_written_last(finished
     assert stored["stop_reason"] == "steps" and stored["nodes"] == {"ondemand": 1, "spot": 0}
     assert stored["reward_mean"] == json.loads((out / "summary.json").read_text())["reward_last"]
     assert stored["cost_usd"] > 0 and abs(stored["updated_at"] - time.time()) < 600
+    # One figure for the run's dollars: `spotlight status` (status.json), summary.json and cost.json
+    # (the meter stops when final/ is written; status once said $0.06 where summary.json said $0.05).
+    summary, spent = (json.loads((out / name).read_text()) for name in ("summary.json", "cost.json"))
+    assert stored["cost_usd"] == summary["cost_usd"] == spent["cost_usd"]
 
 
 def test_pull_returns_the_results_bit_identical_and_refuses_a_folder_in_use(finished, tmp_path, capsys):

@@ -6,10 +6,12 @@ tests/spotlight/train/test_trainer.py, chaos on Ray in tests/spotlight/runtime/t
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
-from spotlight.config import ConfigError
+from spotlight.config import ConfigError, default_config
 from spotlight.rl.dit_model import velocity
 from spotlight.rl.lora import (LocalBase, Reference, add_lora, base_state, has_lora, load_trained_state, trainable,
                                trained_state)
@@ -152,7 +154,17 @@ def test_the_model_card_names_the_base_reward_iterations_loading_and_config():
     as_released = model_card(small_llm_config(policy={**LORA, "llm": {"pretrained_path": "/models/Qwen2.5-0.5B"}},
                                               warm_start={"steps": 0}), 7)
     assert 'PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained("/models/Qwen2.5-0.5B"), "final")' in as_released
-    assert yaml.safe_load(card.split("```yaml\n")[1].split("```")[0]) == cfg.to_dict()
+    shown = yaml.safe_load(card.split("```yaml\n")[1].split("```")[0])
+    assert default_config(shown) == cfg and "colour_width" not in shown["reward"]  # the same run, unused fields out
+    # Components and a prompt file: no default reward name or built-in prompt set where neither trained it
+    used = small_dit_config(reward={"components": [{"name": "colour", "weight": 1.0}, {"name": "ocr", "weight": 0.5}]},
+                            prompts={"path": "my_prompts.txt"})
+    shown = yaml.safe_load(model_card(used, 3).split("```yaml\n")[1].split("```")[0])
+    assert "name" not in shown["reward"] and shown["reward"]["colour_width"] == 0.5
+    assert "name" not in shown["prompts"] and "count" not in shown["prompts"]
+    back = default_config(shown)  # the same run: only prompts.count, which a file's run never reads, came back default
+    assert shown["prompts"]["path"] == "my_prompts.txt" and back.prompts.count != used.prompts.count
+    assert replace(back, prompts=replace(back.prompts, count=used.prompts.count)) == used
     # a base in a bucket: no from_pretrained reads s3://, the snippet goes through Spotlight's cache
     bucket = model_card(small_llm_config(policy={**LORA, "llm": {"pretrained_path": "s3://my-models/qwen"}},
                                          warm_start={"steps": 0}), 7)

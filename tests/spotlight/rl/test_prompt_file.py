@@ -44,6 +44,25 @@ def test_a_flow_grpo_dataset_folder_reads_as_it_is(tmp_path):
     assert read_prompts(tmp_path)[0].metadata == {"tag": "t"}
 
 
+def test_evaluation_completions_name_each_prompts_file_line_beside_its_id(tmp_path):
+    from types import SimpleNamespace
+
+    import torch
+
+    from spotlight.train.eval_samples import write_evaluation
+
+    (tmp_path / "eval.txt").write_text("1+2=\n\n3+4=\n")  # a blank line: ids skip it, file lines do not
+    cfg = default_config({"prompts": {"eval_path": str(tmp_path / "eval.txt")}})
+    prompts = [p for p in evaluation_prompts(cfg, []) for _ in range(2)]  # two seeds each
+    rollout = SimpleNamespace(images=None, prompts=prompts, seeds=[0, 1, 0, 1], completions=["3", "4", "7", "7"])
+    path = write_evaluation(tmp_path / "eval", 4, rollout, 2, torch.tensor([1.0, 0.0, 1.0, 1.0]))
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [(r["prompt"], r["line"], r["prompt_id"], r["seed"]) for r in rows] == [
+        ("1+2=", 1, EVAL_PROMPT_ID0, 0), ("1+2=", 1, EVAL_PROMPT_ID0, 1),
+        ("3+4=", 3, EVAL_PROMPT_ID0 + 1, 0), ("3+4=", 3, EVAL_PROMPT_ID0 + 1, 1)]
+    assert EVAL_PROMPT_ID0 == 4294967296  # the figure docs/training.md explains
+
+
 def test_an_eval_file_is_used_whole_unless_eval_prompts_limits_it(tmp_path):
     (tmp_path / "eval.txt").write_text("one\ntwo\nthree\n")
     cfg = default_config({"prompts": {"eval_path": str(tmp_path / "eval.txt")}})
