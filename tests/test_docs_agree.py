@@ -188,3 +188,28 @@ def test_every_test_file_the_code_and_docs_name_exists():
     assert "tests/test_imports.py" in named
     missing = sorted(t for t in named if not (REPO / t).is_file())
     assert not missing, f"named but not there: {missing}"
+
+
+# ---- measured figures carry their date ------------------------------------------------------------
+
+_FIGURE = r"\d+(?:\.\d+)? ?(?:s|min|ms|GiB|MiB|MB|GB|h)\b"
+_MEASURED = re.compile(rf"\bmeasured\b[^.\n|]{{0,40}}?{_FIGURE}|\btook {_FIGURE}|\btakes (?:about |~)?{_FIGURE}")
+_DATE = re.compile(r"20\d\d-\d\d-\d\d")
+
+
+def undated_figures(text: str) -> list[str]:
+    """The sections (## or ###) of a markdown text that state a measured figure ("measured 28.6 s",
+    "took 51 s", "takes ~3 min") with no date in the section and no pointer to docs/measurements.md,
+    where every row carries its date and machine: a figure without its date goes stale unseen (the
+    README said ~28 min for a suite that took 38)."""
+    return [section.splitlines()[0] for section in re.split(r"\n(?=#{2,3} )", text)
+            if _MEASURED.search(section) and not _DATE.search(section) and "measurements.md" not in section]
+
+
+def test_every_measured_figure_in_the_readme_and_docs_carries_its_date():
+    docs = [REPO / "README.md"] + sorted((REPO / "docs").glob("*.md"))
+    found = {str(p.relative_to(REPO)): undated_figures(p.read_text()) for p in docs}
+    assert {p: s for p, s in found.items() if s} == {}
+    # The check finds one.
+    assert undated_figures("# a\n\n## Speed\n\nThe suite took 38 s.\n\n## Other\n\nmeasured 3 s on 2026-11-28\n") \
+        == ["## Speed"]
