@@ -33,7 +33,7 @@ train: $(STAMP)
 	$(VENV)/bin/spotlight train $(CONFIG) --out $(OUT)
 
 test: $(STAMP)
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=25 $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder --durations=25 $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(VENV)/bin/spotlight bench throughput

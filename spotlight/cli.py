@@ -736,6 +736,20 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_status(args: argparse.Namespace) -> int:
+    # Imported when run: the store's checkpoint code brings torch (~1 s), which no other command's
+    # start (or its one-line refusal of a bad flag) should pay.
+    from spotlight.run_results import cmd_status
+
+    return cmd_status(args)
+
+
+def _cmd_pull(args: argparse.Namespace) -> int:
+    from spotlight.run_results import cmd_pull
+
+    return cmd_pull(args)
+
+
 def policy_help() -> str:
     """`simulate --policy`'s help: the names `--policy all` runs (`POLICIES`, in the order it runs
     them) and the baselines (`BASELINES`), from the simulator itself, so the help cannot drift from
@@ -987,8 +1001,6 @@ def build_parser() -> argparse.ArgumentParser:
                              "(required unless the config sets cloud.checkpoint_uri to one): they must outlive the head")
     launch.set_defaults(func=cmd_launch)
 
-    from spotlight.run_results import cmd_pull, cmd_status  # light: the store and JSON, no torch
-
     status = sub.add_parser("status", help="where a run stands, read from its store alone",
                             description="Print where a run stands from its checkpoint store alone (no SSH to the "
                                         "head): iterations done, the newest reward, the cost so far, live nodes by "
@@ -998,7 +1010,7 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("uri", metavar="URI",
                         help="the run's store: cloud.checkpoint_uri, s3://BUCKET/PREFIX, gs://BUCKET/PREFIX or a folder")
     status.add_argument("--json", action="store_true", help="print one JSON object")
-    status.set_defaults(func=cmd_status)
+    status.set_defaults(func=_cmd_status)
 
     pull = sub.add_parser("pull", help="fetch a run's results (final/, metrics, TensorBoard, samples) from its store",
                           description="Fetch the results a run stored under URI/results/ - metrics.jsonl, "
@@ -1010,7 +1022,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="the run's store: cloud.checkpoint_uri, s3://BUCKET/PREFIX, gs://BUCKET/PREFIX or a folder")
     pull.add_argument("--out", required=True, metavar="DIR", help="a new (or empty) folder for the results")
     pull.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
-    pull.set_defaults(func=cmd_pull)
+    pull.set_defaults(func=_cmd_pull)
 
     sim = sub.add_parser("simulate", help="how long and how much a run takes on a spot fleet, per policy",
                          description="Replay a preemption trace against the real pull scheduler, exploration "

@@ -44,6 +44,7 @@ from pathlib import Path
 
 from cloud.bounded_json import loads
 from spotlight.config import ConfigError, RunConfig, model_config
+from spotlight.dit_presets import QWEN_IMAGE_TRANSFORMER, TINY_TRANSFORMER
 
 MIB, GIB = 1 << 20, 1 << 30
 
@@ -124,12 +125,8 @@ LLM_CHAT_PROMPT_TOKENS = 32
 PIPELINE_TEXT_TOKENS = 512
 """A pipeline's prompt length at most (`QwenPromptEncoder.max_tokens`)."""
 
-# Copies of the shapes the policies build, here so that nothing imports torch: tests check that
-# they are the policies' own (`dit_model.TINY_TRANSFORMER`, `char_tokenizer.VOCAB`).
-TINY_TRANSFORMER = dict(patch_size=2, in_channels=16, out_channels=4, num_layers=2, attention_head_dim=16,
-                        num_attention_heads=2, joint_attention_dim=32)
-QWEN_IMAGE_TRANSFORMER = dict(patch_size=2, in_channels=64, out_channels=16, num_layers=60, attention_head_dim=128,
-                              num_attention_heads=24, joint_attention_dim=3584)
+# The vocabulary is a copy, so that nothing here imports torch: a test checks that it is the
+# policy's own (`char_tokenizer.VOCAB`); the DiT shapes are the policies' own (`spotlight.dit_presets`).
 TINY_VOCAB = 17
 """The tiny LLM's character vocabulary (`char_tokenizer.VOCAB`)."""
 ARITHMETIC_PROMPT_TOKENS = 7

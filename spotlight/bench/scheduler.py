@@ -26,15 +26,19 @@ SHIPPED_TRACE = Path(__file__).resolve().parents[2] / "experiments" / "traces" /
 
 
 def replay_run(trace: Path, notice_s: float, iterations: int, speedup: float,
-               spot: int, progress: bool = False) -> tuple[dict[str, Any], dict[str, int]]:
-    """One tiny-DiT Ray run with `trace` replayed; returns its summary and the queue's own counters."""
+               spot: int, progress: bool = False, shape: dict[str, Any] | None = None) \
+        -> tuple[dict[str, Any], dict[str, int]]:
+    """One tiny-DiT Ray run with `trace` replayed; returns its summary and the queue's own counters.
+    `shape`: run-config sections laid over the tiny DiT's defaults (a test's smaller iteration)."""
     from spotlight.runtime.ray_runtime import RayRuntime
     from schedulers.traces import load_trace, replay_schedule
     from spotlight.train.trainer import Trainer
 
+    shape = shape or {}
     cfg = default_config({
+        **shape,
         "warm_start": {"steps": 0},  # scheduling does not depend on what the weights are
-        "train": {"steps": iterations, "checkpoint_every": iterations},
+        "train": {**shape.get("train", {}), "steps": iterations, "checkpoint_every": iterations},
         "runtime": {"kind": "ray", "spot_workers": spot, "ondemand_workers": 1, "notice_s": notice_s},
     })
     runtime = RayRuntime(cfg, actions=replay_schedule(load_trace(trace), spot, speedup, notice_s))
@@ -44,7 +48,8 @@ def replay_run(trace: Path, notice_s: float, iterations: int, speedup: float,
 
 
 def run_scheduler_bench(ops: int = 2000, iterations: int = 6, speedup: float = 3600.0, spot: int = 4,
-                        trace: Path = SHIPPED_TRACE, progress: bool = False) -> dict[str, Any]:
+                        trace: Path = SHIPPED_TRACE, progress: bool = False,
+                        shape: dict[str, Any] | None = None) -> dict[str, Any]:
     from schedulers.bench_queue import run_queue_bench
 
     say = (lambda msg: print(f"bench scheduler: {msg}", file=sys.stderr, flush=True)) if progress else (lambda _: None)
@@ -53,7 +58,7 @@ def run_scheduler_bench(ops: int = 2000, iterations: int = 6, speedup: float = 3
                               "spot_workers": spot, "iterations": iterations}
     for name, notice_s in (("with_notice", 120.0), ("without_notice", 0.0)):
         say(f"replaying {trace.name} on a tiny-DiT Ray run, {'%g s notices' % notice_s if notice_s else 'no notices'}")
-        s, q = replay_run(trace, notice_s, iterations, speedup, spot, progress)
+        s, q = replay_run(trace, notice_s, iterations, speedup, spot, progress, shape)
         hits, cut = s["preemptions"] + s["workers_lost"], max(s["requests_interrupted"], 1)
         result[name] = {
             **{k: s[k] for k in ("preemptions", "workers_lost", "requests_completed", "requests_interrupted",

@@ -20,32 +20,8 @@ import torch
 
 from cloud.bounded_json import load_file
 from spotlight.config import MAX_CONFIG_BYTES, ConfigError, DiTConfig, InputError, RunConfig
+from spotlight.dit_presets import QWEN_IMAGE_TRANSFORMER, TINY_TRANSFORMER  # noqa: F401 - the presets, here too
 from spotlight.rl.seeding import derive_seed
-
-# A random 2-layer config that trains on 2 CPU cores (sum(axes_dims_rope) == attention_head_dim;
-# in_channels = 4 latent channels x 2x2 packing). 16x16 latents -> 64 image tokens.
-TINY_TRANSFORMER = dict(
-    patch_size=2,
-    in_channels=16,
-    out_channels=4,
-    num_layers=2,
-    attention_head_dim=16,
-    num_attention_heads=2,
-    joint_attention_dim=32,
-    axes_dims_rope=(8, 4, 4),
-)
-
-# The released Qwen-Image transformer (20B): diffusers' defaults for QwenImageTransformer2DModel.
-QWEN_IMAGE_TRANSFORMER = dict(
-    patch_size=2,
-    in_channels=64,
-    out_channels=16,
-    num_layers=60,
-    attention_head_dim=128,
-    num_attention_heads=24,
-    joint_attention_dim=3584,
-    axes_dims_rope=(16, 56, 56),
-)
 
 _MODEL_INIT = 0x1417  # stream tag for the random initialisation of a tiny model
 

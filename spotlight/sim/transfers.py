@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from spotlight.config import DIT_LORA_TARGETS
-from spotlight.rl.dit_model import QWEN_IMAGE_TRANSFORMER, TINY_TRANSFORMER
+from spotlight.dit_presets import QWEN_IMAGE_TRANSFORMER, TINY_TRANSFORMER
 
 GB = 1e9
 """Bytes in a (decimal) gigabyte: link speeds are decimal, so byte counts are too."""

@@ -55,9 +55,7 @@ def test_param_shapes_are_the_models():
     from spotlight.rl.char_tokenizer import VOCAB, build_char_tokenizer
     from spotlight.rl.llm_policy import tiny_qwen2_config
 
-    assert TINY_TRANSFORMER.items() <= dit_model.TINY_TRANSFORMER.items()
-    assert QWEN_IMAGE_TRANSFORMER.items() <= dit_model.QWEN_IMAGE_TRANSFORMER.items()
-    assert TINY_VOCAB == len(VOCAB)
+    assert TINY_VOCAB == len(VOCAB)  # a copy (the DiT shapes are spotlight.dit_presets', shared)
 
     def built(model) -> dict:
         return {n: tuple(p.shape) for n, p in model.named_parameters()}

@@ -1,6 +1,7 @@
 """The Ray runtime under preemptions: spot workers die at random moments, with and without a
 notice, and a shipped trace is replayed fast — training still ends with the same weights as an
-undisturbed run, and no request is lost or committed twice."""
+undisturbed run (computed in this process: a Ray run's weights are the local run's, bit for bit),
+and no request is lost or committed twice."""
 
 import json
 import random
@@ -21,11 +22,11 @@ TRACES = Path(__file__).resolve().parents[3] / "experiments" / "traces"
 SPOT = 4
 
 
-def _config(**over):
+def _config(kind="ray", **over):
     return small_dit_config(
         train={"steps": 5, "prompts_per_step": 4, "group_size": 4, "checkpoint_every": 5},
         sampler={"num_steps": 8},
-        runtime={"kind": "ray", "spot_workers": SPOT, "ondemand_workers": 1},
+        runtime={"kind": kind, "spot_workers": SPOT, "ondemand_workers": 1},
         **over,
     )
 
@@ -33,6 +34,15 @@ def _config(**over):
 def _run(tmp_path, name, actions, **over):
     runtime = RayRuntime(_config(**over), actions=actions)
     summary = Trainer(_config(**over), tmp_path / name, progress=False).build(runtime).train()
+    (weights,) = (tmp_path / name / "final").glob("*.safetensors")
+    return summary, load_file(str(weights))
+
+
+def _run_locally(tmp_path, name, **over):
+    """The undisturbed reference, in this process: a Ray run ends with its weights bit for bit
+    (`test_local_and_ray_runs_of_an_llm_config_end_bit_identical`, test_multinode.py), in a
+    fraction of a Ray run's time."""
+    summary = Trainer(_config("local", **over), tmp_path / name, progress=False).build().train()
     (weights,) = (tmp_path / name / "final").glob("*.safetensors")
     return summary, load_file(str(weights))
 
@@ -55,7 +65,7 @@ def chaos_schedule(seed: int, spot: int, horizon_s: float) -> list[ReplayAction]
 
 @pytest.fixture(scope="module")
 def undisturbed(tmp_path_factory):
-    return _run(tmp_path_factory.mktemp("ray"), "undisturbed", [])
+    return _run_locally(tmp_path_factory.mktemp("ray"), "undisturbed")
 
 
 def _assert_same_weights(a, b):
@@ -78,7 +88,7 @@ def test_chaos_kills_change_no_adapter_of_a_lora_run(tmp_path):
     """With LoRA the workers load the learner's base once and then adapters only: replacement
     workers started mid-run must rebuild the same model, or the run's adapters would differ."""
     lora = {"lora": {"rank": 4, "alpha": 8}}
-    _, base_weights = _run(tmp_path, "lora-undisturbed", [], policy=lora)
+    _, base_weights = _run_locally(tmp_path, "lora-undisturbed", policy=lora)
     summary, weights = _run(tmp_path, "lora-chaos", chaos_schedule(seed=7, spot=SPOT, horizon_s=0.6), policy=lora)
     assert summary["preemptions"] >= 1 and summary["workers_lost"] >= 1, summary
     assert summary["requests_lost"] == 0 and summary["requests_duplicated"] == 0
