@@ -3,6 +3,8 @@ import os
 # Ray's auth mode, explicit for every Ray these tests start themselves (`ray.init(address="local")`
 # with it unset turns token auth on and writes ~/.ray/auth_token). Before `import ray`: Ray reads it once.
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+# No Ray these tests start reports usage to Ray's servers: nothing leaves this machine.
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 # Under pytest-xdist (`-n 2`, the README's test command) two test processes share the 2 cores: with
 # torch's default of one OpenMP thread per core in each, two torch processes ran 20x slower than
@@ -17,8 +19,18 @@ import torch  # noqa: E402
 if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
 
-from spotlight.config import default_config
-from spotlight.logs import passed_to
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+# A few test files import helpers from others by module name (`from test_cloud_store import
+# final_weights`); pytest puts a test file's folder on sys.path only once it collects that file, so
+# such a file run alone failed to import. Every test folder is on the path from the start.
+for _folder in sorted(p.parent for p in Path(__file__).parent.rglob("test_*.py")):
+    if str(_folder) not in sys.path:
+        sys.path.append(str(_folder))
+
+from spotlight.config import default_config  # noqa: E402
+from spotlight.logs import passed_to  # noqa: E402
 
 
 def pytest_collection_modifyitems(config, items):

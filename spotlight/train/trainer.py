@@ -107,7 +107,11 @@ class Trainer:
 
     def __init__(self, cfg: RunConfig, out: Path, progress: bool = True) -> None:
         self.cfg = cfg
-        self.out = Path(out)
+        # Absolute once, here: a reward (or anything the run loads) that calls os.chdir must not send
+        # the checkpoints, metrics and cost.json to another folder, outside the run's lock. Lines
+        # shown to the user keep the folder as it was given (`given`).
+        self.out = Path(out).absolute()
+        self.given = Path(out)
         self.progress = progress
         self.start_step = 0
         self.warm: dict[str, Any] = {}
@@ -396,12 +400,12 @@ class Trainer:
 
     def _write_traceback(self, err: RewardError) -> Path | None:
         """The full traceback of what a reward raised (`RewardError.traceback`), in the run folder's
-        reward-error.txt under the error's line; None when it raised nothing (a timeout, bad scores)."""
+        reward-error.txt under the error's line; returns where, as the folder was given; None when it
+        raised nothing (a timeout, bad scores)."""
         if not err.traceback:
             return None
-        path = self.out / REWARD_TRACEBACK
-        path.write_text(f"{err}\n\n{err.traceback}")
-        return path
+        (self.out / REWARD_TRACEBACK).write_text(f"{err}\n\n{err.traceback}")
+        return self.given / REWARD_TRACEBACK
 
     def after(self, step: int, done: Completed) -> str | None:
         """The dollars saved, the row in TensorBoard, the store's copy and the status (`_publish`)."""

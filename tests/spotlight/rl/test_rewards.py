@@ -432,6 +432,36 @@ def test_a_reward_that_raises_leaves_its_traceback_in_the_run_folder_and_names_i
     assert pickle.loads(pickle.dumps(err)).traceback == "Traceback ..."
 
 
+def test_a_reward_that_changes_the_working_directory_does_not_move_the_run(tmp_path, monkeypatch, capsys):
+    """Issue 41, item 6: with a relative --out, a reward's os.chdir sent the checkpoints, metrics,
+    evaluation and cost.json to the new working directory, outside the folder and its lock."""
+    from conftest import small_llm_config
+
+    from spotlight import cli
+    from spotlight.config import to_yaml
+
+    _write(tmp_path, "wanders.py", """
+        import os
+
+        def score(outputs, prompts, metadata):
+            os.chdir(os.environ["ELSEWHERE"])
+            return [0.0] * len(outputs)
+        """)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.setenv("ELSEWHERE", str(elsewhere))
+    monkeypatch.chdir(tmp_path)  # and back after the test, wherever the reward went
+    config = tmp_path / "run.yaml"
+    config.write_text(to_yaml(small_llm_config(train={"steps": 2, "checkpoint_every": 1}, reward={"components": [
+        {"name": "arithmetic"}, {"function": "wanders.py:score"}]})))
+    assert cli.main(["train", str(config), "--out", "out", "--no-progress"]) == 0, capsys.readouterr().err
+    assert list(elsewhere.iterdir()) == []
+    out = tmp_path / "out"
+    assert {"metrics.jsonl", "summary.json", "cost.json", "config.yaml", "checkpoints", "final"} <= {
+        p.name for p in out.iterdir()}
+    assert len((out / "metrics.jsonl").read_text().splitlines()) == 2
+
+
 @pytest.mark.slow
 def test_ray_reward_workers_split_a_batch_and_score_what_one_worker_scores(tmp_path, monkeypatch):
     """Two reward actors (a user file relative to the controller's working directory, metadata by
