@@ -91,9 +91,11 @@ def _parsed(path: Path, stamp: tuple[int, int, int], field: str, first_id: int, 
     except InputFileError as err:
         raise ConfigError(f"{field}: {err}") from None
     prompts: list[Prompt] = []
-    # "\n" only: str.splitlines also splits at U+2028 and other separators a JSON string may hold.
+    # A byte-order mark (Windows editors write one) is not part of prompt 0; a line ends at LF, CRLF or
+    # a lone CR (classic Mac). Not str.splitlines: it also splits at U+2028 and other separators a
+    # JSON string may hold (a raw CR may not be in one).
+    text = text.removeprefix("\ufeff").replace("\r\n", "\n").replace("\r", "\n")
     for number, line in enumerate(text.split("\n"), start=1):
-        line = line.removesuffix("\r")
         if not line.strip():
             continue
         if len(prompts) == MAX_PROMPTS:

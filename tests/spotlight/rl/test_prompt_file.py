@@ -18,6 +18,18 @@ def test_a_txt_file_is_one_prompt_a_line_blank_lines_skipped(tmp_path):
     assert [(p.id, p.text, p.metadata) for p in prompts] == [(0, 'A sign that says "OPEN"', {}), (1, "a cat on a mat", {})]
 
 
+def test_a_byte_order_mark_and_any_line_ending_are_read_as_an_editor_shows_them(tmp_path):
+    """Issue 41, item 13: a UTF-8 BOM stayed in prompt 0 (an OCR or colour prompt then named none of
+    its words), and CR-only line endings made the whole file one prompt."""
+    path = tmp_path / "p.txt"
+    path.write_bytes('\ufeffa red image\ra blue image\r\na green image\n'.encode())
+    assert [(p.text, p.line) for p in read_prompts(path)] == [("a red image", 1), ("a blue image", 2),
+                                                               ("a green image", 3)]
+    jsonl = tmp_path / "p.jsonl"
+    jsonl.write_bytes('\ufeff{"prompt": "a\\u2028b"}\r{"prompt": "c"}\r'.encode())
+    assert [p.text for p in read_prompts(jsonl)] == ["a\u2028b", "c"]  # an escaped separator stays in its prompt
+
+
 def test_a_jsonl_file_keeps_the_other_fields_as_metadata(tmp_path):
     # GenEval's metadata lines, and a GSM8K-style line whose answer holds a U+2028 (a JSON string may).
     rows = [{"tag": "single_object", "include": [{"class": "bench", "count": 1}], "prompt": "a photo of a bench"},
