@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import signal
 import socket
@@ -48,7 +49,7 @@ from cloud.rendezvous import HeadRecord, Rendezvous
 from cloud.sky import HEAD_LOST, NODE_IP_ENV, PORT_FLAGS_ENV, RAY_NODE_PORTS, RAY_PORT, RAY_WORKER_PORTS, TOKEN_ENV
 from cloud.store import StoreError
 from schedulers.clock import Clock, WallClock
-from schedulers.input_file import InputError
+from schedulers.input_file import ConfigError, InputError, short
 from spotlight.config import RunConfig, load_config
 from spotlight.logs import configure
 
@@ -58,6 +59,27 @@ HEAD_WAIT_S = 900.0
 POLL_ENV = "SPOTLIGHT_FLEET_POLL_S"
 POLL_S = 10.0
 """Seconds between a spot node's reads of the fleet records: 8,640 GETs a day, about $0.003 on S3."""
+ENV_SECONDS = {HEAD_WAIT_ENV: (HEAD_WAIT_S, 1.0, 7 * 86400.0), POLL_ENV: (POLL_S, 0.1, 3600.0)}
+"""The environment's settings in seconds: (default, lowest, highest). A value outside them, or not a
+number, is refused in one line naming the variable: `0`, `-1` or `nan` as the poll made a busy
+loop (326,710 store reads in 5 s), `inf` an OverflowError, `abc` a traceback."""
+
+
+def env_seconds(name: str) -> float:
+    """`$name` (one of `ENV_SECONDS`) in seconds, its default when unset; a ConfigError otherwise."""
+    default, low, high = ENV_SECONDS[name]
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not low <= value <= high:  # nan fails both
+        raise ConfigError(f"${name}: expected seconds in [{low:g}, {high:g}], got {short(raw)}")
+    return value
+
+
 HEAD_START_S = 120.0
 """How long the head waits for its Ray to answer before it gives up."""
 RAY_STOP_S = 60.0
@@ -224,10 +246,9 @@ def _exit_on_signal(signum, frame):
 
 def run_spot(config: Path, name: str, clock: Clock | None = None, resources: str | None = None) -> int:
     clock = clock or WallClock()
+    poll_s, wait_s = env_seconds(POLL_ENV), env_seconds(HEAD_WAIT_ENV)  # before anything: a bad one is one line
     rendezvous, cfg = _rendezvous(config, name)
     prefetch(cfg)  # before this node's workers start: they load the model from the cache
-    poll_s = float(os.environ.get(POLL_ENV, POLL_S))
-    wait_s = float(os.environ.get(HEAD_WAIT_ENV, HEAD_WAIT_S))
     # The `spot` amount only marks the node: each spot rollout worker needs a sliver of it, so the
     # node's CPUs and GPUs bound how many land here, not this number.
     marks = resources or json.dumps({"spot": cfg.cloud.gpus_per_node})
