@@ -365,9 +365,11 @@ def _read_record(folder: Path, source: str) -> dict[str, Any]:
         record = load_file(folder.with_name(folder.name + _RECORD), max_bytes=_MAX_RECORD_BYTES)
     except (OSError, ValueError):
         return {}
+    # Every key passes the store's key check, as listed keys do: a tampered record's "../../x" would
+    # otherwise name a file outside the folder, which a fetch unlinks when the store no longer has it.
     ok = (isinstance(record, dict) and record.get("source") == source and isinstance(record.get("files"), dict)
-          and all(isinstance(e, dict) and isinstance(e.get("size"), int) and isinstance(e.get("checksum"), str)
-                  for e in record["files"].values()))
+          and all(_file_key(k) and isinstance(e, dict) and isinstance(e.get("size"), int)
+                  and isinstance(e.get("checksum"), str) for k, e in record["files"].items()))
     return record if ok else {}
 
 

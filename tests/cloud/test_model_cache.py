@@ -133,6 +133,27 @@ def test_a_changed_object_or_a_cut_file_is_fetched_again_and_a_damaged_one_refus
     assert (folder / "model_index.json").read_bytes() == b"{}"
 
 
+def test_a_tampered_fetch_record_touches_nothing_outside_the_cache(uploaded, tmp_path):
+    """Issue 41, item 11: a key "../../x" in the record, which the store no longer lists, made the
+    fetch unlink a file outside the cache. A record with a key that fails the store's key check is
+    no record: the folder is checked against the store afresh."""
+    import json
+
+    uri, store = uploaded
+    folder = fetch_model(uri, tmp_path / "cache", store=store)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("the user's")
+    record = folder.with_name(folder.name + ".fetch.json")
+    data = json.loads(record.read_text())
+    escape = os.path.relpath(victim, folder)  # "../../victim.txt"
+    data["files"][escape] = {"size": 9, "checksum": "sha256:00"}
+    data["complete"] = False
+    record.write_text(json.dumps(data))
+    assert fetch_model(uri, tmp_path / "cache", store=store) == folder
+    assert victim.read_text() == "the user's"
+    assert escape not in json.loads(record.read_text())["files"] and cached_folder(uri, tmp_path / "cache") == folder
+
+
 def test_two_fetches_at_once_download_each_file_once(uploaded, tiny_qwen_pipeline, tmp_path):
     uri, store = uploaded
     counting = Counting(store)
