@@ -299,6 +299,19 @@ def _download(store: Store, manifest: dict[str, Any], staging: Path, progress: b
             key, path = f"{RESULTS}/{rel}", staging / rel
             bar.set_postfix_str(Path(rel).name[:40], refresh=False)
             try:
+                # The object's size first (one HEAD): a manifest declaring 10 bytes for a 1 GiB object
+                # had the whole GiB written before the refusal.
+                try:
+                    size: int | None = store.stat(key).size
+                except MissingKey:
+                    raise
+                except StoreError:  # a stat the store cannot give (no checksum of ours): get_file verifies
+                    size = None
+                if size is not None and size != want["size"]:
+                    if read_manifest(store) != manifest:  # the head pushed meanwhile: start over
+                        raise _Replaced from None
+                    raise ResultsError(f"{store.uri}/{key}: named by {MANIFEST} but holds {size} bytes, "
+                                       f"not {want['size']} (damaged or replaced): nothing of it written")
                 store.get_file(key, path, checksum=want["checksum"])
             except (MissingKey, ChecksumMismatch) as err:
                 if read_manifest(store) != manifest:  # the head pushed meanwhile: start over

@@ -279,6 +279,12 @@ def test_damaged_records_stop_status_with_one_line(finished, tmp_path, capsys, d
     _one_error(capsys, "status", str(store), says=says)
 
 
+def _replaced(path: Path) -> None:
+    """Other bytes of the same size: only the checksum can tell."""
+    data = path.read_bytes()
+    path.write_bytes(bytes(b ^ 1 for b in data[:1]) + data[1:])
+
+
 def _planted(store: Path, rel: str) -> None:
     manifest = json.loads((store / MANIFEST).read_text())
     manifest["files"][rel] = {"size": 1, "checksum": manifest["files"]["config.yaml"]["checksum"]}
@@ -286,8 +292,10 @@ def _planted(store: Path, rel: str) -> None:
 
 
 @pytest.mark.parametrize("damage, says", [
+    (lambda s: _replaced(s / "results/config.yaml"), "config.yaml: named by results/MANIFEST.json "
+                                                     "but does not match its checksum"),
     (lambda s: (s / "results/config.yaml").write_text("replaced"), "config.yaml: named by results/MANIFEST.json "
-                                                                   "but does not match its checksum"),
+                                                                   "but holds 8 bytes, not "),
     (lambda s: (s / "results/summary.json").unlink(), "summary.json: named by results/MANIFEST.json but is missing"),
     (lambda s: _planted(s, "../../escaped.txt"), "names '../../escaped.txt', not a relative path"),
     (lambda s: _planted(s, "MANIFEST.json"), "a name of the results' own records"),
@@ -299,6 +307,23 @@ def test_a_damaged_result_fails_the_pull_with_one_line_and_leaves_nothing(finish
     _one_error(capsys, "pull", str(store), "--out", str(tmp_path / "pulled" / "got"), "--no-progress", says=says)
     assert not (tmp_path / "pulled" / "got").exists() and list((tmp_path / "pulled").glob("*")) == []
     assert not (tmp_path / "escaped.txt").exists() and not (tmp_path.parent / "escaped.txt").exists()
+
+
+def test_pull_checks_an_objects_size_before_it_writes_a_byte_of_it(finished, tmp_path, monkeypatch):
+    """Issue 41, item 4: a manifest entry declaring 10 bytes for a 1 GiB object had the whole GiB
+    written before the refusal (300 MiB on S3, the bar at 0/10 B)."""
+    from spotlight.run_results import ResultsError, _download, read_manifest
+
+    store_dir = tmp_path / "store"
+    shutil.copytree(finished[1], store_dir)
+    (store_dir / "results" / "metrics.jsonl").write_bytes(b"x" * 5_000_000)  # far more than it declares
+    store = open_store(str(store_dir))
+    got = []
+    fetch = store.get_file
+    monkeypatch.setattr(store, "get_file", lambda key, path, checksum=None: (got.append(key), fetch(key, path, checksum)))
+    with pytest.raises(ResultsError, match=r"metrics\.jsonl: named by results/MANIFEST\.json but holds 5000000 bytes"):
+        _download(store, read_manifest(store), tmp_path / "staging", progress=False)
+    assert "results/metrics.jsonl" not in got and not (tmp_path / "staging").exists()
 
 
 def test_pull_and_status_through_s3_with_its_own_checksums(finished, s3, tmp_path, capsys):
