@@ -31,14 +31,14 @@ from typing import Any
 
 from cloud.open_store import open_store
 from cloud.rendezvous import DONE_KEY, HEAD_KEY, MAX_RECORD_BYTES
-from cloud.store import ChecksumMismatch, MissingKey, Store, StoreError, check_key, get_json
+from cloud.store import ChecksumMismatch, MissingKey, Store, StoreError, get_json
 from schedulers.input_file import ConfigError, short
 from spotlight.logs import silenced
 from spotlight.text import plural
 from spotlight.train.checkpoint_sync import CheckpointSync, step_dir
 from spotlight.checkpoints.checkpoint import own_mode
-from spotlight.train.results_sync import (MANIFEST, MAX_MANIFEST_BYTES, MAX_STATUS_BYTES, RESERVED, RESULTS, STATUS,
-                                         is_result)
+from spotlight.train.results_sync import (MANIFEST, MAX_MANIFEST_BYTES, MAX_STATUS_BYTES, RESULTS, STATUS,
+                                         name_problem)
 
 PULL_ATTEMPTS = 3
 """Times a pull starts over when the head replaces the manifest meanwhile (a push every checkpoint:
@@ -130,14 +130,9 @@ def read_manifest(store: Store) -> dict[str, Any] | None:
         raise ResultsError(f"{where}: expected \"files\": {{PATH: {{\"size\", \"checksum\"}}}} "
                            "naming at least one file")
     for rel, want in files.items():
-        try:
-            check_key(rel)  # a planted manifest never writes outside DIR
-        except ValueError:
-            raise ResultsError(f"{where}: names {rel[:100]!r}, not a relative path inside the run folder") from None
-        if rel in RESERVED:
-            raise ResultsError(f"{where}: names {rel!r}, a name of the results' own records")
-        if not is_result(rel):  # only what a run writes: its records, tb/, eval/, final/
-            raise ResultsError(f"{where}: names {rel[:100]!r}, which is not a file a run writes")
+        why = name_problem(rel)  # a planted manifest never writes outside DIR
+        if why is not None:
+            raise ResultsError(f"{where}: names {rel[:100]!r}, {why}")
         if not (isinstance(want, dict) and _integer(want.get("size")) and want["size"] >= 0
                 and isinstance(want.get("checksum"), str)):
             raise ResultsError(f"{where}: entry {rel[:100]!r} lacks an integer size and a checksum")
@@ -227,7 +222,7 @@ def format_status(view: dict[str, Any]) -> str:
         final = ", final/ included" if r["final"] else ", no final/ yet"
         lines.append(f"  results:     {plural(r['files'], 'file')}, {r['bytes'] / 1e6:.1f} MB in {RESULTS}/{final}")
     else:
-        lines.append(f"  results:     none stored yet (they follow the first stored checkpoint)")
+        lines.append("  results:     none stored yet (they follow the first stored checkpoint)")
     if view["updated_ago_s"] is not None:
         lines.append(f"  updated:     {_ago(view['updated_ago_s'])}")
     if view["head"] is not None:

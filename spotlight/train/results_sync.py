@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from cloud.cost import MAX_SPENT_BYTES, SPENT_FILE, Spent, spent_of
-from cloud.store import MissingKey, Store, StoreError, get_json
+from cloud.store import MissingKey, Store, StoreError, check_key, get_json
 from schedulers.input_file import ConfigError
 from spotlight.train import run_files
 
@@ -76,6 +76,21 @@ def is_result(rel: str) -> bool:
     if len(parts) == 1:
         return rel in run_files.RUN_FILES
     return parts[0] in (*FOLDERS, FINAL) and not any(p.startswith(".") or not p for p in parts)
+
+
+def name_problem(rel: Any) -> str | None:
+    """Why `rel`, a name in results/MANIFEST.json, is not one a run writes (None: it is): the one
+    rule for both ends — a pull never writes outside its folder, and a resumed push never carries a
+    planted name over (`"tb/../../../../etc/x"` made every resume end in a traceback)."""
+    try:
+        check_key(rel)
+    except (ValueError, TypeError):
+        return "not a relative path inside the run folder"
+    if rel in RESERVED:
+        return "a name of the results' own records"
+    if not is_result(rel):  # only what a run writes: its records, tb/, eval/, final/
+        return "which is not a file a run writes"
+    return None
 
 
 def _stamp(path: Path) -> tuple[int, int]:
@@ -166,9 +181,12 @@ class ResultsSync:
         """The stored manifest's entries, or none when it is missing or unreadable (logged)."""
         try:
             files = get_json(self.store, MANIFEST, max_bytes=MAX_MANIFEST_BYTES)["files"]
-            if isinstance(files, dict) and all(isinstance(v, dict) for v in files.values()):
+            if not (isinstance(files, dict) and all(isinstance(v, dict) for v in files.values())):
+                why = "its files are not a mapping"
+            elif (bad := next((rel for rel in files if name_problem(rel)), None)) is not None:
+                why = f"it names {str(bad)[:100]!r}, {name_problem(bad)}"
+            else:
                 return files
-            why = "its files are not a mapping"
         except MissingKey:
             return {}
         except (ValueError, KeyError, TypeError) as err:

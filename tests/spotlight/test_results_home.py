@@ -309,6 +309,23 @@ def test_a_damaged_result_fails_the_pull_with_one_line_and_leaves_nothing(finish
     assert not (tmp_path / "escaped.txt").exists() and not (tmp_path.parent / "escaped.txt").exists()
 
 
+def test_a_planted_manifest_name_is_damage_a_resumed_push_stores_anew(finished, tmp_path, logged):
+    """Issue 41, item 2: "tb/../../../../etc/x" added to results/MANIFEST.json ended every resume in
+    a ValueError traceback after its first checkpoint, and the results were never stored again."""
+    out, stored, _ = finished
+    store_dir = tmp_path / "store"
+    shutil.copytree(stored, store_dir)
+    manifest = json.loads((store_dir / MANIFEST).read_text())
+    manifest["files"]["tb/../../../../etc/x"] = {"size": 1, "checksum": "sha256:00"}
+    (store_dir / MANIFEST).write_text(json.dumps(manifest))
+    sync = ResultsSync(open_store(str(store_dir)), out, keep_stored=True)
+    assert sync.push(must=True)["files"] == len(result_files(out, final=False))
+    (line,) = [l for l in logged if "MANIFEST.json unreadable" in l]
+    assert "names 'tb/../../../../etc/x', not a relative path inside the run folder" in line, line
+    assert "the results are stored anew" in line and "\n" not in line
+    assert "tb/../../../../etc/x" not in json.loads((store_dir / MANIFEST).read_text())["files"]
+
+
 def test_pull_checks_an_objects_size_before_it_writes_a_byte_of_it(finished, tmp_path, monkeypatch):
     """Issue 41, item 4: a manifest entry declaring 10 bytes for a 1 GiB object had the whole GiB
     written before the refusal (300 MiB on S3, the bar at 0/10 B)."""
