@@ -95,14 +95,12 @@ TAIL_CHARS = 60
 _CUT = " ... "
 
 
-def error_line(message: str, prefix: str = "spotlight: error: ", limit: int = LINE_CHARS) -> str:
-    """`prefix + message` as one printable line of at most `limit` characters: every character of
-    the `_ESCAPED` categories becomes a visible escape (`\\n`, `\\x1b`, `\\u2028`), so that a newline
-    or an escape sequence in a key, a value or a file name quoted from input shows as text rather
-    than forging a second line or reaching the terminal. `spotlight.cli` prints every error line
-    through it; text that `short` quoted already (repr escapes these too) comes out unchanged."""
+def printable(text: str) -> str:
+    """`text` with every character of the `_ESCAPED` categories as a visible escape (`\\n`, `\\x1b`,
+    `\\u2028`): what a terminal shows of text read from input or a store, never a second line or
+    an escape sequence."""
     out = []
-    for ch in message:
+    for ch in text:
         if ch in _ESCAPES:
             out.append(_ESCAPES[ch])
         elif unicodedata.category(ch) in _ESCAPED:
@@ -110,7 +108,16 @@ def error_line(message: str, prefix: str = "spotlight: error: ", limit: int = LI
             out.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}")
         else:
             out.append(ch)
-    line = prefix + "".join(out)
+    return "".join(out)
+
+
+def error_line(message: str, prefix: str = "spotlight: error: ", limit: int = LINE_CHARS) -> str:
+    """`prefix + message` as one printable line of at most `limit` characters: every character of
+    the `_ESCAPED` categories becomes a visible escape (`\\n`, `\\x1b`, `\\u2028`), so that a newline
+    or an escape sequence in a key, a value or a file name quoted from input shows as text rather
+    than forging a second line or reaching the terminal. `spotlight.cli` prints every error line
+    through it; text that `short` quoted already (repr escapes these too) comes out unchanged."""
+    line = prefix + printable(message)
     if len(line) <= limit:
         return line
     # Cut from the middle: the start says where (the file, the field), the end what was given.

@@ -32,7 +32,7 @@ from typing import Any
 from cloud.open_store import open_store
 from cloud.rendezvous import DONE_KEY, HEAD_KEY, MAX_RECORD_BYTES
 from cloud.store import ChecksumMismatch, MissingKey, Store, StoreError, get_json
-from schedulers.input_file import ConfigError, short
+from schedulers.input_file import ConfigError, printable, short
 from spotlight.logs import silenced
 from spotlight.text import plural
 from spotlight.train.checkpoint_sync import CheckpointSync, step_dir
@@ -228,12 +228,18 @@ def format_status(view: dict[str, Any]) -> str:
     if view["head"] is not None:
         h = view["head"]
         lines.append(f"  head:        generation {h['generation']} at {h['address']}:{h['port']}, "
-                     f"published {_ago(now - h['published_at'])}")
+                     f"published {_ago(now - h['published_at'])}{_UNVERIFIED}")
     if view["done"] is not None:
         d = view["done"]
         lines.append(f"  done:        {d['reason']} (exit code {d['exit_code']}, generation {d['generation']}, "
-                     f"{_ago(now - d['at'])})")
-    return "\n".join(lines)
+                     f"{_ago(now - d['at'])}){_UNVERIFIED}")
+    # Everything here was read from the store, which anyone who can write to it may have written:
+    # a newline or an escape sequence in a run name, an address or a reason shows as text.
+    return "\n".join(printable(line) for line in lines)
+
+
+_UNVERIFIED = "; unverified (signed with the fleet's token, which status does not hold)"
+"""After a fleet record's line: `spotlight status` cannot check its signature (the nodes do)."""
 
 
 # ---- spotlight pull -----------------------------------------------------------------------------
@@ -292,7 +298,7 @@ def _download(store: Store, manifest: dict[str, Any], staging: Path, progress: b
         staging.mkdir(parents=True)
         for rel, want in files.items():
             key, path = f"{RESULTS}/{rel}", staging / rel
-            bar.set_postfix_str(Path(rel).name[:40], refresh=False)
+            bar.set_postfix_str(printable(Path(rel).name[:40]), refresh=False)
             try:
                 # The object's size first (one HEAD): a manifest declaring 10 bytes for a 1 GiB object
                 # had the whole GiB written before the refusal.
@@ -337,8 +343,8 @@ def cmd_pull(args: argparse.Namespace) -> int:
     store = open_store(args.uri)
     got = pull(store, out, progress=not args.no_progress)
     state = (f"finished ({got['stop_reason']})" if got["finished"] else "not finished: the newest stored results")
-    print(f"pulled {plural(got['files'], 'file')} ({got['bytes'] / 1e6:.1f} MB) of {store.uri}/{RESULTS} into {out}/; "
-          f"the run is {state}")
+    print(printable(f"pulled {plural(got['files'], 'file')} ({got['bytes'] / 1e6:.1f} MB) of {store.uri}/{RESULTS} "
+                    f"into {out}/; the run is {state}"))  # the stop reason is the store's text
     return 0
 
 

@@ -309,6 +309,34 @@ def test_a_damaged_result_fails_the_pull_with_one_line_and_leaves_nothing(finish
     assert not (tmp_path / "escaped.txt").exists() and not (tmp_path.parent / "escaped.txt").exists()
 
 
+def test_status_and_pull_print_nothing_raw_from_the_store_and_say_which_records_are_unverified(
+        finished, tmp_path, capsys):
+    """Issue 41, item 3: a newline in status.json's run name forged a `spotlight:` line, and the
+    escape bytes of a reason or an address reached the terminal; the fleet records read as fact."""
+    store = tmp_path / "store"
+    shutil.copytree(finished[1], store)
+    status = json.loads((store / STATUS).read_text())
+    status["run"] = "tiny\nspotlight: error: forged"
+    status["stop_reason"] = "steps\x1b[2J\x07"
+    (store / STATUS).write_text(json.dumps(status))
+    manifest = json.loads((store / MANIFEST).read_text())
+    manifest["stop_reason"] = "steps\x1b]0;title\x07"
+    (store / MANIFEST).write_text(json.dumps(manifest))
+    _fleet_records(store, time.time())
+    head = json.loads((store / "fleet/head.json").read_text())
+    head["record"]["address"] = "10.0.1.5\x1b[31m"
+    (store / "fleet/head.json").write_text(json.dumps(head))
+    for argv in (["status", str(store)], ["pull", str(store), "--out", str(tmp_path / "got"), "--no-progress"]):
+        code, text, err = _cli(capsys, *argv)
+        assert code == 0, err
+        assert "\x1b" not in text + err and "\x07" not in text + err, text
+        assert not any(line.startswith("spotlight:") for line in text.splitlines()), text
+    code, text, _ = _cli(capsys, "status", str(store))
+    assert "run tiny\\nspotlight: error: forged in " in text and "10.0.1.5\\x1b[31m:6380" in text
+    assert "unverified" in next(l for l in text.splitlines() if l.startswith("  head:"))
+    assert "unverified" in next(l for l in text.splitlines() if l.startswith("  done:"))
+
+
 def test_a_planted_manifest_name_is_damage_a_resumed_push_stores_anew(finished, tmp_path, logged):
     """Issue 41, item 2: "tb/../../../../etc/x" added to results/MANIFEST.json ended every resume in
     a ValueError traceback after its first checkpoint, and the results were never stored again."""
