@@ -18,6 +18,12 @@ of the token can sign one; a node reads a record only through `verify`, so a for
 is never dialled — the token (which `ray start` sends) never leaves for an address the fleet did
 not publish. The record names its run, so a record of another run with the same store is refused
 too.
+
+A signature does not date a record: a store writer without the token can save a genuine head
+record and write it back after the head moved on. So a `Rendezvous` keeps the highest generation it
+has verified: a head record below it is a replay (refused; the newest known head stands), a done
+record counts only at or above the current head's generation (read first), and a head publishes
+above every generation it has seen.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import hmac
 import json
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from typing import Any, TypeVar
@@ -40,6 +47,11 @@ HEAD_KEY = "fleet/head.json"
 DONE_KEY = "fleet/done.json"
 MAX_RECORD_BYTES = 4096
 """A record is about 200 bytes; anything much larger is not one of ours."""
+REFUSALS_KEPT = 256
+"""Distinct refused records remembered (their digests), so each is logged once: a store writer
+cycling 2,000 forgeries had 2,000 kept whole (7.5 MB) and as many warning lines."""
+REFUSALS_LOGGED = 20
+"""Refused records logged one line each; after that, one line says that more are only counted."""
 MAX_REASON = 500
 """Characters of a done record's reason kept: escaped as \\uXXXX they still fit in `MAX_RECORD_BYTES`."""
 
@@ -112,7 +124,12 @@ class Rendezvous:
         self.token = token
         self.run = run
         self.wall = wall
-        self._refused: set[bytes] = set()
+        self._refused: OrderedDict[bytes, None] = OrderedDict()
+        self.refusals = 0
+        """Distinct records refused so far (logged up to `REFUSALS_LOGGED`)."""
+        self.highest = 0
+        """The highest head generation verified here: a record below it is a replay."""
+        self._newest: HeadRecord | None = None
 
     def _read(self, key: str) -> dict[str, Any] | None:
         try:
@@ -134,9 +151,18 @@ class Rendezvous:
             return None
 
     def _refuse(self, seen: bytes, err: ForgedRecord) -> None:
-        if seen not in self._refused:
-            self._refused.add(seen)
+        digest = hashlib.sha256(seen).digest()
+        if digest in self._refused:
+            return
+        self._refused[digest] = None
+        if len(self._refused) > REFUSALS_KEPT:
+            self._refused.popitem(last=False)
+        self.refusals += 1
+        if self.refusals <= REFUSALS_LOGGED:
             logger.warning(f"refused {self.store.uri}/{err}")
+        if self.refusals == REFUSALS_LOGGED:
+            logger.warning(f"{self.store.uri}/fleet: {REFUSALS_LOGGED} records refused; further ones are counted, "
+                           "not logged (someone without the fleet's token writes to the store)")
 
     @staticmethod
     def _typed(kind: type[_R], record: dict[str, Any] | None) -> _R | None:
@@ -149,26 +175,52 @@ class Rendezvous:
     # ---- the head -------------------------------------------------------------------------------
 
     def head(self) -> HeadRecord | None:
-        """The head's published address, verified; None when there is none (or none that verifies)."""
-        return self._typed(HeadRecord, self._read(HEAD_KEY))
+        """The head's published address, verified; None when there is none (or none that verifies).
+        A record of a generation below the highest seen here is a replay: refused (logged once), and
+        the newest head seen stands."""
+        blob_record = self._read(HEAD_KEY)
+        head = self._typed(HeadRecord, blob_record)
+        if head is None:
+            return None
+        if head.generation < self.highest:
+            self._refuse(_canonical(blob_record), ForgedRecord(
+                f"{HEAD_KEY}: generation {head.generation} replayed after generation {self.highest} (an old record "
+                "written back); the newest head stands"))
+            return self._newest
+        self.highest, self._newest = head.generation, head
+        return head
 
     def publish_head(self, address: str, port: int) -> HeadRecord:
-        """Publish this head at `address`:`port` as the next generation; the run is no longer done."""
+        """Publish this head at `address`:`port` as the next generation — above the store's and above
+        every generation seen here; the run is no longer done."""
         previous = self.head()
-        generation = (previous.generation if previous else 0) + 1
+        generation = max(previous.generation if previous else 0, self.highest) + 1
         self.store.delete(DONE_KEY)
         head = HeadRecord(self.run, generation, address, port, self.wall())
         self.store.put(HEAD_KEY, signed(asdict(head), self.token))
+        self.highest, self._newest = generation, head
         return head
 
     # ---- the end --------------------------------------------------------------------------------
 
     def done(self) -> DoneRecord | None:
-        """The run's end record, verified; None while the run is not done."""
-        return self._typed(DoneRecord, self._read(DONE_KEY))
+        """The run's end record, verified; None while the run is not done. The head is read first: a
+        done record below its generation is an earlier head's, written back (refused)."""
+        self.head()
+        blob_record = self._read(DONE_KEY)
+        done = self._typed(DoneRecord, blob_record)
+        if done is not None and done.generation < self.highest:
+            self._refuse(_canonical(blob_record), ForgedRecord(
+                f"{DONE_KEY}: a done record of generation {done.generation}, below the head's {self.highest} (an old "
+                "record written back); the run goes on"))
+            return None
+        return done
 
     def publish_done(self, reason: str, exit_code: int, generation: int) -> DoneRecord:
-        """The run has ended for good (`reason`, at most `MAX_REASON` characters of it, is shown)."""
-        done = DoneRecord(self.run, reason[:MAX_REASON], exit_code, generation, self.wall())
+        """The run has ended for good (`reason`, at most `MAX_REASON` characters of it, is shown), at
+        `generation` or the store's head's, whichever is higher (a head that failed before publishing
+        itself ends the run of the generation it found)."""
+        self.head()
+        done = DoneRecord(self.run, reason[:MAX_REASON], exit_code, max(generation, self.highest), self.wall())
         self.store.put(DONE_KEY, signed(asdict(done), self.token))
         return done
