@@ -253,6 +253,8 @@ def pull(store: Store, out: Path, progress: bool = True) -> dict[str, Any]:
     """Fetch the results of the run in `store` into the new folder `out` (module docstring); returns
     {"files", "bytes", "finished", "stop_reason"}. `out` must not exist, or be an empty folder."""
     out = Path(out)
+    if out.is_symlink():  # a link's target (or a dangling link) is not the new folder asked for
+        raise ConfigError(f"--out: {out} is a symbolic link (expected a new folder for the results)")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ConfigError(f"--out: {out} exists and is not an empty folder (expected a new folder for the results)")
     above = next((p for p in out.parents if p.exists()), None)
@@ -268,6 +270,11 @@ def pull(store: Store, out: Path, progress: bool = True) -> dict[str, Any]:
             raise ResultsError(f"{store.uri}: no {MANIFEST} yet (results follow the first stored checkpoint"
                                f"{f'; the newest is iteration {stored[0]}' if stored else ''})")
         staging = out.parent / f".{out.name}.pull-{uuid.uuid4().hex[:8]}"
+        try:  # before the first byte: a place this cannot write in is refused now, not after the download
+            staging.mkdir(parents=True)
+        except OSError as err:
+            raise ConfigError(f"--out: {out}: cannot write there ({err.strerror or type(err).__name__}); "
+                              "nothing was downloaded") from None
         try:
             _download(store, manifest, staging, progress)
         except _Replaced:
@@ -287,7 +294,8 @@ def pull(store: Store, out: Path, progress: bool = True) -> dict[str, Any]:
 
 
 def _download(store: Store, manifest: dict[str, Any], staging: Path, progress: bool) -> None:
-    """Every file `manifest` names into `staging`, verified; on any failure `staging` is removed."""
+    """Every file `manifest` names into `staging` (made already), verified; on any failure `staging`
+    is removed."""
     from tqdm import tqdm
 
     files = manifest["files"]
@@ -295,7 +303,6 @@ def _download(store: Store, manifest: dict[str, Any], staging: Path, progress: b
                disable=not progress, file=sys.stderr)
     mode = own_mode()
     try:
-        staging.mkdir(parents=True)
         for rel, want in files.items():
             key, path = f"{RESULTS}/{rel}", staging / rel
             bar.set_postfix_str(printable(Path(rel).name[:40]), refresh=False)

@@ -354,6 +354,27 @@ def test_a_planted_manifest_name_is_damage_a_resumed_push_stores_anew(finished, 
     assert "tb/../../../../etc/x" not in json.loads((store_dir / MANIFEST).read_text())["files"]
 
 
+def test_pull_refuses_a_place_it_cannot_write_or_a_link_before_the_first_byte(finished, tmp_path, capsys,
+                                                                             monkeypatch):
+    """Issue 41, item 9: a read-only place, or a symlinked or dangling --out, failed with a traceback
+    or only after the whole download."""
+    from spotlight.config import ConfigError
+    from spotlight.run_results import pull
+
+    store = open_store(str(finished[1]))
+    got = []
+    monkeypatch.setattr(store, "get_file", lambda key, path, checksum=None: got.append(key))
+    with pytest.raises(ConfigError, match=r"--out: /proc/self/got: cannot write there \(.*\); nothing was downloaded"):
+        pull(store, Path("/proc/self/got"), progress=False)  # a read-only file system, for root too
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "elsewhere")
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    for name in ("link", "dangling"):
+        with pytest.raises(ConfigError, match=f"--out: .*{name} is a symbolic link"):
+            pull(store, tmp_path / name, progress=False)
+    assert got == [] and sorted(p.name for p in tmp_path.iterdir()) == ["dangling", "elsewhere", "link"]
+
+
 def test_pull_checks_an_objects_size_before_it_writes_a_byte_of_it(finished, tmp_path, monkeypatch):
     """Issue 41, item 4: a manifest entry declaring 10 bytes for a 1 GiB object had the whole GiB
     written before the refusal (300 MiB on S3, the bar at 0/10 B)."""
