@@ -55,7 +55,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from cloud.bounded_json import load_file
-from cloud.store import ObjectStat, Store, StoreError, StoreURIError, check_key, parse_store_uri, replacing
+from cloud.store import (TMP_PREFIX, ObjectStat, Store, StoreError, StoreURIError, check_key, parse_store_uri,
+                         replacing)
 from schedulers.input_file import InputError, short
 
 logger = logging.getLogger(__name__)
@@ -194,6 +195,7 @@ def fetch_model(source: str, cache_root: Path | str | None = None, workers: int 
 
 def _fetch_store(source: str, store: Store, folder: Path, workers: int) -> Path:
     """Fetch what `folder` lacks of `store`'s objects (the caller holds the folder's lock)."""
+    _remove_leftovers(folder)
     keys = [k for k in store.list() if _file_key(k)]
     if not keys:
         raise ModelSourceError(f"{source}: no objects under it (expected a model folder uploaded with "
@@ -378,6 +380,23 @@ def _write_record(folder: Path, source: str, files: dict[str, dict[str, Any]], c
     text = json.dumps({"source": source, "complete": complete, "files": dict(sorted(files.items()))}, indent=1)
     with replacing(folder.with_name(folder.name + _RECORD)) as tmp:
         tmp.write_text(text)
+
+
+def _remove_leftovers(folder: Path) -> None:
+    """Remove the partial files (`.tmp-*`, `cloud.store.replacing`'s) a killed fetch left in
+    `folder`, saying how much that freed: with the folder's lock held no fetch is writing them (six
+    killed fetches had left 84 MiB; with 5 GB shards and 8 workers one kill could leave 40 GB)."""
+    if not folder.is_dir():
+        return
+    count = freed = 0
+    for path in folder.rglob(f"{TMP_PREFIX}*"):
+        if path.is_file() and not path.is_symlink():
+            freed += path.stat().st_size
+            path.unlink()
+            count += 1
+    if count:
+        logger.info(f"spotlight: removed {count} partial file{'s' if count != 1 else ''} ({_size(freed)}) a killed "
+                    f"fetch left in {folder}")
 
 
 @contextmanager

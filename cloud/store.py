@@ -59,7 +59,7 @@ from schedulers.input_file import InputError
 EXPECTED_URI = "s3://BUCKET/PREFIX, gs://BUCKET/PREFIX, file:///ABSOLUTE/PATH or a local path"
 STORE_ROOTS_ENV = "SPOTLIGHT_STORE_ROOTS"
 """Folders that folder stores may be in, `os.pathsep`-separated; unset or empty: the working directory."""
-_TMP = ".tmp-"  # LocalStore's in-progress files start with this; never listed
+TMP_PREFIX = ".tmp-"  # LocalStore's in-progress files start with this; never listed
 SHA256 = "sha256"
 """The algorithm of a folder store's checksums."""
 
@@ -248,7 +248,7 @@ def replacing(path: Path) -> Iterator[Path]:
     `LocalStore`'s writes go through it."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f"{_TMP}{path.name}-{uuid.uuid4().hex[:8]}"
+    tmp = path.parent / f"{TMP_PREFIX}{path.name}-{uuid.uuid4().hex[:8]}"
     try:
         yield tmp
         os.replace(tmp, path)
@@ -259,7 +259,7 @@ def replacing(path: Path) -> Iterator[Path]:
 def check_key(key: str) -> str:
     """`key` if it is a valid store key (see the module docstring), else ValueError."""
     parts = key.split("/") if isinstance(key, str) else [""]
-    if not key or any(p in ("", ".", "..") or p.startswith(_TMP) for p in parts) or "\\" in key:
+    if not key or any(p in ("", ".", "..") or p.startswith(TMP_PREFIX) for p in parts) or "\\" in key:
         raise ValueError(f"invalid store key {key!r} (expected a relative path like 'step-000004/state.json')")
     return key
 
@@ -342,7 +342,7 @@ class LocalStore:
         for folder, dirs, files in os.walk(self.root):
             rel = Path(folder).relative_to(self.root).as_posix()
             for name in files:
-                if not name.startswith(_TMP):
+                if not name.startswith(TMP_PREFIX):
                     key = name if rel == "." else f"{rel}/{name}"
                     if key.startswith(prefix):
                         keys.append(key)

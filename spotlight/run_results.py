@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
+import os
 import shutil
 import sys
 import time
@@ -39,6 +41,8 @@ from spotlight.train.checkpoint_sync import CheckpointSync, step_dir
 from spotlight.checkpoints.checkpoint import own_mode
 from spotlight.train.results_sync import (MANIFEST, MAX_MANIFEST_BYTES, MAX_STATUS_BYTES, RESULTS, STATUS,
                                          name_problem)
+
+logger = logging.getLogger(__name__)
 
 PULL_ATTEMPTS = 3
 """Times a pull starts over when the head replaces the manifest meanwhile (a push every checkpoint:
@@ -269,7 +273,8 @@ def pull(store: Store, out: Path, progress: bool = True) -> dict[str, Any]:
                 raise _no_run(store)
             raise ResultsError(f"{store.uri}: no {MANIFEST} yet (results follow the first stored checkpoint"
                                f"{f'; the newest is iteration {stored[0]}' if stored else ''})")
-        staging = out.parent / f".{out.name}.pull-{uuid.uuid4().hex[:8]}"
+        _remove_leftovers(out)
+        staging = out.parent / f".{out.name}.pull-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         try:  # before the first byte: a place this cannot write in is refused now, not after the download
             staging.mkdir(parents=True)
         except OSError as err:
@@ -291,6 +296,33 @@ def pull(store: Store, out: Path, progress: bool = True) -> dict[str, Any]:
         return {"files": len(files), "bytes": sum(f["size"] for f in files.values()),
                 "finished": manifest["finished"], "stop_reason": manifest.get("stop_reason")}
     raise ResultsError(f"{store.uri}/{MANIFEST}: replaced {PULL_ATTEMPTS} times while pulled; try again")
+
+
+def _remove_leftovers(out: Path) -> None:
+    """Remove the staging folders (`.OUT.pull-PID-*`) of earlier pulls into `out` whose process is
+    gone, saying how much that freed: a killed pull left 86 MB in 21,712 files that no later pull
+    removed. A folder of a pull still running (its process alive) is left alone."""
+    if not out.parent.is_dir():
+        return
+    for staging in out.parent.glob(f".{out.name}.pull-*"):
+        pid = staging.name.rpartition(".pull-")[2].split("-")[0]
+        if not staging.is_dir() or staging.is_symlink() or (pid.isdigit() and _alive(int(pid))):
+            continue
+        files = [p for p in staging.rglob("*") if p.is_file() and not p.is_symlink()]
+        size = sum(p.stat().st_size for p in files)
+        shutil.rmtree(staging, ignore_errors=True)
+        logger.info(f"removed {staging.name}, what a pull that was killed left ({plural(len(files), 'file')}, "
+                    f"{size / 1e6:.1f} MB)")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        return True
+    return True
 
 
 def _download(store: Store, manifest: dict[str, Any], staging: Path, progress: bool) -> None:

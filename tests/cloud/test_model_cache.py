@@ -154,6 +154,18 @@ def test_a_tampered_fetch_record_touches_nothing_outside_the_cache(uploaded, tmp
     assert escape not in json.loads(record.read_text())["files"] and cached_folder(uri, tmp_path / "cache") == folder
 
 
+def test_a_killed_fetchs_partial_files_are_removed_by_the_next_and_said(uploaded, tmp_path, logged):
+    """Issue 41, item 10: a SIGKILLed fetch leaves `.tmp-*` partial shards (84 MiB after six kills)
+    that a later, successful fetch did not remove."""
+    uri, store = uploaded
+    folder = fetch_model(uri, tmp_path, store=store)
+    partial = folder / "transformer" / ".tmp-diffusion_pytorch_model.safetensors-0a1b2c3d"
+    partial.write_bytes(b"x" * 3_000_000)
+    assert fetch_model(uri, tmp_path, store=store) == folder
+    assert not partial.exists()
+    assert any(l.endswith(f"removed 1 partial file (3.0 MB) a killed fetch left in {folder}") for l in logged), logged
+
+
 def test_two_fetches_at_once_download_each_file_once(uploaded, tiny_qwen_pipeline, tmp_path):
     uri, store = uploaded
     counting = Counting(store)

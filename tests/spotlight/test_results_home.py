@@ -375,6 +375,26 @@ def test_pull_refuses_a_place_it_cannot_write_or_a_link_before_the_first_byte(fi
     assert got == [] and sorted(p.name for p in tmp_path.iterdir()) == ["dangling", "elsewhere", "link"]
 
 
+def test_a_killed_pulls_leftovers_are_removed_by_the_next_pull_and_a_running_ones_kept(finished, tmp_path, logged):
+    """Issue 41, item 10: a killed pull left `.DIR.pull-*` (86 MB, 21,712 files) behind for good."""
+    import os
+    import subprocess
+    import sys
+
+    from spotlight.run_results import pull
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True).stdout.strip()  # a process that has ended
+    dead, running = tmp_path / f".got.pull-{gone}-0a1b2c3d", tmp_path / f".got.pull-{os.getpid()}-0a1b2c3e"
+    for folder in (dead, running):
+        (folder / "tb").mkdir(parents=True)
+        (folder / "tb" / "events").write_bytes(b"x" * 2_000_000)
+    pull(open_store(str(finished[1])), tmp_path / "got", progress=False)
+    assert not dead.exists() and running.exists()
+    (line,) = [l for l in logged if l.startswith("removed .got.pull-")]
+    assert line == f"removed {dead.name}, what a pull that was killed left (1 file, 2.0 MB)"
+
+
 def test_pull_checks_an_objects_size_before_it_writes_a_byte_of_it(finished, tmp_path, monkeypatch):
     """Issue 41, item 4: a manifest entry declaring 10 bytes for a 1 GiB object had the whole GiB
     written before the refusal (300 MiB on S3, the bar at 0/10 B)."""
