@@ -45,6 +45,7 @@ from spotlight.config import ConfigError, RunConfig
 from spotlight.iteration.exploration import ExplorationSession
 from spotlight.runtime.learner import Learner
 from spotlight.rl.policy import Rollout
+from spotlight.reward_names import component, spec
 from spotlight.rl.rewards import RewardError, RewardWorker, Scores, split_parts
 from spotlight.runtime.rollout_worker import CrewMemberLost, RolloutWorker
 from spotlight.runtime import ray_cluster
@@ -105,17 +106,42 @@ class RewardPool:
             raise ConfigError(f"reward.num_gpus: {rc.workers} reward worker{'s' * (rc.workers > 1)} x {rc.num_gpus:g} "
                               f"GPU need {rc.workers * rc.num_gpus:g} GPUs on the controller's node, which has "
                               f"{gpus_free:g} free (expected at most that, or 0: the CPU)")
-        self.pinned = pinned
+        self.pinned, self.metadata = pinned, metadata
         # A user function's file path is relative to this process's working directory, not an actor's.
-        self.actors = [RewardActor.options(**pinned, num_gpus=rc.num_gpus).remote(rc, metadata, str(Path.cwd()))
-                       for _ in range(rc.workers)]
+        self.cwd = str(Path.cwd())
+        self.actors = self._start()
+
+    def _start(self) -> list[Any]:
+        rc = self.cfg
+        return [RewardActor.options(**self.pinned, num_gpus=rc.num_gpus).remote(rc, self.metadata, self.cwd)
+                for _ in range(rc.workers)]
 
     def build(self) -> None:
         """Every worker builds its components: a bad one is its own one-line `ConfigError` here."""
         _own_error([a.build.remote() for a in self.actors])
 
     def score(self, parts: Any) -> Scores:
-        """`parts`: a list of rollouts or an ObjectRef of one."""
+        """`parts`: a list of rollouts or an ObjectRef of one. A reward worker that dies while it
+        scores (killed for memory, a segfault, a user's `os._exit`) is a reward failure: the batch is
+        scored again on new workers, and a second death is a `RewardError` naming the reward."""
+        for attempt in (1, 2):
+            try:
+                return self._score(parts)
+            except _GONE as err:
+                why = str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
+                for actor in self.actors:
+                    ray.kill(actor, no_restart=True)
+                if attempt == 2:
+                    terms = ", ".join(f"{component(self.cfg, i)} ({spec(t)})" for i, t in enumerate(self.cfg.terms))
+                    raise RewardError(f"{terms}: a reward worker died while scoring ({type(err).__name__}: "
+                                      f"{why}), tried twice (the second time on new workers)") from None
+                logger.warning(f"a reward worker died while scoring ({type(err).__name__}); scoring the batch again "
+                               "on new ones")
+                self.actors = self._start()
+                self.build()
+        raise AssertionError("unreachable")
+
+    def _score(self, parts: Any) -> Scores:
         n = len(self.actors)
         if n == 1:
             return _own_error(self.actors[0].score.remote(parts))

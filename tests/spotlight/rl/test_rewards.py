@@ -475,9 +475,15 @@ def test_ray_reward_workers_split_a_batch_and_score_what_one_worker_scores(tmp_p
     from spotlight.runtime.ray_runtime import RewardPool
 
     _write(tmp_path, "meta_reward.py", """
+        import os
+
         def score(outputs, prompts, metadata):
             if any(m.get("fail") for m in metadata):
                 return [0.0]
+            if any(m.get("die") for m in metadata):  # the actor's process ends, as an OOM kill ends it
+                if not os.path.exists("died-once") or any(m.get("die") == "always" for m in metadata):
+                    open("died-once", "w").close()
+                    os._exit(3)
             return [m.get("bonus", 0.0) + float(im.getpixel((0, 0))[2]) for im, m in zip(outputs, metadata)]
         """)
     monkeypatch.chdir(tmp_path)
@@ -501,6 +507,18 @@ def test_ray_reward_workers_split_a_batch_and_score_what_one_worker_scores(tmp_p
         with pytest.raises(RewardError, match=r"^reward.components\[1\] \(meta_reward.py:score\): returned 1 values "
                                               r"for 4 samples, tried twice$"):
             pool.score(failing)
+        # Issue 41, item 8: a reward worker that dies while it scores (was a raw ActorDiedError
+        # traceback, exit 1): scored again on new workers, and a second death is one RewardError line.
+        pool = RewardPool(cfg, pinned, 0, {**metadata, 11: {"die": "once"}, 13: {"die": "always"}})
+        pool.build()
+        once = [dataclasses.replace(parts[0], prompts=[Prompt(11, "a red image")] * 4)]
+        expected = RewardWorker(cfg.reward, {}).score(once)
+        assert torch.equal(pool.score(once).total, expected.total) and (tmp_path / "died-once").exists()
+        always = [dataclasses.replace(parts[0], prompts=[Prompt(13, "a red image")] * 4)]
+        with pytest.raises(RewardError, match=r"^reward.components\[0\] \(colour\), reward.components\[1\] "
+                                              r"\(meta_reward.py:score\): a reward worker died while scoring "
+                                              r"\(.*\), tried twice \(the second time on new workers\)$"):
+            pool.score(always)
         with pytest.raises(ConfigError, match=r"^reward.components\[0\].function: 'gone.py' is not an existing file"):
             RewardPool(default_config({"reward": {"components": [{"function": "gone.py:f"}]}}), pinned, 0, None).build()
         with pytest.raises(ConfigError, match=r"^reward.num_gpus: 2 reward workers x 1 GPU need 2 GPUs"):
