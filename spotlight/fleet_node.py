@@ -39,6 +39,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -183,13 +184,19 @@ def _rendezvous(config: Path, name: str) -> tuple[Rendezvous, RunConfig]:
     return Rendezvous(open_store(cfg.cloud.checkpoint_uri), token, name), cfg
 
 
-def _stop_reason(out: Path) -> str:
+def _stop_reason(out: Path, since: float = 0.0) -> str | None:
+    """The run's own record of its end: "finished: REASON" from summary.json's `stop_reason`, or
+    None when there is no such record (missing, unreadable, not an object, no reason in it, or
+    written before `since`, a wall time: an earlier session's)."""
     try:
+        if (out / "summary.json").stat().st_mtime < since:
+            return None
         # summary.json is ~1 KB: 1 MiB is read at most, and a deeper or larger file is a ValueError.
         summary = load_file(out / "summary.json", max_bytes=1 << 20)
-        return "finished: " + str(summary.get("stop_reason", "steps"))
+        reason = summary.get("stop_reason")
     except (OSError, ValueError, AttributeError):  # AttributeError: JSON that is not an object
-        return "finished"
+        return None
+    return f"finished: {reason}" if isinstance(reason, str) and reason else None
 
 
 def run_head(config: Path, name: str, out: Path, clock: Clock | None = None) -> int:
@@ -221,11 +228,18 @@ def run_head(config: Path, name: str, out: Path, clock: Clock | None = None) -> 
         head = rendezvous.publish_head(ip, RAY_PORT)
         logger.info(f"head generation {head.generation} at {ip}:{RAY_PORT} published in "
                     f"{rendezvous.store.uri}/fleet/head.json")
+        started = time.time()
         train = subprocess.Popen([_executable("spotlight"), "train", str(config), "--address", f"{ip}:{RAY_PORT}",
                                   "--out", str(out), "--no-progress"], stdin=subprocess.DEVNULL)
         code = train.wait()
+        reason = (DONE_EXIT_CODES[code] or _stop_reason(out, started)) if code in DONE_EXIT_CODES else None
+        if code == 0 and reason is None:
+            # An exit 0 is not an end without the run's record of it: a reward's os._exit(0) ended
+            # `spotlight train` after one checkpoint of six, and "done" would have ended every node.
+            logger.info("spotlight train exited 0 without summary.json's stop_reason (the run's record of its "
+                        "end): not done; exit 1, so that SkyPilot restarts this head, which resumes")
+            return 1
         if code in DONE_EXIT_CODES:
-            reason = DONE_EXIT_CODES[code] or _stop_reason(out)
             rendezvous.publish_done(reason, code, head.generation)  # before Ray stops: nodes read it, then exit 0
             logger.info(f"the run has ended ({reason}): fleet/done.json written")
         else:
