@@ -325,6 +325,30 @@ def _alive(pid: int) -> bool:
     return True
 
 
+PUSH_WAIT_S = 120.0
+"""How long a pull of a run that is not finished waits for the manifest of a push in progress: a push
+writes its files first and its manifest last, so a file replaced under an unchanged manifest is
+either a push under way (a multi-GB final/ takes minutes) or damage."""
+PUSH_POLL_S = 1.0
+
+
+def _pushed_meanwhile(store: Store, manifest: dict[str, Any]) -> bool:
+    """Whether the head pushed since `manifest` was read (its manifest changed): at once, or — for a
+    run not finished, whose head may be pushing — within `PUSH_WAIT_S`, said on stderr while it waits."""
+    if read_manifest(store) != manifest:
+        return True
+    if manifest["finished"]:
+        return False
+    print(f"pull: {store.uri}/{RESULTS}: a file changed under its manifest; waiting up to {PUSH_WAIT_S:g} s for "
+          "the push in progress to store its manifest", file=sys.stderr, flush=True)
+    deadline = time.monotonic() + PUSH_WAIT_S
+    while time.monotonic() < deadline:
+        time.sleep(PUSH_POLL_S)
+        if read_manifest(store) != manifest:
+            return True
+    return False
+
+
 def _download(store: Store, manifest: dict[str, Any], staging: Path, progress: bool) -> None:
     """Every file `manifest` names into `staging` (made already), verified; on any failure `staging`
     is removed."""
@@ -348,13 +372,13 @@ def _download(store: Store, manifest: dict[str, Any], staging: Path, progress: b
                 except StoreError:  # a stat the store cannot give (no checksum of ours): get_file verifies
                     size = None
                 if size is not None and size != want["size"]:
-                    if read_manifest(store) != manifest:  # the head pushed meanwhile: start over
+                    if _pushed_meanwhile(store, manifest):  # start over on the new manifest
                         raise _Replaced from None
                     raise ResultsError(f"{store.uri}/{key}: named by {MANIFEST} but holds {size} bytes, "
                                        f"not {want['size']} (damaged or replaced): nothing of it written")
                 store.get_file(key, path, checksum=want["checksum"])
             except (MissingKey, ChecksumMismatch) as err:
-                if read_manifest(store) != manifest:  # the head pushed meanwhile: start over
+                if _pushed_meanwhile(store, manifest):  # start over on the new manifest
                     raise _Replaced from None
                 what = ("is missing" if isinstance(err, MissingKey)
                         else "does not match its checksum (damaged or replaced)")

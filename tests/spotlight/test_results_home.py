@@ -176,6 +176,38 @@ def test_status_and_pull_of_a_run_cut_short(cut_short, tmp_path, capsys):
     _one_error(capsys, "pull", str(store), "--out", str(tmp_path / "again"), says="no results/MANIFEST.json yet")
 
 
+def test_a_pull_during_a_push_waits_for_its_manifest_and_a_finished_runs_damage_does_not(cut_short, tmp_path,
+                                                                                        capsys, monkeypatch):
+    """Issue 41, item 5: a push writes its files, then its manifest; a pull between the two (minutes
+    for a multi-GB final/) failed as damaged. A run not finished may be pushing: the pull waits,
+    bounded, for the new manifest and starts over on it; without one it is damage, as for a
+    finished run, which fails at once."""
+    import threading
+
+    from spotlight import run_results
+
+    store, out = cut_short
+    monkeypatch.setattr(run_results, "PUSH_POLL_S", 0.05)
+    monkeypatch.setattr(run_results, "PUSH_WAIT_S", 30.0)
+    (out / "metrics.jsonl").write_text((out / "metrics.jsonl").read_text() + '{"step": 2}\n')
+    sync = ResultsSync(LocalStore(store), out, keep_stored=True)
+    sync.store.put_file("results/metrics.jsonl", out / "metrics.jsonl")  # the push's files, its manifest still to come
+    later = threading.Timer(1.0, sync.push)
+    later.start()
+    code, printed, err = _cli(capsys, "pull", str(store), "--out", str(tmp_path / "got"), "--no-progress")
+    later.join()
+    assert code == 0, err
+    assert "waiting up to 30 s for the push in progress to store its manifest" in err
+    assert (tmp_path / "got" / "metrics.jsonl").read_bytes() == (out / "metrics.jsonl").read_bytes()
+    # No push comes: damage, after the wait.
+    monkeypatch.setattr(run_results, "PUSH_WAIT_S", 0.3)
+    (store / "results" / "config.yaml").write_text("replaced")
+    code, _, err = _cli(capsys, "pull", str(store), "--out", str(tmp_path / "again"), "--no-progress")
+    waited, line = err.strip().splitlines()
+    assert code == 2 and "waiting up to 0.3 s" in waited and not (tmp_path / "again").exists()
+    assert line.startswith("spotlight: error: ") and "config.yaml: named by results/MANIFEST.json but holds" in line
+
+
 class _Counting(LocalStore):
     """A folder store that counts uploads and fails the next `fail` of them."""
 
