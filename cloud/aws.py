@@ -59,8 +59,8 @@ from typing import Any
 
 from cloud.bounded_json import loads
 from cloud.retry import Backoff, GaveUp, keeping_global_random, one_line
-from cloud.store import (ChecksumMismatch, LocalStore, MissingKey, ObjectStat, Store, StoreError, StoreURIError,
-                         check_key, parse_store_uri, replacing, too_large)
+from cloud.store import (ChecksumMismatch, LocalStore, MissingKey, ObjectStat, Store, StoreError, StoreUnavailable,
+                         StoreURIError, check_key, parse_store_uri, replacing, too_large)
 from schedulers.clock import Clock, WallClock
 from schedulers.preemption import Cause, NoticeSource, PreemptionNotice
 
@@ -324,7 +324,7 @@ class S3Store:
                                      on_retry=lambda err, n, wait: self._on_retry(f"{op} {where}", err, n, wait),
                                      describe=describe_s3_error)
         except GaveUp as err:
-            raise StoreError(str(err)) from err
+            raise StoreUnavailable(str(err)) from err
         except NoCredentialsError:
             raise StoreError(f"{op} {where}: no AWS credentials (set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, "
                              "or AWS_PROFILE)") from None

@@ -52,7 +52,7 @@ from typing import Any
 
 from cloud.bounded_json import MAX_DEPTH, depth_over
 from cloud.retry import Backoff, GaveUp, keeping_global_random, one_line
-from cloud.store import ChecksumMismatch, MissingKey, ObjectStat, StoreError, check_key, replacing, too_large
+from cloud.store import ChecksumMismatch, MissingKey, ObjectStat, StoreError, StoreUnavailable, check_key, replacing, too_large
 from schedulers.clock import Clock, WallClock
 
 log = logging.getLogger(__name__)
@@ -291,7 +291,7 @@ class GcsStore:
                                      on_retry=lambda err, n, wait: self._on_retry(f"{op} {where}", err, n, wait),
                                      describe=describe_gcs_error)
         except GaveUp as err:
-            raise StoreError(str(err)) from err
+            raise StoreUnavailable(str(err)) from err
         except _NoBucket:
             endpoint = os.environ.get(EMULATOR_ENV)
             raise StoreError(f"{op} {where}: bucket {self.bucket!r} does not exist"

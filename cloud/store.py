@@ -69,6 +69,12 @@ class StoreError(RuntimeError):
     names the object's URI."""
 
 
+class StoreUnavailable(StoreError):
+    """The store kept failing transiently (throttled, unreachable, server errors) until its retries
+    ran out (`cloud.retry.GaveUp`): not bad input, and a later try may succeed — `spotlight train`
+    exits 1 on it, which a launched fleet's head restarts from, rather than 2, which ends the run."""
+
+
 class MissingKey(StoreError):
     """The key does not exist in the store."""
 

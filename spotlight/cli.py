@@ -52,7 +52,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from cloud.store import StoreError
+from cloud.store import StoreError, StoreUnavailable
 from spotlight.config import ConfigError, RunConfig, default_config, load_config, to_yaml
 from spotlight.reward_names import component_field
 from schedulers.input_file import InputError, error_line, short
@@ -1136,6 +1136,9 @@ def _run(argv: list[str] | None) -> int:
     _configure_logging(args)
     try:
         return args.func(args)
+    except StoreUnavailable as err:  # the store's retries ran out: not the input's fault; a later try may pass
+        _say(str(err))
+        return 1
     except (InputError, FileNotFoundError, StoreError) as err:  # every package's bad-input errors
         _say(str(err))
         return 2

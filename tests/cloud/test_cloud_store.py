@@ -90,7 +90,7 @@ def test_an_outage_delays_a_checkpoint_push_but_loses_nothing(s3, fault_proxy, t
     assert_same_files(run / "checkpoints", tmp_path / "fresh" / "checkpoints")
 
 
-def test_retrying_ends_with_one_clear_error_when_the_budget_is_spent(s3, fault_proxy):
+def test_retrying_ends_with_one_clear_error_when_the_budget_is_spent(s3, fault_proxy, monkeypatch, capsys):
     clock = ManualClock()
     store = via(fault_proxy, s3, clock, Backoff(give_up_after_s=30.0))
     fault_proxy.down_for(3600)
@@ -98,6 +98,19 @@ def test_retrying_ends_with_one_clear_error_when_the_budget_is_spent(s3, fault_p
         store.put("a", b"x")
     message = str(err.value)
     assert "\n" not in message and message.startswith(f"PUT s3://{s3.bucket}/run/a: gave up after ")
+    # Not bad input: a later try may pass. `spotlight` exits 1 on it (a launched fleet's head then
+    # restarts and resumes); 2 would have told the head the run had ended (issue 41).
+    from cloud.store import StoreUnavailable
+    from spotlight import cli
+
+    assert isinstance(err.value, StoreUnavailable)
+
+    def fails(args):
+        raise err.value
+
+    monkeypatch.setattr(cli, "cmd_prices", fails)
+    assert cli.main(["prices"]) == 1
+    assert capsys.readouterr().err.strip() == "spotlight: error: " + message
     assert "ServiceUnavailable" in message and clock.now() <= 30.0
 
 
