@@ -8,6 +8,7 @@ OUT ?= runs/$(basename $(notdir $(CONFIG)))
 PYTEST_ARGS ?=
 # Test processes (pytest-xdist): two on the 2-core CI machine (34.2 min on two with other work on the
 # machine, against 35.4 min on one on a quiet one: docs/measurements.md); one thread each (tests/conftest.py).
+# A module's tests stay on one worker (--dist loadscope, in collection order: tests/conftest.py says why).
 TEST_WORKERS ?= 2
 
 .PHONY: venv train test bench clean sky-venv lock
