@@ -203,18 +203,23 @@ class Rendezvous:
 
     # ---- the end --------------------------------------------------------------------------------
 
-    def done(self) -> DoneRecord | None:
-        """The run's end record, verified; None while the run is not done. The head is read first: a
-        done record below its generation is an earlier head's, written back (refused)."""
-        self.head()
+    def records(self) -> tuple[DoneRecord | None, HeadRecord | None]:
+        """(the run's end record, the head), each verified, as a spot node polls them: the head read
+        first, since a done record below its generation is an earlier head's, written back (refused:
+        None, the run goes on). One read of each record."""
+        head = self.head()
         blob_record = self._read(DONE_KEY)
         done = self._typed(DoneRecord, blob_record)
         if done is not None and done.generation < self.highest:
             self._refuse(_canonical(blob_record), ForgedRecord(
                 f"{DONE_KEY}: a done record of generation {done.generation}, below the head's {self.highest} (an old "
                 "record written back); the run goes on"))
-            return None
-        return done
+            done = None
+        return done, head
+
+    def done(self) -> DoneRecord | None:
+        """The run's end record, verified; None while the run is not done (`records`)."""
+        return self.records()[0]
 
     def publish_done(self, reason: str, exit_code: int, generation: int) -> DoneRecord:
         """The run has ended for good (`reason`, at most `MAX_REASON` characters of it, is shown), at

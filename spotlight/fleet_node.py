@@ -274,7 +274,7 @@ def run_spot(config: Path, name: str, clock: Clock | None = None, resources: str
     try:
         while True:
             try:
-                done, head = rendezvous.done(), rendezvous.head()
+                done, head = rendezvous.records()
             except StoreError as err:  # after the store's own retries: read again next round
                 logger.info(f"cannot read the fleet records ({err}); trying again")
                 done, head = None, None

@@ -124,22 +124,26 @@ class RewardPool:
         """`parts`: a list of rollouts or an ObjectRef of one. A reward worker that dies while it
         scores (killed for memory, a segfault, a user's `os._exit`) is a reward failure: the batch is
         scored again on new workers, and a second death is a `RewardError` naming the reward."""
-        for attempt in (1, 2):
-            try:
-                return self._score(parts)
-            except _GONE as err:
-                why = str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
-                for actor in self.actors:
-                    ray.kill(actor, no_restart=True)
-                if attempt == 2:
-                    terms = ", ".join(f"{component(self.cfg, i)} ({spec(t)})" for i, t in enumerate(self.cfg.terms))
-                    raise RewardError(f"{terms}: a reward worker died while scoring ({type(err).__name__}: "
-                                      f"{why}), tried twice (the second time on new workers)") from None
-                logger.warning(f"a reward worker died while scoring ({type(err).__name__}); scoring the batch again "
-                               "on new ones")
-                self.actors = self._start()
-                self.build()
-        raise AssertionError("unreachable")
+        try:
+            return self._score(parts)
+        except _GONE as err:
+            logger.warning(f"a reward worker died while scoring ({type(err).__name__}); scoring the batch again "
+                           "on new ones")
+        self._end_workers()  # a dead one's partners too: a batch is split between them
+        self.actors = self._start()
+        self.build()
+        try:
+            return self._score(parts)
+        except _GONE as err:
+            self._end_workers()
+            why = str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
+            terms = ", ".join(f"{component(self.cfg, i)} ({spec(t)})" for i, t in enumerate(self.cfg.terms))
+            raise RewardError(f"{terms}: a reward worker died while scoring ({type(err).__name__}: {why}), tried "
+                              "twice (the second time on new workers)") from None
+
+    def _end_workers(self) -> None:
+        for actor in self.actors:
+            ray.kill(actor, no_restart=True)
 
     def _score(self, parts: Any) -> Scores:
         n = len(self.actors)

@@ -183,8 +183,8 @@ class ResultsSync:
             files = get_json(self.store, MANIFEST, max_bytes=MAX_MANIFEST_BYTES)["files"]
             if not (isinstance(files, dict) and all(isinstance(v, dict) for v in files.values())):
                 why = "its files are not a mapping"
-            elif (bad := next((rel for rel in files if name_problem(rel)), None)) is not None:
-                why = f"it names {str(bad)[:100]!r}, {name_problem(bad)}"
+            elif (bad := next(((rel, p) for rel in files if (p := name_problem(rel))), None)) is not None:
+                why = f"it names {str(bad[0])[:100]!r}, {bad[1]}"
             else:
                 return files
         except MissingKey:
