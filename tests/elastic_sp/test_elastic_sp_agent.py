@@ -59,16 +59,21 @@ def three_members(source_weights) -> tuple[PullQueue, Coordinator]:
     return queue, coord
 
 
+def serve_to_step(queue: PullQueue, coord: Coordinator, rid: str, step: int) -> None:
+    """Put request `rid` and serve it until it has committed `step`."""
+    queue.put(request(rid))
+    coord.plan()
+    coord.run_until(lambda: any(e.kind == "committed" and e.data["request"] == rid
+                                and e.data["step"] == step for e in coord.events), 120, f"step {step} of {rid}")
+
+
 def serve_undisturbed_then_disturbed_to_step(queue: PullQueue, coord: Coordinator, step: int) -> None:
     """Serve request "undisturbed" to the end, then "disturbed" until it has committed `step`
     (where a test disturbs it; the two must end equal)."""
     queue.put(request("undisturbed"))
     coord.plan()
     coord.run_until(lambda: queue.is_done(["undisturbed"]), 120, "the undisturbed request")
-    queue.put(request("disturbed"))
-    coord.plan()
-    coord.run_until(lambda: any(e.kind == "committed" and e.data["request"] == "disturbed"
-                                and e.data["step"] == step for e in coord.events), 120, f"step {step}")
+    serve_to_step(queue, coord, "disturbed", step)
 
 
 def test_member_killed_mid_rollout_resumes_from_its_committed_step_bit_identically(source_weights):
