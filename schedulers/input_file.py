@@ -195,15 +195,6 @@ def check(ok: bool, name: str, expected: str, got: Any) -> None:
         raise ConfigError(f"{name}: expected {expected}, got {short(got)}")
 
 
-def at_most(obj: Any, names: tuple[str, ...], most: int | float, unit: str = "") -> None:
-    """Upper bounds: each field in `names` of `obj` is at most `most` (its lower bound is checked
-    on its own, with the message the field always had)."""
-    limit = f"{int(most):,}" if float(most).is_integer() else f"{most:g}"
-    for name in names:
-        value = getattr(obj, name)
-        check(value is None or value <= most, name, f"at most {limit}{unit}", value)
-
-
 # ---- YAML ---------------------------------------------------------------------------------------
 
 

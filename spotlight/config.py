@@ -18,27 +18,23 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import math
-import re
-import types
-import typing
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
+from pydantic import StrictBool, StrictFloat, StrictInt, StrictStr, StringConstraints
 
 from cloud.bounded_json import JsonRefused, load_file
 from cloud.config import CloudConfig
 from cloud.model_cache import cached_folder, is_remote, local_folder, source_problem
+from schedulers.config_section import build, limited, section
 from schedulers.update_placement import PLACES, SP_ROLLOUT_ONLY
-from schedulers.input_file import (SEED_MAX, ConfigError, InputError, InputFileError, at_most, check, load_yaml,
-                                   parse_yaml, short)
+from schedulers.input_file import SEED_MAX, ConfigError, InputError, InputFileError, check, load_yaml, parse_yaml, short
 from spotlight.reward_names import BUILTIN_REWARDS, check_name, component_field  # noqa: F401 — BUILTIN_REWARDS re-exported
 
 MAX_CONFIG_BYTES = 1 << 20
 """Largest config file read (1 MiB; the shipped ones are under 1 KB)."""
-_DEVICE = re.compile(r"cpu|cuda(:\d{1,3})?|mps")
 
 
 def model_config(file: Path, where: str) -> dict[str, Any] | str:
@@ -55,7 +51,7 @@ def model_config(file: Path, where: str) -> dict[str, Any] | str:
     return data if isinstance(data, dict) else f"{where} is not a JSON object"
 
 
-@dataclass
+@section
 class DiTConfig:
     """The diffusion transformer (diffusers `QwenImageTransformer2DModel`), and where its text
     conditioning, decoding and sigma schedule come from."""
@@ -64,7 +60,7 @@ class DiTConfig:
     """`tiny`: a random 2-layer config that trains on CPU, computed in float32; `qwen-image`: the
     released 20B config, computed in bfloat16. With `pretrained_path` the architecture is the
     folder's, and the preset still picks the dtype (of the transformer, text encoder and VAE alike)."""
-    pretrained_path: str | None = None
+    pretrained_path: StrictStr | None = None
     """A diffusers Qwen-Image checkpoint folder: local, or `s3://BUCKET/PREFIX` / `gs://BUCKET/PREFIX`
     / a Hugging Face repo id (`org/name`), which each node fetches once into its model cache
     (`cloud.model_cache`; the checks below then read that copy, keys keep this string). Either a pipeline
@@ -75,24 +71,20 @@ class DiTConfig:
     or one holding only transformer/): the stand-in text encoder, and the preset's decoding (tiny:
     the latent is the image; qwen-image needs a vae/). `spotlight train` checks the folder before
     anything starts (`spotlight.rl.dit_model.check_pipeline_folder`)."""
-    resolution: int = 16
+    resolution: StrictInt = limited(16, gt=0, le=4096, unit=" pixels")
     """Image side in pixels, 1..4096, a multiple of 2 x `vae_scale`: the latent side (resolution /
     `vae_scale`) must divide by the patch size 2."""
-    text_tokens: int = 8
+    text_tokens: StrictInt = limited(8, gt=0, le=4096)
     """Prompt length in tokens for the deterministic stand-in text encoder, 1..4096 (a pipeline's
     text encoder gives every prompt its own length)."""
 
     def __post_init__(self) -> None:
         _check_source(self.pretrained_path)
-        check(self.resolution > 0, "resolution", "a positive integer", self.resolution)
-        at_most(self, ("resolution",), 4096, " pixels")
         scale = self.vae_scale
         check(self.resolution % (2 * scale) == 0, "resolution",
                f"a size whose latent side (resolution / {scale}) divides by the patch size 2: "
                f"a multiple of {2 * scale}",
                self.resolution)
-        check(self.text_tokens > 0, "text_tokens", "a positive integer", self.text_tokens)
-        at_most(self, ("text_tokens",), 4096)
 
     @property
     def pipeline(self) -> bool:
@@ -203,42 +195,34 @@ class DiTConfig:
         return None
 
 
-@dataclass
+@section
 class LLMConfig:
     """The causal language model: the tiny Qwen2 built from the seed, or a transformers folder."""
 
-    pretrained_path: str | None = None
+    pretrained_path: StrictStr | None = None
     """A folder with a transformers causal LM and its tokenizer, as `save_pretrained` writes them
     (config.json, weights, tokenizer files): local, or `s3://BUCKET/PREFIX` / `gs://BUCKET/PREFIX`
     / a Hugging Face repo id, fetched once per node as `DiTConfig.pretrained_path` is; null means
     the tiny config. Prompts go through the tokenizer's chat template when it has one; the tiny
     sizes below are then unused."""
-    hidden_size: int = 64
+    hidden_size: StrictInt = limited(64, gt=0, le=65536)
     """Tiny config sizes: hidden_size 1..65,536, num_layers 1..1,024, num_heads and num_kv_heads
     1..1,024, intermediate_size 1..262,144 (beyond the largest released LLMs)."""
-    num_layers: int = 2
-    num_heads: int = 4
-    num_kv_heads: int = 2
-    intermediate_size: int = 128
-    max_new_tokens: int = 4
+    num_layers: StrictInt = limited(2, gt=0, le=1024)
+    num_heads: StrictInt = limited(4, gt=0, le=1024)
+    num_kv_heads: StrictInt = limited(2, gt=0, le=1024)
+    intermediate_size: StrictInt = limited(128, gt=0, le=262144)
+    max_new_tokens: StrictInt = limited(4, gt=0, le=32768, unit=" tokens")
     """Completion length limit in tokens, 1..32,768 (answers of the arithmetic task have at most 3 digits)."""
-    temperature: float = 1.0
+    temperature: StrictFloat = limited(1.0, gt=0, le=100)
     """Sampling temperature, in (0, 100]."""
 
     def __post_init__(self) -> None:
         _check_source(self.pretrained_path)
-        for name in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size", "max_new_tokens"):
-            check(getattr(self, name) > 0, name, "a positive integer", getattr(self, name))
-        at_most(self, ("hidden_size",), 65536)
-        at_most(self, ("num_layers", "num_heads", "num_kv_heads"), 1024)
-        at_most(self, ("intermediate_size",), 262144)
-        at_most(self, ("max_new_tokens",), 32768, " tokens")
-        at_most(self, ("temperature",), 100)
         check(self.hidden_size % self.num_heads == 0, "hidden_size",
                f"a multiple of num_heads ({self.num_heads})", self.hidden_size)
         check(self.num_heads % self.num_kv_heads == 0, "num_kv_heads",
                f"a divisor of num_heads ({self.num_heads})", self.num_kv_heads)
-        check(self.temperature > 0, "temperature", "a number > 0", self.temperature)
 
     def folder_problem(self) -> str | None:
         """What makes `pretrained_path` (an existing folder) unusable as a transformers causal LM
@@ -300,25 +284,19 @@ LLM_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_pro
 """The LLM's default LoRA targets: every attention and MLP projection of a Qwen2 layer."""
 
 
-@dataclass
+@section
 class LoRAConfig:
     """LoRA adapters (peft) instead of full-parameter training: only the adapters are trained,
     published to workers and checkpointed; the base stays frozen (`spotlight.rl.lora`)."""
 
-    rank: int = 0
+    rank: StrictInt = limited(0, ge=0, le=4096, expected="an integer in 0..4096 (0: no LoRA)")
     """Adapter rank r, 0..4,096; 0 trains every parameter (no LoRA)."""
-    alpha: float | None = None
+    alpha: StrictFloat | None = limited(None, gt=0, le=65536, expected="a number in (0, 65536] or null")
     """peft's lora_alpha (adapters scale by alpha / rank), in (0, 65,536]; null: alpha = rank."""
-    target_modules: list[str] | None = None
+    target_modules: list[Annotated[str, StringConstraints(strict=True, min_length=1, max_length=200)]] | None = limited(
+        None, min_length=1, max_length=256, expected="null or a list of 1..256 module names")
     """Names (suffixes) of the linear layers that get adapters; null: the policy's defaults
     (`DIT_LORA_TARGETS` / `LLM_LORA_TARGETS`)."""
-
-    def __post_init__(self) -> None:
-        check(0 <= self.rank <= 4096, "rank", "an integer in 0..4096 (0: no LoRA)", self.rank)
-        check(self.alpha is None or 0 < self.alpha <= 65536, "alpha", "a number in (0, 65536] or null", self.alpha)
-        check(self.target_modules is None or (0 < len(self.target_modules) <= 256 and all(
-            isinstance(m, str) and 0 < len(m) <= 200 for m in self.target_modules)), "target_modules",
-            "null or a list of 1..256 module names", self.target_modules)
 
     @property
     def enabled(self) -> bool:
@@ -330,7 +308,7 @@ class LoRAConfig:
         return self.alpha or self.rank
 
 
-@dataclass
+@section
 class PolicyConfig:
     """Which policy is trained; only the sub-config of that kind is used."""
 
@@ -338,7 +316,7 @@ class PolicyConfig:
     dit: DiTConfig = field(default_factory=DiTConfig)
     llm: LLMConfig = field(default_factory=LLMConfig)
     lora: LoRAConfig = field(default_factory=LoRAConfig)
-    pretrained_path: str | None = None
+    pretrained_path: StrictStr | None = None
     """The model folder of the policy of this kind: `policy.pretrained_path: FOLDER` is
     `policy.dit.pretrained_path` (a diffusers pipeline or transformer folder) or
     `policy.llm.pretrained_path` (a transformers causal LM), whichever `kind` is; give either
@@ -364,34 +342,26 @@ class PolicyConfig:
         return list(self.lora.target_modules or default)
 
 
-@dataclass
+@section
 class SamplerConfig:
     """The Flow-GRPO SDE sampler (DiT only)."""
 
-    num_steps: int = 8
+    num_steps: StrictInt = limited(8, gt=0, le=1000, unit=" steps")
     """Denoising steps per sample, 1..1,000."""
-    noise_level: float = 0.7
+    noise_level: StrictFloat = limited(0.7, gt=0, le=10)
     """`a` in the SDE's std `sqrt(sigma / (1 - sigma)) * a`, in (0, 10]."""
-    sde_window: tuple[int, int] | None = None
+    sde_window: tuple[StrictInt, StrictInt] | None = None
     """[first, last) steps that are stochastic (and trained on); the rest are ODE steps. None: all."""
-    guidance: float = 1.0
+    guidance: StrictFloat = limited(1.0, ge=1, le=100, note=" (1: no guidance)")
     """True classifier-free guidance (Qwen-Image's `true_cfg_scale`; its pipeline's default is 4):
     every velocity — rollout, exploration and the update's recomputed log-probs alike — is the
     prompt's and the negative prompt's passes combined by `spotlight.rl.dit_model.true_cfg`. 1: off
     (one pass); in [1, 100]."""
-    negative_prompt: str = " "
+    negative_prompt: StrictStr = limited(" ", max_length=1000, expected="a text of at most 1,000 characters")
     """The negative prompt's text with guidance > 1 (Qwen-Image's pipeline uses " "); at most 1,000
     characters."""
 
     def __post_init__(self) -> None:
-        check(self.num_steps > 0, "num_steps", "a positive integer", self.num_steps)
-        at_most(self, ("num_steps",), 1000, " steps")
-        check(self.noise_level > 0, "noise_level", "a number > 0", self.noise_level)
-        at_most(self, ("noise_level",), 10)
-        check(self.guidance >= 1, "guidance", "a number >= 1 (1: no guidance)", self.guidance)
-        at_most(self, ("guidance",), 100)
-        check(isinstance(self.negative_prompt, str) and len(self.negative_prompt) <= 1000, "negative_prompt",
-              "a text of at most 1,000 characters", str(self.negative_prompt)[:40])
         if self.sde_window is not None:
             lo, hi = self.sde_window
             check(0 <= lo < hi <= self.num_steps, "sde_window",
@@ -407,26 +377,27 @@ DIT_REWARDS = ("colour", "jpeg_compressibility", "jpeg_incompressibility", "clip
 """Built-in rewards that score images (a DiT policy's)."""
 LLM_REWARDS = ("arithmetic", "answer_match")
 """Built-in rewards that score completions (an LLM policy's)."""
-_FUNCTION = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*|[^\x00-\x1f:][^\x00-\x1f]*\.py:[A-Za-z_]\w*")
+_FUNCTION = r"^(?:[A-Za-z_][\w.]*:[A-Za-z_]\w*|[^\x00-\x1f:][^\x00-\x1f]*\.py:[A-Za-z_]\w*)$"
 """A user reward: `package.module:name` or `path/to/file.py:name`."""
 
 
-@dataclass
+@section
 class RewardComponent:
     """One term of the reward: a built-in or registered reward (`name`) or a callable of the
     user's (`function`), scaled by `weight`. Exactly one of `name` and `function` is set."""
 
-    name: str | None = None
+    name: StrictStr | None = None
     """A built-in reward (`DIT_REWARDS`, `LLM_REWARDS`) or one registered under the
     `spotlight.rewards` entry-point group; checked at load."""
-    function: str | None = None
+    function: StrictStr | None = limited(None, max_length=1000, pattern=_FUNCTION,
+                                         expected="package.module:callable or path/to/file.py:callable")
     """A Python callable of the user's: "package.module:name" or "path/to/file.py:name" (a path
     relative to the working directory). It is called as `f(outputs, prompts, metadata)` with the
     batch's decoded outputs (DiT: a list of PIL images; LLM: a list of completion strings), the
     prompt strings and each prompt's metadata dict, and returns one finite float per sample."""
-    weight: float = 1.0
+    weight: StrictFloat = limited(1.0, ge=-1e6, le=1e6, expected="a number in [-1e6, 1e6]")
     """Its weight in the sum, a finite number in [-1e6, 1e6] (negative: a penalty)."""
-    model_path: str | None = None
+    model_path: StrictStr | None = None
     """Local weights of a model-based reward (clip_score); null: `reward.model_path`."""
 
     def __post_init__(self) -> None:
@@ -435,10 +406,6 @@ class RewardComponent:
               self.name if self.name is not None else self.function)
         if self.name is not None:
             check_name(self.name, "name")
-        if self.function is not None:
-            check(len(self.function) <= 1000 and _FUNCTION.fullmatch(self.function) is not None, "function",
-                  "package.module:callable or path/to/file.py:callable", self.function)
-        check(abs(self.weight) <= 1e6, "weight", "a number in [-1e6, 1e6]", self.weight)
 
     @property
     def label(self) -> str:
@@ -446,45 +413,38 @@ class RewardComponent:
         return self.name if self.name is not None else self.function.rsplit(":", 1)[1]
 
 
-@dataclass
+@section
 class RewardConfig:
     """The reward: one built-in reward by `name`, or several `components` summed by weight; see
     `spotlight.rl.rewards` for the names."""
 
-    name: str = "colour"
+    name: StrictStr = "colour"
     """The one-component shorthand, used when `components` is empty: a name of `DIT_REWARDS` or
     `LLM_REWARDS`, or one registered under the `spotlight.rewards` entry-point group; checked at load."""
-    components: list[RewardComponent] = field(default_factory=list)
+    components: list[RewardComponent] = limited(default_factory=list, max_length=32, expected="at most 32 components")
     """Rewards combined by weight, `[{name: ocr, weight: 1.0}, {function: "my_reward.py:score",
     weight: 0.5}]`, at most 32; each one's mean and std are in the metrics. Empty: `name` alone."""
-    model_path: str | None = None
+    model_path: StrictStr | None = None
     """Local weights for model-based rewards (clip_score: a CLIP/PickScore folder); `spotlight train`
     checks that it is an existing folder before it builds anything."""
-    colour_width: float = 0.5
+    colour_width: StrictFloat = limited(0.5, gt=0, le=1e6)
     """Colour reward: `exp(-|rgb - target|^2 / colour_width)` per pixel; in (0, 1e6]."""
-    workers: int = 1
+    workers: StrictInt = limited(1, ge=1, le=1024, expected="an integer in 1..1024")
     """Reward actors on Ray, 1..1,024: an iteration's batch is split between them (stateless)."""
-    num_gpus: float = 0.0
+    num_gpus: StrictFloat = limited(0.0, ge=0, le=8, expected="a number in [0, 8]")
     """GPUs each reward actor holds on Ray, 0..8 (fractions share one): model-based rewards (OCR,
     CLIP) then run on it. 0: CPU."""
-    timeout_s: float = 600.0
+    timeout_s: StrictFloat = limited(600.0, gt=0, le=86400, unit=" s")
     """Longest one component may take to score one batch, in (0, 86,400] s: a reward that hangs
     longer is stopped, tried once more, then stops the run naming the component."""
 
     def __post_init__(self) -> None:
         if not self.components:
             check_name(self.name, "name")
-        check(self.colour_width > 0, "colour_width", "a number > 0", self.colour_width)
-        at_most(self, ("colour_width",), 1e6)
-        check(len(self.components) <= 32, "components", "at most 32 components", len(self.components))
         labels = [c.label for c in self.components]
         for i, label in enumerate(labels):
             check(labels.count(label) == 1, f"components[{i}]", "a reward used once (each component "
                   "is a metric of its own)", label)
-        check(1 <= self.workers <= 1024, "workers", "an integer in 1..1024", self.workers)
-        check(0 <= self.num_gpus <= 8, "num_gpus", "a number in [0, 8]", self.num_gpus)
-        check(self.timeout_s > 0, "timeout_s", "a number > 0", self.timeout_s)
-        at_most(self, ("timeout_s",), 86400, " s")
 
     @property
     def terms(self) -> list[RewardComponent]:
@@ -492,20 +452,20 @@ class RewardConfig:
         return list(self.components) or [RewardComponent(name=self.name)]
 
 
-@dataclass
+@section
 class GRPOConfig:
     """Group-relative policy optimisation: advantages and the clipped loss."""
 
-    clip_low: float = 1e-3
+    clip_low: StrictFloat = limited(1e-3, gt=0, lt=1, expected="a number in (0, 1)")
     """The ratio is clipped to [1 - clip_low, 1 + clip_high]; clip_low in (0, 1), clip_high in (0, 100]."""
-    clip_high: float = 1e-3
-    adv_clip: float = 5.0
+    clip_high: StrictFloat = limited(1e-3, gt=0, le=100)
+    adv_clip: StrictFloat = limited(5.0, gt=0, le=1e6)
     """Advantages are clipped to [-adv_clip, adv_clip]; in (0, 1e6]."""
-    adv_eps: float = 1e-4
+    adv_eps: StrictFloat = limited(1e-4, gt=0, le=1)
     """`A = (r - mean_g) / (std_g + adv_eps)`; in (0, 1]."""
-    kl_beta: float = 0.0
+    kl_beta: StrictFloat = limited(0.0, ge=0, le=1e6)
     """Weight of the KL penalty to the reference (warm-started) policy, in [0, 1e6]; 0 disables it."""
-    drop_zero_advantage_groups: bool = False
+    drop_zero_advantage_groups: StrictBool = False
     """Leave groups whose advantages are all zero (every sample rewarded the same) out of the
     update, as flow_grpo does: they add no policy gradient, but kept they count in the loss's mean
     and shrink the step by their share (common with exact-match LLM rewards). Off by default so
@@ -516,67 +476,58 @@ class GRPOConfig:
     so that a `kl_beta` taken from flow_grpo's configs means what it meant there. An LLM's KL is
     the k3 estimator per token either way, and takes "exact" only. docs/training.md."""
 
-    def __post_init__(self) -> None:
-        for name in ("clip_low", "clip_high", "adv_clip", "adv_eps"):
-            check(getattr(self, name) > 0, name, "a number > 0", getattr(self, name))
-        check(self.clip_low < 1, "clip_low", "a number in (0, 1)", self.clip_low)
-        check(self.kl_beta >= 0, "kl_beta", "a number >= 0", self.kl_beta)
-        at_most(self, ("clip_high",), 100)
-        at_most(self, ("adv_clip", "kl_beta"), 1e6)
-        at_most(self, ("adv_eps",), 1)
-
 
 PARTS_PER_REQUEST = 8
 """`train.parts_per_request`'s default (`TrainConfig.parts_per_request`)."""
 
 
-@dataclass
+@section
 class TrainConfig:
     """The iteration loop and the optimiser."""
 
-    steps: int = 30
+    steps: StrictInt = limited(30, gt=0, le=1_000_000)
     """GRPO iterations, 1..1,000,000."""
-    prompts_per_step: int = 8
+    prompts_per_step: StrictInt = limited(8, gt=0, le=65536)
     """Prompts per iteration, 1..65,536."""
-    group_size: int = 8
+    group_size: StrictInt = limited(8, ge=2, le=4096, note=" (GRPO needs a group)")
     """G: samples per prompt, 2..4,096. An iteration's samples (prompts_per_step x group_size) are at
     most 1,048,576: the rollout of one iteration is held in memory."""
-    lr: float = 1e-4
+    lr: StrictFloat = limited(1e-4, gt=0, le=1)
     """Learning rate, in (0, 1]."""
-    updates_per_step: int = 2
+    updates_per_step: StrictInt = limited(2, gt=0, le=1000)
     """Optimiser steps per iteration, each over the whole rollout; 1..1,000."""
-    grad_clip: float = 1.0
+    grad_clip: StrictFloat = limited(1.0, gt=0, le=1e6)
     """Gradient norm clip, in (0, 1e6]."""
-    checkpoint_every: int = 10
+    checkpoint_every: StrictInt = limited(10, gt=0, le=1_000_000)
     """Iterations between checkpoints (the last iteration is always checkpointed); 1..1,000,000."""
-    micro_batch: int = 64
+    micro_batch: StrictInt = limited(64, gt=0, le=65536)
     """Samples per forward pass in rollout and update, 1..65,536: bounds memory; the results differ only
     by float rounding, so it may change when a run resumes (`spotlight.checkpoints.resume_identity.NEUTRAL`)."""
-    eval_prompts: int = 0
+    eval_prompts: StrictInt = limited(0, ge=0, le=65536)
     """Prompts of a fixed evaluation set scored at the start of every iteration (0: no evaluation), 0..65,536.
     `eval_reward` is the policy's mean reward on fixed prompts and seeds, unbiased by how an
     iteration chose its own seeds (exploration picks contrasting ones: their mean is not the policy's)."""
-    eval_seeds: int = 8
+    eval_seeds: StrictInt = limited(8, gt=0, le=4096)
     """Seeds per evaluation prompt, 1..4,096."""
-    eval_every: int = 1
+    eval_every: StrictInt = limited(1, gt=0, le=1_000_000)
     """Iterations between evaluations, 1..1,000,000 (when evaluation is on: `eval_prompts` > 0 or
     `prompts.eval_path`); the last iteration is always evaluated. Each writes the per-component
     eval rewards to the metrics and, for a DiT, a grid of the samples under `eval/` and in
     TensorBoard (an LLM's completions: a JSONL file there)."""
-    ema_decay: float = 0.0
+    ema_decay: StrictFloat = limited(0.0, ge=0, lt=1, expected="a number in [0, 1) (0: no EMA)")
     """An exponential moving average of the trained parameters (the adapters with LoRA), updated
     after every optimiser step with this decay, in [0, 1); 0: off. When on, evaluation samples with
     it and `final/` holds it; checkpointed and resumed exactly."""
-    gradient_checkpointing: bool = False
+    gradient_checkpointing: StrictBool = False
     """Recompute activations in the update's backward pass instead of keeping them (diffusers' and
     transformers' own gradient checkpointing): less memory, ~30% more update time, the same result."""
-    update_on: str = "learner"
+    update_on: StrictStr = "learner"
     """Who computes the update's gradient: "learner" (the learner alone), "fleet" (every
     rollout worker, spot and on-demand, pulls its micro-batches from the queue as `TRAIN`
     requests, gradient work before exploration; the learner sums them in micro-batch order and
     steps — the same weights as "learner", bit for bit), or "auto" (each update where the run's
     own updates measured faster: `schedulers/update_placement.py`). docs/training.md."""
-    parts_per_request: int = PARTS_PER_REQUEST
+    parts_per_request: StrictInt = limited(PARTS_PER_REQUEST, gt=0, le=4096)
     """k: consecutive micro-batches summed into one gradient before it travels, 1..4,096; fixed by
     the config, never by who is live. An update round of P micro-batches is ceil(P / k) chunks,
     chunk c covering micro-batches [c*k, min((c+1)*k, P)): on the fleet one `TRAIN` request each,
@@ -591,61 +542,42 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         check(self.update_on in PLACES, "update_on", f"{', '.join(PLACES[:-1])} or {PLACES[-1]}", self.update_on)
-        for name in ("steps", "prompts_per_step", "updates_per_step", "checkpoint_every", "micro_batch",
-                     "parts_per_request"):
-            check(getattr(self, name) > 0, name, "a positive integer", getattr(self, name))
-        check(self.group_size >= 2, "group_size", "an integer >= 2 (GRPO needs a group)", self.group_size)
-        check(self.lr > 0, "lr", "a number > 0", self.lr)
-        check(self.eval_prompts >= 0, "eval_prompts", "an integer >= 0", self.eval_prompts)
-        check(self.eval_seeds > 0, "eval_seeds", "a positive integer", self.eval_seeds)
-        check(self.eval_every > 0, "eval_every", "a positive integer", self.eval_every)
-        check(0 <= self.ema_decay < 1, "ema_decay", "a number in [0, 1) (0: no EMA)", self.ema_decay)
-        check(self.grad_clip > 0, "grad_clip", "a number > 0", self.grad_clip)
-        at_most(self, ("steps", "checkpoint_every", "eval_every"), 1_000_000)
-        at_most(self, ("prompts_per_step", "micro_batch", "eval_prompts"), 65536)
-        at_most(self, ("group_size", "eval_seeds", "parts_per_request"), 4096)
-        at_most(self, ("updates_per_step",), 1000)
-        at_most(self, ("lr",), 1)
-        at_most(self, ("grad_clip",), 1e6)
         check(self.prompts_per_step * self.group_size <= 1 << 20, "group_size",
                f"at most {(1 << 20) // self.prompts_per_step:,} with prompts_per_step {self.prompts_per_step} "
                "(at most 1,048,576 samples per iteration)", self.group_size)
 
 
-@dataclass
+_A_PATH = dict(min_length=1, max_length=4096, pattern=r"^[^\x00]*$", expected="null or a file or folder path")
+"""What a prompt file's path may be: 1..4,096 characters, no NUL (`PromptsConfig.path`, `eval_path`)."""
+
+
+@section
 class PromptsConfig:
     """The prompt set; prompts are drawn per iteration from it, deterministically from the seed.
     A file of the user's (`path`) or a built-in set (`name`)."""
 
     name: Literal["colours", "arithmetic"] = "colours"
     """The built-in set, used when `path` is null: `colours` (a DiT's) or `arithmetic` (an LLM's)."""
-    count: int = 8
+    count: StrictInt = limited(8, gt=0, le=1_000_000)
     """Size of the built-in set, 1..1,000,000 (colours: at most the number of named colours); a
     file's prompts are all used."""
-    path: str | None = None
+    path: StrictStr | None = limited(None, **_A_PATH)
     """The user's prompts (`spotlight.rl.prompt_file`): a `.txt` file (one prompt a line), a
     `.jsonl` file (`{"prompt": ..., other fields}`: the other fields are the prompt's metadata,
     handed to rewards), or a flow_grpo dataset folder (its `train.txt` or `train_metadata.jsonl`)."""
-    eval_path: str | None = None
+    eval_path: StrictStr | None = limited(None, **_A_PATH)
     """Held-out prompts for evaluation (`train.eval_every`), read like `path`; null: a dataset
     folder's `test.txt` / `test_metadata.jsonl` when `path` is one, else prompts of the training set."""
 
-    text_field: str = "prompt"
+    text_field: StrictStr = limited("prompt", min_length=1, max_length=200, expected="the name of a jsonl field")
     """The field of a `.jsonl` line that holds the prompt (GSM8K's files: `question`); the line's other
     fields are its metadata."""
 
     def __post_init__(self) -> None:
-        check(self.count > 0, "count", "a positive integer", self.count)
-        at_most(self, ("count",), 1_000_000)
-        check(0 < len(self.text_field) <= 200 and self.text_field.isprintable(), "text_field",
-              "the name of a jsonl field", self.text_field)
-        for name in ("path", "eval_path"):
-            value = getattr(self, name)
-            check(value is None or (0 < len(value) <= 4096 and "\x00" not in value), name,
-                  "null or a file or folder path", value)
+        check(self.text_field.isprintable(), "text_field", "the name of a jsonl field", self.text_field)
 
 
-@dataclass
+@section
 class WarmStartConfig:
     """The short supervised start that gives a random tiny model something for GRPO to improve.
 
@@ -653,160 +585,121 @@ class WarmStartConfig:
     examples. The result is cached on disk, keyed by everything that determines it.
     """
 
-    steps: int = 2400
+    steps: StrictInt = limited(2400, ge=0, le=10_000_000)
     """Optimiser steps, 0..10,000,000; 0 disables the warm start."""
-    batch_size: int = 32
+    batch_size: StrictInt = limited(32, gt=0, le=65536)
     """Examples per optimiser step, 1..65,536."""
-    lr: float = 1e-3
+    lr: StrictFloat = limited(1e-3, gt=0, le=1)
     """Learning rate, in (0, 1]."""
-    cache_dir: str | None = None
+    cache_dir: StrictStr | None = None
     """Where warm-started weights are cached; None means $SPOTLIGHT_CACHE or ~/.cache/spotlight."""
     data: Literal["colours", "text"] = "colours"
     """What the tiny DiT's synthetic images show: `colours`, the colour each prompt names
     (`synthetic_images`); `text`, each prompt's double-quoted text drawn black on white, for the
     OCR reward (`synthetic_text_images`)."""
 
-    def __post_init__(self) -> None:
-        check(self.steps >= 0, "steps", "an integer >= 0", self.steps)
-        check(self.batch_size > 0, "batch_size", "a positive integer", self.batch_size)
-        check(self.lr > 0, "lr", "a number > 0", self.lr)
-        at_most(self, ("steps",), 10_000_000)
-        at_most(self, ("batch_size",), 65536)
-        at_most(self, ("lr",), 1)
 
-
-@dataclass
+@section
 class RuntimeConfig:
     """Where the roles run. `local`: one process; `ray`: the learner, rollout workers, the reward
     worker and the request queue are Ray actors (a local cluster is started when none is given)."""
 
     kind: Literal["ray", "local"] = "ray"
-    address: str | None = None
+    address: StrictStr | None = None
     """Ray cluster to join (e.g. "auto" or "ray://head:10001"); None starts a local one."""
-    spot_workers: int = 2
+    spot_workers: StrictInt = limited(2, ge=0, le=4096, unit=" workers")
     """Rollout worker slots on spot capacity (actors that need the `spot` custom resource), 0..4,096."""
-    ondemand_workers: int = 1
+    ondemand_workers: StrictInt = limited(1, ge=0, le=4096, unit=" workers")
     """Rollout workers on on-demand capacity, 0..4,096: they keep the run going when every spot slot is gone."""
-    commit_every: int = 1
+    commit_every: StrictInt = limited(1, gt=0, le=1000, unit=" steps")
     """Denoising steps between partial-state commits, 1..1,000: a death without notice loses at most this many."""
-    lease_s: float = 30.0
+    lease_s: StrictFloat = limited(30.0, gt=0, le=86400, unit=" s")
     """A pulled request's lease, in (0, 86,400] s; heartbeats (one per step) renew it; an expired
     lease re-queues it."""
-    notice_s: float = 120.0
+    notice_s: StrictFloat = limited(120.0, ge=0, le=3600, unit=" s")
     """Warning a replayed trace gives before each removal, in trace seconds, 0..3,600 (AWS: 120; 0: none)."""
-    trace_speedup: float = 1.0
+    trace_speedup: StrictFloat = limited(1.0, gt=0, le=1e9)
     """A replayed trace runs this many times faster than real time, in (0, 1e9]."""
     notice_sources: list[Literal["aws", "gcp", "sigterm"]] = field(default_factory=list)
     """Where each rollout worker watches for a preemption notice: AWS IMDSv2 (spot instance-action,
     rebalance recommendation), GCP (instance/preempted), SIGTERM to its process. Empty off the cloud."""
-    notice_poll_s: float = 5.0
+    notice_poll_s: StrictFloat = limited(5.0, gt=0, le=3600, unit=" s")
     """Seconds between polls of the notice sources, in (0, 3,600]."""
-    torch_threads: int = 1
+    torch_threads: StrictInt = limited(1, ge=1, le=256, expected="an integer in 1..256")
     """CPU threads torch uses in every role — the learner, each rollout worker, and the local
     runtime's one process — 1..256. The same number everywhere keeps local and Ray runs of a
     config bit-identical (a float sum's rounding depends on how it is split over threads), and one
     per process avoids OpenMP spinning when several roles share a node's cores."""
-    sp_degree: int = 1
+    sp_degree: StrictInt = limited(1, ge=1, le=64, expected="an integer in 1..64")
     """Sequence-parallel degree of the DiT's rollout and exploration requests, 1..64: each request
     is served by a group of this many devices (elastic SP; 1: one device per request)."""
-    spot_wait_s: float = 300.0
+    spot_wait_s: StrictFloat = limited(300.0, gt=0, le=86400, unit=" s")
     """On a cluster (`address`): how long the run waits for spot capacity it has none of, in
     (0, 86,400] s, before it says so and falls back (`spot_fallback`)."""
-    spot_fallback: bool = True
+    spot_fallback: StrictBool = True
     """No spot capacity for `spot_wait_s`: start `spot_workers` rollout workers on on-demand nodes
     in their place (True), or keep waiting for spot nodes, saying so every `spot_wait_s` (False)."""
 
     def __post_init__(self) -> None:
-        check(self.spot_workers >= 0, "spot_workers", "an integer >= 0", self.spot_workers)
-        check(self.ondemand_workers >= 0, "ondemand_workers", "an integer >= 0", self.ondemand_workers)
         check(self.spot_workers + self.ondemand_workers > 0, "ondemand_workers",
                "at least one rollout worker in all (spot_workers + ondemand_workers > 0)", self.ondemand_workers)
-        check(self.commit_every > 0, "commit_every", "a positive integer", self.commit_every)
-        check(self.lease_s > 0, "lease_s", "a number > 0", self.lease_s)
-        check(self.notice_s >= 0, "notice_s", "a number >= 0", self.notice_s)
-        check(self.trace_speedup > 0, "trace_speedup", "a number > 0", self.trace_speedup)
-        check(self.notice_poll_s > 0, "notice_poll_s", "a number > 0", self.notice_poll_s)
-        check(1 <= self.torch_threads <= 256, "torch_threads", "an integer in 1..256", self.torch_threads)
-        check(1 <= self.sp_degree <= 64, "sp_degree", "an integer in 1..64", self.sp_degree)
-        check(self.spot_wait_s > 0, "spot_wait_s", "a number > 0", self.spot_wait_s)
-        at_most(self, ("spot_workers", "ondemand_workers"), 4096, " workers")
-        at_most(self, ("commit_every",), 1000, " steps")
-        at_most(self, ("lease_s", "spot_wait_s"), 86400, " s")
-        at_most(self, ("notice_s", "notice_poll_s"), 3600, " s")
-        at_most(self, ("trace_speedup",), 1e9)
 
 
-@dataclass
+@section
 class ExplorationConfig:
     """Seed exploration on stale weights (docs/design.md, idea 1): while the learner trains θ(t+1), idle
     rollout workers score candidate seeds of the next iteration's prompts with θ(t); the next rollout
     uses, per prompt, the G seeds whose rewards contrast most."""
 
-    enabled: bool = False
+    enabled: StrictBool = False
     """Off: every iteration uses fresh seeds and no exploration runs (plain GRPO)."""
     planner: Literal["bandit", "uniform", "random"] = "bandit"
     """How exploration samples are spread over prompts: `bandit` (to where they add the most group
     reward variance), `uniform` (the same number per prompt), or `random` (none: random seeds, with
     only the stale-rank monitor's few probe samples explored)."""
-    candidates_per_prompt: int = 32
+    candidates_per_prompt: StrictInt = limited(32, gt=0, le=65536, unit=" seeds")
     """Most seeds explored per prompt and iteration (train.group_size..65,536)."""
     budget_source: Literal["samples", "train_time"] = "samples"
     """`samples`: exactly `samples_per_step` exploration samples per iteration, finished before the next
     rollout starts (deterministic: same config and seed, same weights); `train_time`: as many as the
     idle rollout workers compute while the learner trains — the rest is cancelled when new weights
     are published, so exploration never delays an iteration (not deterministic)."""
-    samples_per_step: int = 128
+    samples_per_step: StrictInt = limited(128, gt=0, le=1 << 20, unit=" samples")
     """The `samples` budget: exploration samples per iteration over all prompts, 1..1,048,576."""
-    request_size: int = 16
+    request_size: StrictInt = limited(16, gt=0, le=4096, unit=" seeds")
     """Most seeds per exploration request (computed as one batch by one worker), 1..4,096: a planner's
     allocation to a prompt is cut into requests of this size."""
-    round_samples: int = 64
+    round_samples: StrictInt = limited(64, gt=0, le=1 << 20, unit=" samples")
     """Bandit: samples handed out per planning round (results of a round steer the next), 1..1,048,576."""
-    num_steps: int | None = None
+    num_steps: StrictInt | None = limited(None, gt=0, le=1000, unit=" steps")
     """Denoising steps of an exploration sample (DiT), 1..1,000; None: sampler.num_steps. Fewer steps
     replay the seed's first SDE noise draws on a coarser schedule."""
-    ode: bool = False
+    ode: StrictBool = False
     """DiT: explore with the deterministic ODE from the seed's initial noise (no SDE noise)."""
-    prompt_candidates: int = 1
+    prompt_candidates: StrictInt = limited(1, gt=0, le=1024)
     """Prompts explored per rollout prompt, 1..1,024: > 1 explores that many times more prompts and rolls out
     those whose stale groups vary most (an LLM skips prompts its stale weights always or never solve)."""
-    monitor_seeds: int = 4
+    monitor_seeds: StrictInt = limited(4, ge=0)
     """Probe seeds per prompt the `random` planner explores, so the stale-rank monitor can measure
     (0..candidates_per_prompt)."""
-    stale_rank_threshold: float = 0.3
+    stale_rank_threshold: StrictFloat = limited(0.3, ge=-1, le=1, expected="a number in [-1, 1]")
     """When the mean Spearman between seed rankings under θ(t-1) and θ(t) falls below this, seeds
     are chosen at random until it recovers; in [-1, 1]."""
-    optimism: float = 1.0
+    optimism: StrictFloat = limited(1.0, ge=0, le=1e6)
     """Bandit: how much the spread of a little-explored prompt is inflated (UCB-style); 0..1e6."""
-    explore_first: bool = True
+    explore_first: StrictBool = True
     """Explore the first iteration's seeds with the starting weights before its rollout. There is no
     train phase yet to hide it in, so it is on the critical path, once per run; it spends
     `samples_per_step` samples whatever the budget source (no update time has been measured yet)."""
 
-    def __post_init__(self) -> None:
-        for name in ("candidates_per_prompt", "samples_per_step", "request_size", "round_samples",
-                     "prompt_candidates"):
-            check(getattr(self, name) > 0, name, "a positive integer", getattr(self, name))
-        check(self.monitor_seeds >= 0, "monitor_seeds", "an integer >= 0", self.monitor_seeds)
-        check(self.num_steps is None or self.num_steps > 0, "num_steps", "a positive integer or null", self.num_steps)
-        check(-1 <= self.stale_rank_threshold <= 1, "stale_rank_threshold", "a number in [-1, 1]",
-               self.stale_rank_threshold)
-        check(self.optimism >= 0, "optimism", "a number >= 0", self.optimism)
-        at_most(self, ("candidates_per_prompt",), 65536, " seeds")
-        at_most(self, ("samples_per_step", "round_samples"), 1 << 20, " samples")
-        at_most(self, ("request_size",), 4096, " seeds")
-        at_most(self, ("num_steps",), 1000, " steps")
-        at_most(self, ("prompt_candidates",), 1024)
-        at_most(self, ("optimism",), 1e6)
 
-
-@dataclass
+@section
 class RunConfig:
     """One training run. `RunConfig()` is the tiny DiT run."""
 
-    seed: int = 0
+    seed: StrictInt = limited(0, ge=0, le=SEED_MAX, expected=f"an integer in [0, {SEED_MAX}]")
     """Run seed: every random draw of the run derives from it; 0..2**32 - 1 (`SEED_MAX`)."""
-    device: str = "cpu"
+    device: StrictStr = limited("cpu", pattern=r"^(?:cpu|cuda(?::\d{1,3})?|mps)$", expected="cpu, cuda, cuda:N or mps")
     """Torch device: cpu, cuda, cuda:N or mps (`spotlight train` checks that it is there)."""
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
@@ -820,9 +713,6 @@ class RunConfig:
     cloud: CloudConfig = field(default_factory=CloudConfig)
 
     def __post_init__(self) -> None:
-        check(0 <= self.seed <= SEED_MAX, "seed", f"an integer in [0, {SEED_MAX}]", self.seed)
-        check(isinstance(self.device, str) and _DEVICE.fullmatch(self.device) is not None, "device",
-               "cpu, cuda, cuda:N or mps", self.device)
         ex = self.exploration
         check(ex.candidates_per_prompt >= self.train.group_size, "exploration.candidates_per_prompt",
                f"at least train.group_size ({self.train.group_size})", ex.candidates_per_prompt)
@@ -867,84 +757,13 @@ class RunConfig:
         return hashlib.sha256(json.dumps(picked, sort_keys=True).encode()).hexdigest()[:16]
 
 
-# ---- building dataclasses from plain data, with one-line errors ---------------------------------
-
-
-def _type_name(tp: Any) -> str:
-    origin = typing.get_origin(tp)
-    if origin is Literal:
-        return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
-    if origin in (typing.Union, types.UnionType):
-        return " or ".join(_type_name(a) for a in typing.get_args(tp))
-    if origin is tuple:
-        return "a list [" + ", ".join(_type_name(a) for a in typing.get_args(tp)) + "]"
-    return {int: "an integer", float: "a number", str: "a string", bool: "true or false",
-            type(None): "null"}.get(tp, getattr(tp, "__name__", str(tp)))
-
-
-def _coerce(value: Any, tp: Any, name: str) -> Any:
-    # No field takes inf or nan (issue 13: `train.lr: .inf` trained 89% of the weights into NaN); said
-    # here, before a union such as `float | None` would call it just "not a number or null".
-    check(not isinstance(value, float) or math.isfinite(value), name, "a finite number", value)
-    origin = typing.get_origin(tp)
-    if dataclasses.is_dataclass(tp):
-        if not isinstance(value, dict):
-            raise ConfigError(f"{name}: expected a mapping of {tp.__name__} fields, got {short(value)}")
-        return from_dict(tp, value, prefix=name + ".")
-    if origin in (typing.Union, types.UnionType):
-        for arg in typing.get_args(tp):
-            try:
-                return _coerce(value, arg, name)
-            except ConfigError:
-                continue
-        raise ConfigError(f"{name}: expected {_type_name(tp)}, got {short(value)}")
-    if origin is Literal:
-        check(value in typing.get_args(tp), name, _type_name(tp), value)
-        return value
-    if origin is list:
-        (arg,) = typing.get_args(tp)
-        check(isinstance(value, (list, tuple)), name, f"a list of {_type_name(arg)}", value)
-        return [_coerce(v, arg, f"{name}[{i}]") for i, v in enumerate(value)]
-    if origin is tuple:
-        args = typing.get_args(tp)
-        check(isinstance(value, (list, tuple)) and len(value) == len(args), name, _type_name(tp), value)
-        return tuple(_coerce(v, a, f"{name}[{i}]") for i, (v, a) in enumerate(zip(value, args)))
-    if tp is type(None):
-        check(value is None, name, "null", value)
-        return None
-    if tp is bool:
-        check(isinstance(value, bool), name, "true or false", value)
-        return value
-    if tp is int:
-        check(isinstance(value, int) and not isinstance(value, bool), name, "an integer", value)
-        return value
-    if tp is float:
-        check(isinstance(value, (int, float)) and not isinstance(value, bool), name, "a number", value)
-        try:
-            number = float(value)
-        except OverflowError:  # an integer beyond float's range
-            number = math.inf
-        check(math.isfinite(number), name, "a finite number", value)
-        return number
-    if tp is str:
-        check(isinstance(value, str), name, "a string", value)
-        return value
-    raise TypeError(f"config field {name} has unsupported type {tp!r}")  # a bug in this module, not in the input
-
-
 def from_dict(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
-    """Build dataclass `cls` from `data`, rejecting unknown keys and mistyped values."""
-    hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - set(fields), key=str)  # keys are not all strings in a bad file
-    if unknown:
-        key = unknown[0] if isinstance(unknown[0], str) and len(unknown[0]) <= 100 else short(unknown[0])
-        raise ConfigError(f"{prefix}{key}: unknown field (expected one of {', '.join(fields)})")
-    kwargs = {k: _coerce(v, hints[k], prefix + k) for k, v in data.items()}
+    """Build config section `cls` from plain data (`schedulers.config_section.build`: unknown keys,
+    mistyped values and values out of their declared range refused), errors naming the dotted field
+    after `prefix`."""
     try:
-        return cls(**kwargs)
-    except InputError as err:
-        # __post_init__ names the field relative to its own dataclass; make it dotted from the root.
+        return build(cls, data)
+    except ConfigError as err:
         raise ConfigError(f"{prefix}{err}") from None
 
 

@@ -145,3 +145,50 @@ def test_policy_pretrained_path_is_the_folder_of_the_policys_kind(tmp_path):
     with pytest.raises(ConfigError, match=r"^<default config>: policy.pretrained_path: expected the folder of "
                                           r"dit.pretrained_path \('/a'\), or null"):
         default_config({"policy": {"pretrained_path": "/b", "dit": {"pretrained_path": "/a"}}})
+
+
+def _numeric_fields(cls, prefix=""):
+    """(dotted name, pydantic FieldInfo) of every int and float field of section `cls` and those in it."""
+    import typing
+
+    from pydantic.dataclasses import is_pydantic_dataclass
+
+    for name, info in cls.__pydantic_fields__.items():
+        tp = next((a for a in typing.get_args(info.annotation) if a is not type(None)), info.annotation)
+        if is_pydantic_dataclass(tp):
+            yield from _numeric_fields(tp, f"{prefix}{name}.")
+        elif tp in (int, float):
+            yield prefix + name, info
+
+
+def test_every_number_declares_its_range_on_its_field():
+    import annotated_types as at
+
+    cross_field = {"exploration.monitor_seeds"}  # at most candidates_per_prompt: RunConfig checks it
+    fields = dict(_numeric_fields(RunConfig))
+    assert "train.lr" in fields and "cloud.gpus_per_node" in fields and len(fields) > 40
+    for name, info in fields.items():
+        lower = any(isinstance(m, (at.Gt, at.Ge)) for m in info.metadata)
+        upper = any(isinstance(m, (at.Lt, at.Le)) for m in info.metadata) or name in cross_field
+        assert lower and upper, f"{name} declares no {'lower' if not lower else 'upper'} bound"
+
+
+@pytest.mark.parametrize("over, message", [
+    ({"train": {"steps": 3.0}}, "train.steps: expected an integer, got 3.0"),
+    ({"train": {"steps": "3"}}, "train.steps: expected an integer, got '3'"),
+    ({"train": {"steps": True}}, "train.steps: expected an integer, got True"),
+    ({"train": {"lr": "0.1"}}, "train.lr: expected a number, got '0.1'"),
+    ({"grpo": {"drop_zero_advantage_groups": 1}}, "grpo.drop_zero_advantage_groups: expected true or false, got 1"),
+    ({"cloud": {"gpu": 7}}, "cloud.gpu: expected a string, got 7"),
+    ({"cloud": {"budget_usd": "5"}}, "cloud.budget_usd: expected a number or null, got '5'"),
+    ({"reward": {"components": [{"name": "colour", "weight": "x"}]}},
+     "reward.components[0].weight: expected a number, got 'x'"),
+])
+def test_values_are_taken_as_their_fields_type_strictly(over, message):
+    with pytest.raises(ConfigError) as err:
+        default_config(over)
+    assert str(err.value) == f"<default config>: {message}"
+
+
+def test_a_float_field_takes_an_integer_as_a_number():
+    assert default_config({"train": {"lr": 1}}).train.lr == 1
