@@ -3,7 +3,7 @@
 Whoever can write to a run folder or a bucket can plant a file there, and a manifest, a state file
 or a fleet record is read on every restart: a planted file must cost one refused read, never a
 traceback nor gigabytes. So every read here is bounded, in this order, before `json.loads` runs, by the one bounded reader
-`schedulers.bounded_read` (which user input files go through too):
+`schedulers.input.bounded_read` (which user input files go through too):
 - size: at most `max_bytes`. A file must be a regular one (a FIFO, a device or a folder is refused
   before a byte is read), its size is checked first and it is read with at most `max_bytes + 1`
   bytes, so a 400 MB file costs nothing (`read_bounded`); stores bound their reads with
@@ -19,7 +19,7 @@ turns it into that reader's documented outcome (a skipped checkpoint, a fresh ex
 message is one line: "WHAT: larger than 1 MiB", "WHAT: not a regular file", "WHAT: nested deeper
 than 64 levels", "WHAT: not JSON (...)". tests/cloud/test_bounded_json.py checks each, and each reader with a 100k-deep file planted.
 
-User input files (configs, traces) are read by `schedulers.input_file`, with its own messages.
+User input files (configs, traces) are read by `schedulers.input.files`, with its own messages.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from schedulers.bounded_read import MAX_DEPTH, NotRegular, TooLarge, depth_over, read_bounded, size_text
+from schedulers.input.bounded_read import MAX_DEPTH, NotRegular, TooLarge, depth_over, read_bounded, size_text
 
 __all__ = ["MAX_DEPTH", "JsonRefused", "depth_over", "load_file", "loads", "size_text"]
 

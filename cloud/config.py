@@ -1,7 +1,7 @@
 """The cloud section of a run config: the fleet a run is launched onto and priced with, its
 checkpoint store, budget and deadline. `cloud/` owns it (the cost meter, the launcher and the
 stores read it); `spotlight.config.RunConfig` composes it as `cloud:`. Values are checked here
-(`schedulers.config_section`: types and ranges on the fields, the names and the store URI below),
+(`schedulers.input.config_section`: types and ranges on the fields, the names and the store URI below),
 each error one line naming the field (the run config's loader prefixes the file and `cloud.`).
 """
 
@@ -14,8 +14,8 @@ from pydantic import StrictFloat, StrictInt, StrictStr
 
 from cloud.names import image_problem, region_problem
 from cloud.store import StoreURIError, parse_store_uri
-from schedulers.config_section import limited, section
-from schedulers.input_file import ConfigError, check
+from schedulers.input.config_section import limited, section
+from schedulers.input.files import ConfigError, check
 
 
 @section

@@ -27,7 +27,7 @@ from typing import Any
 
 from cloud.bounded_json import load_file
 from schedulers.clock import Clock
-from schedulers.input_file import ConfigError
+from schedulers.input.files import ConfigError
 
 MARGIN = 0.5
 """Forecasts are the slowest recent duration x 1.5. Tiny CPU iterations on a shared 2-core machine

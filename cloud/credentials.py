@@ -32,7 +32,7 @@ from pathlib import Path
 
 from cloud.gcs import KEY_JSON_ENV, MAX_KEY_BYTES, NotAServiceAccountKey, service_account_info
 from cloud.store import parse_store_uri
-from schedulers.input_file import ConfigError
+from schedulers.input.files import ConfigError
 
 AWS_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
 AWS_PLACE = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_DEFAULT_REGION")

@@ -57,7 +57,7 @@ from typing import Any, Literal
 from cloud.bounded_json import load_file
 from cloud.store import (TMP_PREFIX, ObjectStat, Store, StoreError, StoreURIError, check_key, parse_store_uri,
                          replacing)
-from schedulers.input_file import InputError, short
+from schedulers.input.files import InputError, short
 
 logger = logging.getLogger(__name__)
 
@@ -314,7 +314,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("usage: python -m cloud.model_cache RUN_YAML  (fetches the run's policy.pretrained_path into this "
               f"node's model cache, ${MODEL_CACHE_ENV} or {DEFAULT_CACHE_ROOT})", file=sys.stderr)
         return 2
-    from schedulers.input_file import load_yaml
+    from schedulers.input.files import load_yaml
 
     try:
         name, source = policy_source(load_yaml(args[0], "config", 1 << 20))

@@ -51,7 +51,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from schedulers.input_file import ConfigError, InputFileError, read_bytes
+from schedulers.input.files import ConfigError, InputFileError, read_bytes
 
 SHIPPED = Path(__file__).with_name("prices.csv")
 COLUMNS = ("provider", "instance_type", "gpu", "gpus", "ondemand_usd_h", "spot_usd_h", "source", "date")
@@ -148,7 +148,7 @@ def _quote(text: str) -> str:
 
 
 def read_table_text(path: Path, what: str) -> str:
-    """The text of a CSV table: a regular file of at most MAX_TABLE_BYTES (`schedulers.input_file.read_bytes`:
+    """The text of a CSV table: a regular file of at most MAX_TABLE_BYTES (`schedulers.input.files.read_bytes`:
     a FIFO or a device is refused before it is opened), UTF-8; anything else is one PriceError line."""
     try:
         data = read_bytes(path, what, MAX_TABLE_BYTES)

@@ -55,7 +55,7 @@ import yaml
 from cloud.config import CloudConfig
 from cloud.names import ACCELERATOR, CLUSTER_NAME, CLUSTER_NAME_MAX, LOCAL_PATH
 from cloud.node_setup import ACTIVATE, SETUP
-from schedulers.input_file import ConfigError
+from schedulers.input.files import ConfigError
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 """The project: the tasks' `workdir`, installed on every node by their `setup`."""

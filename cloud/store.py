@@ -54,7 +54,7 @@ from typing import Any, Protocol, runtime_checkable
 from urllib.parse import urlsplit
 
 from cloud.bounded_json import MAX_DEPTH, loads, size_text
-from schedulers.input_file import InputError
+from schedulers.input.files import InputError
 
 EXPECTED_URI = "s3://BUCKET/PREFIX, gs://BUCKET/PREFIX, file:///ABSOLUTE/PATH or a local path"
 STORE_ROOTS_ENV = "SPOTLIGHT_STORE_ROOTS"

@@ -952,7 +952,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     import ray
 
-    from schedulers.input_file import InputError
+    from schedulers.input.files import InputError
     from spotlight.bench.loopback_cluster import LoopbackCluster
     from spotlight.config import ConfigError
     from spotlight.sim.run_config import simulated_config

@@ -28,7 +28,7 @@ from urllib.parse import parse_qsl
 
 import numpy as np
 
-from schedulers.input_file import SEED_MAX, short
+from schedulers.input.files import SEED_MAX, short
 from schedulers.traces import MAX_DURATION_S, MAX_EVENTS, MAX_NODES, Trace, TraceError, TraceEvent, load_trace
 
 PREFIX = "synth:"

@@ -67,7 +67,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Literal
 
-from schedulers.input_file import InputError, InputFileError, parse_json, read_text, short
+from schedulers.input.files import InputError, InputFileError, parse_json, read_text, short
 
 MAX_TRACE_BYTES = 8 << 20
 """Largest trace file read: 8 MiB (the shipped traces are under 20 KB; a SkyPilot spot trace of 16

@@ -24,8 +24,8 @@ Bad input (a config, a trace, a flag value) ends with one `spotlight: error: ...
 code 2 — never a traceback — and creates nothing: every command checks its inputs and the places
 it will write before it writes (tests/spotlight/test_bad_input.py feeds each command malformed inputs).
 Every such line is printed by `_say`, which escapes the control characters a key or a file name
-quoted in it may hold (`schedulers.input_file.error_line`); an input that is not a regular file
-(a FIFO, a device) is refused before it is opened (`schedulers.input_file.open_regular`). A write
+quoted in it may hold (`schedulers.input.files.error_line`); an input that is not a regular file
+(a FIFO, a device) is refused before it is opened (`schedulers.input.files.open_regular`). A write
 that finds no room (stdout or `--plot` on a full disk, /dev/full) ends with one line and exit 1.
 Numeric flags are parsed by `_int` / `_float` (finite numbers only; values quoted at most ~200
 characters); their ranges are the config's or the simulator's, or, for `bench`, `BENCH_LIMITS`.
@@ -55,7 +55,7 @@ from typing import Any
 from cloud.store import StoreError, StoreUnavailable
 from spotlight.config import ConfigError, RunConfig, default_config, load_config, to_yaml
 from spotlight.reward_names import component_field
-from schedulers.input_file import InputError, error_line, short
+from schedulers.input.files import InputError, error_line, short
 from spotlight.text import plural
 
 BENCH_LIMITS = {"repeats": (1, 1000), "iterations": (1, 1000), "world": (2, 16), "heads": (1, 64),

@@ -8,7 +8,7 @@ dotted field (`experiments/x.yaml: train.lr: expected a number > 0, got -1`). Th
 Every numeric field has a documented range, checked in its section's `__post_init__`; every float
 is finite (`.inf` and `.nan` are refused for every float field by `_coerce`). Maxima bound what one
 setting can make a run allocate or loop over; they are generous (far beyond any real run) and each
-error names the field and the range. The file itself is read by `schedulers.input_file`: at most
+error names the field and the range. The file itself is read by `schedulers.input.files`: at most
 `MAX_CONFIG_BYTES`, UTF-8, no YAML anchors or aliases, no duplicate keys, at most 64 levels deep,
 and not empty. Values quoted in errors are cut to ~200 characters.
 """
@@ -28,9 +28,10 @@ from pydantic import StrictBool, StrictFloat, StrictInt, StrictStr, StringConstr
 from cloud.bounded_json import JsonRefused, load_file
 from cloud.config import CloudConfig
 from cloud.model_cache import cached_folder, is_remote, local_folder, source_problem
-from schedulers.config_section import build, limited, section
+from schedulers.input.config_section import build, limited, section
 from schedulers.update_placement import PLACES, SP_ROLLOUT_ONLY
-from schedulers.input_file import SEED_MAX, ConfigError, InputError, InputFileError, check, load_yaml, parse_yaml, short
+from schedulers.input.files import (SEED_MAX, ConfigError, InputError, InputFileError, check, load_yaml, parse_yaml,
+                                    short)
 from spotlight.reward_names import BUILTIN_REWARDS, check_name, component_field  # noqa: F401 — BUILTIN_REWARDS re-exported
 
 MAX_CONFIG_BYTES = 1 << 20
@@ -758,7 +759,7 @@ class RunConfig:
 
 
 def from_dict(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
-    """Build config section `cls` from plain data (`schedulers.config_section.build`: unknown keys,
+    """Build config section `cls` from plain data (`schedulers.input.config_section.build`: unknown keys,
     mistyped values and values out of their declared range refused), errors naming the dotted field
     after `prefix`."""
     try:
@@ -768,7 +769,7 @@ def from_dict(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
 
 
 def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> RunConfig:
-    """Read a YAML run config (`schedulers.input_file.load_yaml`: bounded, no aliases, no duplicate
+    """Read a YAML run config (`schedulers.input.files.load_yaml`: bounded, no aliases, no duplicate
     keys, not empty). Every error is one `ConfigError` line starting with the file name."""
     path = Path(path)
     try:

@@ -50,7 +50,7 @@ from cloud.rendezvous import HeadRecord, Rendezvous
 from cloud.sky import HEAD_LOST, NODE_IP_ENV, PORT_FLAGS_ENV, RAY_NODE_PORTS, RAY_PORT, RAY_WORKER_PORTS, TOKEN_ENV
 from cloud.store import StoreError
 from schedulers.clock import Clock, WallClock
-from schedulers.input_file import ConfigError, InputError, short
+from schedulers.input.files import ConfigError, InputError, short
 from spotlight.config import RunConfig, load_config
 from spotlight.logs import configure
 

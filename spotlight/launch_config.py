@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from cloud.store import StoreURIError, parse_store_uri
-from schedulers.input_file import short
+from schedulers.input.files import short
 from spotlight.config import ConfigError, RunConfig, from_dict
 
 OBJECT_STORES = ("s3", "gs")

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from schedulers.input_file import check
+from schedulers.input.files import check
 
 BUILTIN_REWARDS = ("colour", "jpeg_compressibility", "jpeg_incompressibility", "arithmetic", "clip_score",
                    "ocr", "answer_match")

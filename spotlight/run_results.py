@@ -34,7 +34,7 @@ from typing import Any
 from cloud.open_store import open_store
 from cloud.rendezvous import DONE_KEY, HEAD_KEY, MAX_RECORD_BYTES
 from cloud.store import ChecksumMismatch, MissingKey, Store, StoreError, get_json
-from schedulers.input_file import ConfigError, printable, short
+from schedulers.input.files import ConfigError, printable, short
 from spotlight.logs import silenced
 from spotlight.text import plural
 from spotlight.train.checkpoint_sync import CheckpointSync, step_dir

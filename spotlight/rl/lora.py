@@ -21,7 +21,7 @@ from typing import Any, Iterator
 
 import torch
 
-from schedulers.input_file import short
+from schedulers.input.files import short
 from spotlight.config import ConfigError, RunConfig
 from spotlight.rl.seeding import derive_seed
 

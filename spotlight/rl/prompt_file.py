@@ -10,7 +10,7 @@ Three forms, as Flow-GRPO users already have them:
   evaluation its `test_metadata.jsonl` or `test.txt`.
 
 Invariants (tests/spotlight/rl/test_prompt_file.py feeds each broken form):
-- at most `MAX_BYTES` are read, as UTF-8 text without NUL bytes (`schedulers.input_file.read_text`);
+- at most `MAX_BYTES` are read, as UTF-8 text without NUL bytes (`schedulers.input.files.read_text`);
 - at most `MAX_PROMPTS` prompts of at most `MAX_PROMPT_CHARS` characters each;
 - blank lines are skipped; a prompt keeps its text as written, surrounding whitespace removed;
 - ids count lines kept, from 0 (training) or `EVAL_PROMPT_ID0` (an evaluation file of its own):
@@ -24,7 +24,7 @@ import functools
 import json
 from pathlib import Path
 
-from schedulers.input_file import InputFileError, parse_json, read_text, short
+from schedulers.input.files import InputFileError, parse_json, read_text, short
 from spotlight.config import ConfigError, PromptsConfig, RunConfig
 from spotlight.rl.prompts import Prompt, draw_prompts, prompt_set
 

@@ -34,7 +34,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
-from schedulers.input_file import short
+from schedulers.input.files import short
 from spotlight.config import ConfigError, RewardConfig
 from spotlight.reward_names import component_field
 

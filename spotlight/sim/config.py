@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from schedulers.input_file import ConfigError, short
+from schedulers.input.files import ConfigError, short
 from spotlight.config import PARTS_PER_REQUEST
 from spotlight.sim.rental import OBJECTIVES
 from spotlight.sim.step_time import StepTimes

@@ -45,7 +45,7 @@ from spotlight.iteration.iteration_time import PEAK_BF16_FLOPS
 from elastic_sp.regroup_policy import MeasuredStepTime, UlyssesStepTime
 from spotlight.config import ConfigError, from_dict
 from spotlight.sim import transfers
-from schedulers.input_file import InputFileError, load_yaml, short
+from schedulers.input.files import InputFileError, load_yaml, short
 
 MAX_STEP_TIMES_BYTES = 1 << 20
 """Largest step-time file read (1 MiB)."""
@@ -324,7 +324,7 @@ class StepTimes:
     @classmethod
     def load(cls, path: str | Path, base: StepTimes | None = None) -> StepTimes:
         """`base` (default: the qwen-image-lora profile) with the fields a YAML mapping sets; `profile:
-        NAME` in it picks the base. The file is read by `schedulers.input_file.load_yaml` (bounded,
+        NAME` in it picks the base. The file is read by `schedulers.input.files.load_yaml` (bounded,
         no aliases or duplicate keys; an empty file is refused). A derived field the file does not
         set is derived again from the file's fields."""
         path = Path(path)

@@ -9,7 +9,7 @@ from typing import Any
 from cloud.cost import BudgetPolicy, CostControl, CostMeter, DeadlinePolicy, Fleet, Forecast, Spent, scaled
 from cloud.prices import PriceTable
 from schedulers.clock import Clock
-from schedulers.input_file import ConfigError
+from schedulers.input.files import ConfigError
 from spotlight.config import RunConfig
 from spotlight.iteration.iteration_time import checkpoint_seconds_estimate, iteration_seconds_lower_bound
 

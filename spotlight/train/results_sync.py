@@ -38,7 +38,7 @@ from typing import Any
 
 from cloud.cost import MAX_SPENT_BYTES, SPENT_FILE, Spent, spent_of
 from cloud.store import MissingKey, Store, StoreError, check_key, get_json
-from schedulers.input_file import ConfigError
+from schedulers.input.files import ConfigError
 from spotlight.train import run_files
 
 logger = logging.getLogger(__name__)

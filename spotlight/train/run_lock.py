@@ -18,7 +18,7 @@ import fcntl
 import os
 from pathlib import Path
 
-from schedulers.input_file import ConfigError
+from schedulers.input.files import ConfigError
 
 LOCK = ".lock"
 """The lock file's name in the run folder (hidden: never pushed, `spotlight.train.run_files`)."""

@@ -26,7 +26,7 @@ from conftest import small_dit_config
 from gcs_server import gcs, gcs_server  # noqa: F401 (fixtures)
 from s3_server import fault_proxy, s3, s3_server  # noqa: F401 (fixtures)
 from schedulers.clock import ManualClock
-from schedulers.input_file import ConfigError
+from schedulers.input.files import ConfigError
 from spotlight.rl.prompts import prompt_set
 from spotlight.run_results import ResultsError, run_status
 from spotlight.checkpoints import checkpoint

@@ -16,7 +16,7 @@ from cloud.config import CloudConfig
 from cloud.credentials import GCS_KEY_ENV, store_credentials
 from cloud.gcs import GcsStore
 from cloud.store import StoreError
-from schedulers.input_file import ConfigError
+from schedulers.input.files import ConfigError
 from spotlight.cli import main
 from spotlight.config import to_yaml
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from schedulers.input_file import InputFileError, error_line, open_regular, read_text
+from schedulers.input.files import InputFileError, error_line, open_regular, read_text
 from spotlight.config import ConfigError, RuntimeConfig, default_config
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -18,7 +18,7 @@ import torch
 
 from cloud.codec import read_file, write_file
 from conftest import small_llm_config
-from schedulers.input_file import ConfigError
+from schedulers.input.files import ConfigError
 from spotlight.checkpoints import checkpoint
 from spotlight.checkpoints.checkpoint import sha256_of
 from spotlight.train.trainer import Trainer

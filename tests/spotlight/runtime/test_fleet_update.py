@@ -171,7 +171,7 @@ def test_auto_ends_bit_identical_whatever_it_chose(tmp_path):
 
 
 def test_fleet_update_refuses_what_its_workers_cannot_compute():
-    from schedulers.input_file import ConfigError
+    from schedulers.input.files import ConfigError
 
     with pytest.raises(ConfigError, match="grpo.kl_beta"):
         small_dit_config(train={"update_on": "fleet"}, grpo={"kl_beta": 0.01})

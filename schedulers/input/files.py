@@ -6,7 +6,7 @@ Invariants (tests/spotlight/test_bad_input.py feeds every command files that bre
   `open` (opening a FIFO waits for a writer forever; /dev/zero would be read to `max_bytes`), and
   the opened file is checked again, so one swapped in meanwhile is refused too (`open_regular`);
 - at most `max_bytes` are ever read, whatever the file claims to be (both by the one bounded reader,
-  `schedulers.bounded_read`, which the JSON Spotlight reads back goes through too);
+  `schedulers.input.bounded_read`, which the JSON Spotlight reads back goes through too);
 - text is strict UTF-8 without NUL bytes; anything else is "not a text file";
 - YAML is read by `_Loader`: PyYAML's safe loader, refusing anchors and aliases (a 332-byte alias
   bomb expands to gigabytes), nesting deeper than `MAX_DEPTH` (100k `[` would overflow the
@@ -34,7 +34,7 @@ from typing import Any, BinaryIO
 import yaml
 
 from schedulers import bounded_read
-from schedulers.bounded_read import MAX_DEPTH, NotRegular, TooLarge, depth_over, read_bounded, size_text
+from schedulers.input.bounded_read import MAX_DEPTH, NotRegular, TooLarge, depth_over, read_bounded, size_text
 
 MAX_INT_DIGITS = 100
 """Longest integer literal read from YAML: every integer setting is far below 10**100, and Python

@@ -4,7 +4,7 @@ config.json) and JSON it reads back from a run folder or a store (a manifest, a 
 fleet record) — so that a mistaken or planted file costs one refused read, never a hang, a
 traceback nor gigabytes.
 
-Invariants, each a refusal its caller words in its own error type (`schedulers.input_file`'s
+Invariants, each a refusal its caller words in its own error type (`schedulers.input.files`'s
 `InputFileError` lines for a user's input, `cloud.bounded_json`'s `JsonRefused` for data read back):
 - only a regular file is opened (`open_regular`): a folder, a FIFO, a device or a socket is
   refused by its `stat` before `open` (opening a FIFO waits for a writer forever; /dev/zero would
@@ -16,7 +16,7 @@ Invariants, each a refusal its caller words in its own error type (`schedulers.i
 - JSON text nests at most `MAX_DEPTH` levels unless a reader says otherwise, counted by
   `depth_over`, a linear scan that never recurses (json's C scanner recurses once per level and
   raises RecursionError — not a ValueError — past ~1,000 levels: issue 27).
-tests/schedulers/test_bounded_read.py checks each refusal, through both `input_file.read_text` and
+tests/schedulers/input/test_bounded_read.py checks each refusal, through both `files.read_text` and
 `bounded_json.load_file`.
 
 This module imports nothing of the project: `schedulers` and `cloud` both read through it.

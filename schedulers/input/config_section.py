@@ -2,7 +2,7 @@
 data (a YAML mapping) by pydantic, every refusal one `ConfigError` line naming the dotted field.
 
 `@section` makes a class a pydantic dataclass — still a stdlib dataclass, so `dataclasses.replace`,
-`asdict` and `fields` work as before — that (tests/test_config.py checks each):
+`asdict` and `fields` work as before — that (tests/spotlight/test_config.py checks each):
 - refuses unknown keys (`train.lrr: unknown field (expected one of steps, ...)`);
 - refuses inf and nan in every float field (issue 13: `train.lr: .inf` trained 89% of the weights
   into NaN);
@@ -29,7 +29,7 @@ from pydantic import ConfigDict, Field, ValidationError
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 from pydantic.dataclasses import is_pydantic_dataclass
 
-from schedulers.input_file import ConfigError, short
+from schedulers.input.files import ConfigError, short
 
 T = TypeVar("T")
 

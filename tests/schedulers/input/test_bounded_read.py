@@ -1,6 +1,6 @@
-"""The one bounded reader (`schedulers.bounded_read`): its refusals — not a regular file, over the
+"""The one bounded reader (`schedulers.input.bounded_read`): its refusals — not a regular file, over the
 size limit, nested too deeply — are the same rule whether a user's input file
-(`schedulers.input_file`) or JSON read back from a run folder (`cloud.bounded_json`) meets them;
+(`schedulers.input.files`) or JSON read back from a run folder (`cloud.bounded_json`) meets them;
 each caller only words them."""
 
 import os
@@ -8,9 +8,9 @@ import os
 import pytest
 
 from cloud.bounded_json import JsonRefused, load_file
-from schedulers import bounded_read
-from schedulers.bounded_read import NotRegular, TooLarge, depth_over, read_bounded, size_text
-from schedulers.input_file import InputFileError, parse_json, read_text
+from schedulers.input import bounded_read
+from schedulers.input.bounded_read import NotRegular, TooLarge, depth_over, read_bounded, size_text
+from schedulers.input.files import InputFileError, parse_json, read_text
 
 
 def test_a_file_over_the_limit_is_refused_by_every_reader(tmp_path):
