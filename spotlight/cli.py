@@ -318,7 +318,10 @@ def check_train_inputs(cfg: RunConfig, args: argparse.Namespace, out: Path) -> N
         from spotlight.rl.dit_model import check_pipeline_folder
         check_pipeline_folder(cfg, where)
     if cfg.prompts.path is not None or cfg.prompts.eval_path is not None:
+        from spotlight.memory_estimate import check_prompt_memory
         from spotlight.rl.prompt_file import evaluation_prompts, run_prompts
+
+        check_prompt_memory(cfg, where)  # before the parse, where the memory goes
 
         try:  # read in full now: a bad line costs one error before anything starts
             train = run_prompts(cfg.prompts, cfg.seed)
@@ -576,10 +579,9 @@ def _tiny_llm_reads(train: list, held_out: list, cfg: RunConfig, where: str) -> 
     """The tiny LLM's tokenizer reads digits and + - = only: a prompt file it cannot read is refused,
     naming the first such character and its prompt's file line."""
     from spotlight.rl.char_tokenizer import CHARACTERS, first_unreadable
-    from spotlight.rl.prompt_file import evaluation_file
 
     for field, path, prompts in (("prompts.path", cfg.prompts.path, train),
-                                 ("prompts.eval_path", evaluation_file(cfg), held_out)):
+                                 ("prompts.eval_path", cfg.evaluation_file(), held_out)):
         found = first_unreadable(prompts)
         if found is None:
             continue

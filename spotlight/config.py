@@ -548,6 +548,20 @@ class TrainConfig:
                "(at most 1,048,576 samples per iteration)", self.group_size)
 
 
+TRAIN_FILES = ("train_metadata.jsonl", "train.txt")
+"""What a flow_grpo dataset folder's training prompts are, in order of preference (metadata first)."""
+TEST_FILES = ("test_metadata.jsonl", "test.txt")
+"""What a dataset folder's held-out prompts are."""
+
+
+def dataset_file(path: str | Path, names: tuple[str, ...]) -> Path | None:
+    """The first of `names` in folder `path`, or None when there is none."""
+    for name in names:
+        if (Path(path) / name).is_file():
+            return Path(path) / name
+    return None
+
+
 _A_PATH = dict(min_length=1, max_length=4096, pattern=r"^[^\x00]*$", expected="null or a file or folder path")
 """What a prompt file's path may be: 1..4,096 characters, no NUL (`PromptsConfig.path`, `eval_path`)."""
 
@@ -747,6 +761,14 @@ class RunConfig:
     def evaluates(self) -> bool:
         """Whether the run evaluates fixed prompts and seeds (`train.eval_every`)."""
         return self.train.eval_prompts > 0 or self.prompts.eval_path is not None
+
+    def evaluation_file(self) -> str | Path | None:
+        """The file the evaluation prompts are read from: `prompts.eval_path`, else (with
+        `train.eval_prompts` > 0) a dataset folder's test file; None: they are training prompts."""
+        path = self.prompts.eval_path
+        if path is None and self.train.eval_prompts and self.prompts.path is not None and Path(self.prompts.path).is_dir():
+            return dataset_file(self.prompts.path, TEST_FILES)
+        return path
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

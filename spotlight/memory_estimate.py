@@ -29,6 +29,9 @@ What the peak holds (`Estimate`, bytes):
   of the weights and its rollout batch, on this machine (on a GPU run, on their own GPUs).
 - processes: each process's measured baseline (the interpreter, torch, the model libraries), a
   local Ray cluster's own processes, and on Ray the rollout's copy in the object store.
+- prompts: a prompt file of the user's (`prompts.path`, and the evaluation file) as parsed
+  prompts and metadata, in the controller and, for a `.jsonl`'s metadata, in each reward actor on
+  Ray (issue 41: a 63 MiB `.jsonl` with wide metadata held 1.0 GB that nothing counted).
 
 Not modelled: a pipeline's VAE decoding and text encoding passes, reward models, exploration and
 evaluation batches (each at most a rollout batch), the allocator's fragmentation beyond what the
@@ -43,7 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cloud.bounded_json import loads
-from spotlight.config import ConfigError, RunConfig, model_config
+from spotlight.config import TRAIN_FILES, ConfigError, RunConfig, dataset_file, model_config
 from spotlight.dit_presets import QWEN_IMAGE_TRANSFORMER, TINY_TRANSFORMER
 
 MIB, GIB = 1 << 20, 1 << 30
@@ -51,6 +54,7 @@ MIB, GIB = 1 << 20, 1 << 30
 OVERRIDE = "SPOTLIGHT_MEMORY_CHECK"
 """Set to `off` to skip the check (the estimate's GPU constants are counted on a CPU, not measured
 on a GPU: a run it refuses wrongly must still be possible)."""
+_OFF = ("off", "0", "false", "no")
 
 # ---- measured constants ------------------------------------------------------------------------
 
@@ -70,6 +74,12 @@ RAY_SYSTEM = 900 * MIB
 """A local Ray cluster's own processes (raylet, GCS, dashboard, the reward worker and the request
 queue actors). Measured: the same run's PSS summed over every process, 2,459 MB, less the
 controller 270 MB and the learner and 3 workers 339 MB each = 833 MB."""
+PROMPT_FILE_HELD = {".jsonl": 12, ".txt": 7}
+"""Bytes of host memory per byte of a prompt file, by its kind: the parsed prompts and metadata
+(`spotlight.rl.prompt_file.read_prompts`) plus the file's text while it is parsed. Measured
+2026-11-29 on this 2-core machine (Python 3.11), 32 MiB files: a jsonl with 40 metadata fields a
+line held 8.3x its size after the parse, GenEval-shaped lines (tag, include) 9.6x, a txt 5.1x;
+the peak during the parse adds about the text itself."""
 CUDA_CONTEXT = 512 * MIB
 """Device memory a CUDA context and torch's kernels take before any tensor (assumed: 300-500 MB on
 recent GPUs with CUDA 12, PyTorch's CUDA semantics notes; not measured here: no GPU)."""
@@ -309,13 +319,16 @@ class Estimate:
     processes: int
     on_gpu: bool = False
     """The learner's terms (parameters .. activations) are on its GPU; workers on theirs."""
+    prompts: int = 0
+    """The user's prompt files as the run holds them (host memory, GPU run or not)."""
 
     @property
     def host(self) -> int:
         """Bytes of this machine's memory."""
         if self.on_gpu:
-            return self.processes
-        return self.parameters + self.optimiser + self.rollout + self.activations + self.workers + self.processes
+            return self.processes + self.prompts
+        return (self.parameters + self.optimiser + self.rollout + self.activations + self.workers + self.processes
+                + self.prompts)
 
     @property
     def device(self) -> int:
@@ -426,13 +439,31 @@ def estimate(cfg: RunConfig) -> Estimate:
     activations = max(f.update, f.sample, f.warm)
     on_gpu = cfg.device.startswith("cuda")
     rt = cfg.runtime
+    prompts = prompt_bytes(cfg)
     if rt.kind == "local":
-        return Estimate(f.weights, optimiser, f.rollout, activations, 0, PROCESS_BASELINE, on_gpu)
+        return Estimate(f.weights, optimiser, f.rollout, activations, 0, PROCESS_BASELINE, on_gpu, prompts)
     here = 0 if rt.address else rt.spot_workers + rt.ondemand_workers  # joined: the workers run on its nodes
     workers = 0 if on_gpu else here * (f.weights + f.sample)
     # The controller, the learner and the workers; the rollout's copy in the object store (host memory).
     processes = (2 + here) * RAY_PROCESS + RAY_SYSTEM + f.rollout
-    return Estimate(f.weights, optimiser, f.rollout, activations, workers, processes, on_gpu)
+    return Estimate(f.weights, optimiser, f.rollout, activations, workers, processes, on_gpu, prompts)
+
+
+def prompt_bytes(cfg: RunConfig) -> int:
+    """Host bytes the run's prompt files take once parsed (`PROMPT_FILE_HELD`): in the controller,
+    and a `.jsonl`'s (its metadata) again in each reward actor on Ray. A file that is not there
+    counts nothing: reading it refuses the run anyway."""
+    path = Path(cfg.prompts.path) if cfg.prompts.path is not None else None
+    if path is not None and path.is_dir():
+        path = dataset_file(path, TRAIN_FILES)
+    held = cfg.evaluation_file()
+    total = 0
+    for file in (path, Path(held) if held is not None else None):
+        if file is None or not file.is_file():
+            continue
+        copies = 1 + (cfg.reward.workers if cfg.runtime.kind == "ray" and file.suffix == ".jsonl" else 0)
+        total += file.stat().st_size * PROMPT_FILE_HELD.get(file.suffix, 0) * copies
+    return total
 
 
 # ---- what this machine has -----------------------------------------------------------------------
@@ -473,7 +504,10 @@ def _hint(cfg: RunConfig, est: Estimate) -> str:
     """What to change, for the term that dominates."""
     terms = {"parameters": est.parameters + est.optimiser, "rollout": est.rollout, "activations": est.activations,
              "workers": est.workers + (0 if cfg.runtime.kind == "local" else est.processes)}
+    terms["prompts"] = est.prompts
     top = max(terms, key=terms.__getitem__)
+    if top == "prompts":
+        return "a smaller prompt file, or fewer metadata fields in its lines"
     if top == "parameters":
         return "a smaller model, or policy.lora to train adapters only"
     if top == "workers":
@@ -489,12 +523,23 @@ def refusal(cfg: RunConfig, est: Estimate, where: str, need: int, free: int, mac
     """The one line that refuses a run needing `need` bytes where `machine` has `free`."""
     terms = (("params", est.parameters), ("optimiser", est.optimiser), ("rollout", est.rollout),
              ("activations", est.activations), ("workers", 0 if est.on_gpu else est.workers),
-             ("processes", est.processes))
+             ("processes", est.processes), ("prompts", est.prompts))
     if machine != "this machine":
         terms = terms[:4]
     shown = ", ".join(f"{name} {_gib(n)}" for name, n in terms if n >= GIB // 20)
     return (f"{where}the run needs about {_gib(need)} GiB ({shown}), {machine} has {_gib(free)} GiB available "
             f"({_hint(cfg, est)}; {OVERRIDE}=off runs it anyway)")
+
+
+def check_prompt_memory(cfg: RunConfig, where: str = "", host_free: int | None = None) -> None:
+    """ConfigError when the run's prompt files alone would take more than this machine has available
+    (`prompt_bytes`): asked before they are parsed, which is where that memory would go."""
+    need = prompt_bytes(cfg)
+    free = available_host() if host_free is None else host_free
+    if need and free is not None and need > free and os.environ.get(OVERRIDE, "").lower() not in _OFF:
+        raise ConfigError(f"{where}prompts.path: the prompt files take about {_gib(need)} GiB once parsed, this "
+                          f"machine has {_gib(free)} GiB available (a smaller prompt file, or fewer metadata fields "
+                          f"in its lines; {OVERRIDE}=off runs it anyway)")
 
 
 def check_memory(cfg: RunConfig, where: str = "", host_free: int | None = None,
@@ -504,7 +549,7 @@ def check_memory(cfg: RunConfig, where: str = "", host_free: int | None = None,
     and `device_free` stand in for what the machine reports (tests). Without /proc/meminfo there
     is nothing to compare against, and the host is not checked."""
     est = estimate(cfg)
-    if os.environ.get(OVERRIDE, "").lower() in ("off", "0", "false", "no"):
+    if os.environ.get(OVERRIDE, "").lower() in _OFF:
         return est  # the estimate is a model: a user who knows better runs anyway
     free = available_host() if host_free is None else host_free
     if free is not None and est.host > free:

@@ -25,7 +25,7 @@ import json
 from pathlib import Path
 
 from schedulers.input.files import InputFileError, parse_json, read_text, short
-from spotlight.config import ConfigError, PromptsConfig, RunConfig
+from spotlight.config import TRAIN_FILES, ConfigError, PromptsConfig, RunConfig, dataset_file
 from spotlight.rl.prompts import Prompt, draw_prompts, prompt_set
 
 MAX_BYTES = 64 << 20
@@ -37,20 +37,6 @@ MAX_PROMPT_CHARS = 10_000
 EVAL_PROMPT_ID0 = 1 << 32
 """First id of an evaluation file's prompts: far above any training prompt's (at most 1,000,000),
 so evaluation never shares a random stream with training."""
-
-TRAIN_FILES = ("train_metadata.jsonl", "train.txt")
-"""What a dataset folder's training prompts are, in order of preference (metadata first)."""
-TEST_FILES = ("test_metadata.jsonl", "test.txt")
-"""What a dataset folder's held-out prompts are."""
-
-
-def dataset_file(path: str | Path, names: tuple[str, ...]) -> Path | None:
-    """The first of `names` in folder `path`, or None when there is none."""
-    for name in names:
-        if (Path(path) / name).is_file():
-            return Path(path) / name
-    return None
-
 
 def _shown(path: Path) -> str:
     """A path as an error line shows it: as it is, or quoted when it holds control characters (a
@@ -133,15 +119,6 @@ EVAL_DRAW = -1
 """Evaluation prompts taken from the training set are the draw of this (never trained) iteration index."""
 
 
-def evaluation_file(cfg: RunConfig) -> str | Path | None:
-    """The file the evaluation prompts are read from: `prompts.eval_path`, else (with
-    `train.eval_prompts` > 0) a dataset folder's test file; None: they are training prompts."""
-    path = cfg.prompts.eval_path
-    if path is None and cfg.train.eval_prompts and cfg.prompts.path is not None and Path(cfg.prompts.path).is_dir():
-        return dataset_file(cfg.prompts.path, TEST_FILES)
-    return path
-
-
 def evaluation_prompts(cfg: RunConfig, train: list[Prompt]) -> list[Prompt]:
     """The fixed prompts every evaluation scores (`train.eval_every`); empty: no evaluation.
 
@@ -151,7 +128,7 @@ def evaluation_prompts(cfg: RunConfig, train: list[Prompt]) -> list[Prompt]:
       is a folder with one, otherwise that many of the training prompts (`draw_prompts` of the
       never-trained iteration index `EVAL_DRAW`)."""
     limit = cfg.train.eval_prompts
-    path = evaluation_file(cfg)
+    path = cfg.evaluation_file()
     if path is not None:
         prompts = read_prompts(path, "prompts.eval_path", EVAL_PROMPT_ID0, cfg.prompts.text_field)
         return prompts[:limit] if limit else prompts

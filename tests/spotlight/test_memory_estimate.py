@@ -240,3 +240,50 @@ def test_refusals_are_one_line_fast_and_small(base, over, tmp_path):
     assert len(lines[0]) - len(str(config)) <= 300, lines[0]
     assert "this machine has" in lines[0] and "GiB available" in lines[0], lines[0]
     assert not (cwd / "run").exists() and peak < 500, peak
+
+
+# ---- the user's prompt files (issue 41, item 13) ---------------------------------------------------
+
+
+def _sized(path: Path, size: int) -> Path:
+    """A file of `size` bytes that takes no disk (sparse): the estimate reads only its size."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as f:
+        f.truncate(size)
+    return path
+
+
+def test_the_prompt_files_count_in_the_estimate_as_the_run_holds_them(tmp_path):
+    from spotlight.memory_estimate import PROMPT_FILE_HELD, prompt_bytes
+
+    jsonl = _sized(tmp_path / "wide.jsonl", 64 * MIB)
+    local = default_config({"runtime": {"kind": "local"}, "prompts": {"path": str(jsonl)}})
+    assert prompt_bytes(local) == 64 * MIB * PROMPT_FILE_HELD[".jsonl"]
+    assert estimate(local).host - estimate(default_config({"runtime": {"kind": "local"}})).host == prompt_bytes(local)
+    # On Ray each reward actor holds the metadata again; a txt has none to hand them.
+    ray = default_config({"runtime": {"kind": "ray"}, "reward": {"workers": 3}, "prompts": {"path": str(jsonl)}})
+    assert prompt_bytes(ray) == 4 * prompt_bytes(local)
+    txt = _sized(tmp_path / "p.txt", 64 * MIB)
+    assert prompt_bytes(default_config({"runtime": {"kind": "ray"}, "reward": {"workers": 3},
+                                        "prompts": {"path": str(txt)}})) == 64 * MIB * PROMPT_FILE_HELD[".txt"]
+    # A dataset folder: its training file, and its test file once the run evaluates.
+    _sized(tmp_path / "ds" / "train_metadata.jsonl", 8 * MIB)
+    _sized(tmp_path / "ds" / "test_metadata.jsonl", 2 * MIB)
+    folder = {"runtime": {"kind": "local"}, "prompts": {"path": str(tmp_path / "ds")}}
+    assert prompt_bytes(default_config(folder)) == 8 * MIB * PROMPT_FILE_HELD[".jsonl"]
+    folder["train"] = {"eval_prompts": 4}
+    assert prompt_bytes(default_config(folder)) == 10 * MIB * PROMPT_FILE_HELD[".jsonl"]
+
+
+def test_a_prompt_file_the_machine_cannot_hold_is_refused_before_it_is_parsed(tmp_path):
+    from spotlight.memory_estimate import check_prompt_memory
+
+    cfg = default_config({"runtime": {"kind": "local"},
+                          "prompts": {"path": str(_sized(tmp_path / "big.jsonl", 60 * MIB))}})
+    with pytest.raises(ConfigError) as err:
+        check_prompt_memory(cfg, "c.yaml: ", host_free=512 * MIB)
+    assert str(err.value).startswith("c.yaml: prompts.path: the prompt files take about 0.7 GiB once parsed, "
+                                     "this machine has 0.5 GiB available (a smaller prompt file")
+    check_prompt_memory(cfg, host_free=4 * GIB)  # room enough: nothing said
+    with pytest.raises(ConfigError, match=r"prompts 0\.7.* \(a smaller prompt file, or fewer metadata fields"):
+        check_memory(cfg, host_free=1 * GIB)  # and the whole run's estimate names the term
