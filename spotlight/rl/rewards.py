@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import math
+import os
 import re
 import threading
 import time
@@ -272,17 +273,44 @@ class BadScores(ValueError):
     """What a component returned is not one finite float per sample; `str(err)` says how."""
 
 
+class RewardExited(RuntimeError):
+    """A reward called `os._exit`: it may not end the process that scores it."""
+
+
+_REWARD_THREADS: set[int] = set()
+"""Idents of the threads that run a reward now, in `_GUARD_PID` (`call_with_timeout`)."""
+_GUARD_PID: int | None = None
+_REAL_EXIT = os._exit
+
+
+def _exit_unless_a_reward(status: int) -> None:
+    """`os._exit` while rewards are scored in this process: called from a reward's thread it raises
+    `RewardExited` instead (issue 41: a reward's `os._exit(0)` ended `spotlight train` with exit 0
+    after checkpoint 1 of 6, as if the run had finished); from anywhere else — a child a reward
+    forked included (another pid) — it exits as always."""
+    if os.getpid() == _GUARD_PID and threading.get_ident() in _REWARD_THREADS:
+        raise RewardExited(f"the reward called os._exit({status}) (a reward may not end the process that scores it)")
+    _REAL_EXIT(status)
+
+
 def call_with_timeout(fn: Callable[[Any], Any], arg: Any, timeout_s: float) -> Any:
     """`fn(arg)` in a daemon thread, waited on for `timeout_s`: its value, or its exception raised
     here, or `_Timeout`. A thread cannot be killed: one that hangs runs on, and being a daemon it
-    never keeps the process from ending (the run stops: `RewardWorker.score`)."""
+    never keeps the process from ending (the run stops: `RewardWorker.score`). An `os._exit` in
+    that thread raises `RewardExited` there (`_exit_unless_a_reward`); `sys.exit` raises anyway."""
+    global _GUARD_PID
     box: dict[str, Any] = {}
+    if _GUARD_PID != os.getpid():  # installed once per process (a forked worker installs its own)
+        _GUARD_PID, os._exit = os.getpid(), _exit_unless_a_reward
 
     def run() -> None:
+        _REWARD_THREADS.add(threading.get_ident())
         try:
             box["value"] = fn(arg)
         except BaseException as err:  # noqa: BLE001 — whatever it raised is reported by the caller
             box["error"] = err
+        finally:
+            _REWARD_THREADS.discard(threading.get_ident())
 
     thread = threading.Thread(target=run, name="spotlight-reward", daemon=True)
     thread.start()

@@ -432,6 +432,48 @@ def test_a_reward_that_raises_leaves_its_traceback_in_the_run_folder_and_names_i
     assert pickle.loads(pickle.dumps(err)).traceback == "Traceback ..."
 
 
+def test_a_reward_that_calls_os_exit_is_a_reward_failure_not_the_end_of_the_process(tmp_path):
+    """Issue 41, item 7: a reward's os._exit(0) ended `spotlight train` with exit 0 after checkpoint 1
+    of 6, as if the run had finished. Run in a child process: on the old code the process exits 0
+    in the middle, before it prints what the scoring said. A child process the reward forks still
+    exits with os._exit as multiprocessing needs."""
+    import subprocess
+
+    _write(tmp_path, "quits.py", """
+        import os
+
+        def score(outputs, prompts, metadata):
+            child = os.fork()
+            if child == 0:
+                os._exit(7)  # a forked helper ends as always
+            assert os.waitpid(child, 0)[1] >> 8 == 7
+            os._exit(0)
+        """)
+    script = textwrap.dedent("""
+        import torch
+        from spotlight.config import RewardComponent, RewardConfig
+        from spotlight.rl.policy import Rollout
+        from spotlight.rl.prompts import Prompt
+        from spotlight.rl.rewards import RewardError, RewardWorker
+
+        rollout = Rollout([Prompt(0, "a red image")] * 2, [0, 1], images=torch.rand(2, 3, 8, 8))
+        try:
+            RewardWorker(RewardConfig(components=[RewardComponent(function="quits.py:score")])).score([rollout])
+        except RewardError as err:
+            print("refused:", err)
+        print("still running")
+        """)
+    import os
+    from pathlib import Path
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3])}  # this checkout's spotlight
+    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0 and done.stdout.splitlines() == [
+        "refused: reward.components[0] (quits.py:score): raised RewardExited: the reward called os._exit(0) (a "
+        "reward may not end the process that scores it), tried twice", "still running"], done.stdout + done.stderr
+
+
 def test_a_reward_that_changes_the_working_directory_does_not_move_the_run(tmp_path, monkeypatch, capsys):
     """Issue 41, item 6: with a relative --out, a reward's os.chdir sent the checkpoints, metrics,
     evaluation and cost.json to the new working directory, outside the folder and its lock."""
@@ -476,14 +518,15 @@ def test_ray_reward_workers_split_a_batch_and_score_what_one_worker_scores(tmp_p
 
     _write(tmp_path, "meta_reward.py", """
         import os
+        import signal
 
         def score(outputs, prompts, metadata):
             if any(m.get("fail") for m in metadata):
                 return [0.0]
-            if any(m.get("die") for m in metadata):  # the actor's process ends, as an OOM kill ends it
+            if any(m.get("die") for m in metadata):  # the actor's process is killed, as an OOM kill kills it
                 if not os.path.exists("died-once") or any(m.get("die") == "always" for m in metadata):
                     open("died-once", "w").close()
-                    os._exit(3)
+                    os.kill(os.getpid(), signal.SIGKILL)
             return [m.get("bonus", 0.0) + float(im.getpixel((0, 0))[2]) for im, m in zip(outputs, metadata)]
         """)
     monkeypatch.chdir(tmp_path)
