@@ -125,14 +125,29 @@ class WriteError(Exception):
 
 
 def _output_file(path: str, flag: str) -> Path:
-    """A file a command will write: refused before anything runs when it names a folder or its
-    folder does not exist (so a bad flag costs nothing and leaves nothing)."""
+    """A file a command will write: refused before anything runs when it names a folder, its folder
+    does not exist, or it cannot be written there (so a bad flag costs nothing and leaves nothing;
+    issue 41: `traces synth --out` and `prices --write` refused a read-only place only after their
+    work). Tried, not asked, as `_check_writable` tries a folder: an existing file is opened for
+    writing and left as it was; a new one's folder gets a file made and removed at once."""
+    import tempfile
+
     out = Path(path)
     if out.is_dir():
         raise ConfigError(f"{flag}: {_shown(out)} is a folder (expected a file to write)")
     if not out.parent.is_dir():
         raise ConfigError(f"{flag}: {_shown(out.parent)} is not an existing folder (expected the folder of the "
                           "file to write)")
+    try:
+        if out.exists():  # O_NONBLOCK: a FIFO without a reader refuses (ENXIO) instead of waiting for one
+            os.close(os.open(out, os.O_WRONLY | os.O_APPEND | os.O_NONBLOCK))
+        else:
+            fd, tried = tempfile.mkstemp(prefix=".spotlight-write-check-", dir=out.parent)
+            os.close(fd)
+            os.unlink(tried)
+    except OSError as err:
+        raise ConfigError(f"{flag}: {_shown(out)} cannot be written: {err.strerror or type(err).__name__} "
+                          "(expected a file this user can write)") from None
     return out
 
 

@@ -289,6 +289,9 @@ TRACES = [
          "simulate --config: --gpus does not apply", {"c.yaml": "seed: 1\n"}),
     Case("synth --out a folder", ["traces", "synth", "synth:poisson?hours=1", "--out", "d/"], "--out: d is a folder",
          {"d/": ""}),
+    # issue 41: refused only after the trace was made; /proc refuses a new file even to root
+    Case("synth --out on /proc", ["traces", "synth", "synth:poisson?hours=1", "--out", "/proc/spotlight-t.csv"],
+         "--out: /proc/spotlight-t.csv cannot be written"),
     Case("synth with a repeated field", ["traces", "show", "synth:poisson?nodes=2&nodes=3"], "nodes is given twice"),
     Case("show a FIFO", ["traces", "show", "t.csv"], "t.csv: a FIFO", {"t.csv": FIFO}),
     Case("show --plot of an unknown format", ["traces", "show", TRACE, "--plot", "p.foo"],
@@ -310,6 +313,8 @@ PRICES = [
          {"p.csv": "provider,instance_type,gpu,gpus,ondemand_usd_h,spot_usd_h,source,date\n"
                    "aws,x1,H100,1000000000,1.0,1.0,test,2025-01-01\n"}),
     Case("--write into a folder", ["prices", "--write", "d/"], "--write: d is a folder", {"d/": ""}),
+    Case("--write on /proc", ["prices", "--write", "/proc/spotlight-p.csv"], "--write: /proc/spotlight-p.csv cannot be "
+         "written"),
     Case("--refresh bogus", ["prices", "--refresh", "bogus"], "argument --refresh: invalid choice"),
     Case("--table a FIFO", ["prices", "--table", "p.csv"], "p.csv: a FIFO (named pipe), not a regular file",
          {"p.csv": FIFO}),

@@ -170,10 +170,20 @@ def test_a_read_only_out_is_refused_before_anything(tmp_path):
 
 
 def test_the_writability_check_leaves_nothing(tmp_path):
-    from spotlight.cli import _output_folder
+    from spotlight.cli import _output_file, _output_folder
 
     assert _output_folder(tmp_path / "a" / "b", "--out") == tmp_path / "a" / "b"
     assert os.listdir(tmp_path) == []
+    assert _output_file(str(tmp_path / "new.csv"), "--out") == tmp_path / "new.csv"
+    assert os.listdir(tmp_path) == []
+    kept = tmp_path / "kept.csv"
+    kept.write_text("a,b\n")
+    os.utime(kept, (1_000_000, 1_000_000))
+    _output_file(str(kept), "--write")
+    assert kept.read_text() == "a,b\n" and kept.stat().st_mtime == 1_000_000
+    os.mkfifo(tmp_path / "fifo")  # no reader: refused at once instead of waiting for one
+    with pytest.raises(ConfigError, match=r"--out: .*fifo cannot be written: No such device or address"):
+        _output_file(str(tmp_path / "fifo"), "--out")
     with pytest.raises(ConfigError, match=r"--out: /proc/x/y cannot be written \(making a folder in /proc\)"):
         _output_folder("/proc/x/y", "--out")
 
