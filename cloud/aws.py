@@ -60,7 +60,7 @@ from typing import Any
 from cloud.bounded_json import loads
 from cloud.retry import Backoff, GaveUp, keeping_global_random, one_line
 from cloud.store import (ChecksumMismatch, LocalStore, MissingKey, ObjectStat, Store, StoreError, StoreUnavailable,
-                         StoreURIError, check_key, parse_store_uri, replacing, too_large)
+                         StoreURIError, check_key, opened_to_store, parse_store_uri, replacing, too_large)
 from schedulers.clock import Clock, WallClock
 from schedulers.preemption import Cause, NoticeSource, PreemptionNotice
 
@@ -349,8 +349,21 @@ class S3Store:
 
     def put_file(self, key: str, path: Path) -> str:
         k = self._key(key)
-        self._call("PUT", key, lambda: self.client.upload_file(
-            str(path), self.bucket, k, Config=self._transfer, ExtraArgs={"ChecksumAlgorithm": CHECKSUM_ALGORITHM}))
+        extra = {"ChecksumAlgorithm": CHECKSUM_ALGORITHM}
+        with opened_to_store(path) as f:
+            # By name, so that s3transfer reads the parts from the file in parallel rather than into
+            # memory (upload_fileobj): the name of the file already open, /proc/self/fd/N, which
+            # nothing can swap. Without /proc (macOS), from the open file itself.
+            fd_name = f"/proc/self/fd/{f.fileno()}"
+            if os.path.exists(fd_name):
+                self._call("PUT", key, lambda: self.client.upload_file(
+                    fd_name, self.bucket, k, Config=self._transfer, ExtraArgs=extra))
+            else:
+                def upload() -> None:
+                    f.seek(0)  # each retry from the start
+                    self.client.upload_fileobj(f, self.bucket, k, Config=self._transfer, ExtraArgs=extra)
+
+                self._call("PUT", key, upload)
         return self._call("HEAD", key, lambda: self._stored_checksum(key, k))
 
     def _stored_checksum(self, key: str, k: str) -> str:

@@ -52,7 +52,8 @@ from typing import Any
 
 from cloud.bounded_json import MAX_DEPTH, depth_over
 from cloud.retry import Backoff, GaveUp, keeping_global_random, one_line
-from cloud.store import ChecksumMismatch, MissingKey, ObjectStat, StoreError, StoreUnavailable, check_key, replacing, too_large
+from cloud.store import (ChecksumMismatch, MissingKey, ObjectStat, StoreError, StoreUnavailable, check_key, opened_to_store,
+                         replacing, too_large)
 from schedulers.clock import Clock, WallClock
 
 log = logging.getLogger(__name__)
@@ -322,15 +323,19 @@ class GcsStore:
     def put_file(self, key: str, path: Path) -> str:
         name = self._name(key)
 
-        def upload() -> str:
-            # A fresh blob per attempt: nothing carries over from a failed one.
-            blob = self._bucket.blob(name, chunk_size=self.chunk_bytes)
-            blob.upload_from_filename(str(path), content_type="application/octet-stream", checksum=CRC32C)
-            if not blob.crc32c:
-                raise StoreError(f"PUT {self.uri}/{key}: GCS answered the upload without a crc32c")
-            return f"{CRC32C}:{blob.crc32c}"
+        with opened_to_store(path) as f:
+            size = os.fstat(f.fileno()).st_size
 
-        return self._call("PUT", key, upload)
+            def upload() -> str:
+                # A fresh blob per attempt, from the file's start: nothing carries over from a failed one.
+                f.seek(0)
+                blob = self._bucket.blob(name, chunk_size=self.chunk_bytes)
+                blob.upload_from_file(f, size=size, content_type="application/octet-stream", checksum=CRC32C)
+                if not blob.crc32c:
+                    raise StoreError(f"PUT {self.uri}/{key}: GCS answered the upload without a crc32c")
+                return f"{CRC32C}:{blob.crc32c}"
+
+            return self._call("PUT", key, upload)
 
     def get(self, key: str, max_bytes: int | None = None) -> bytes:
         name = self._name(key)

@@ -42,6 +42,7 @@ are compared after resolving symbolic links, so a link inside a root cannot lead
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import stat
@@ -50,7 +51,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, BinaryIO, Protocol, runtime_checkable
 from urllib.parse import urlsplit
 
 from cloud.bounded_json import MAX_DEPTH, loads, size_text
@@ -89,6 +90,11 @@ class ObjectTooLarge(StoreError, ValueError):
     ValueError too, so a reader's `except ValueError` for a bad object takes it as one."""
 
 
+class LocalFileRefused(StoreError):
+    """A local file `put_file` was to store is not, once opened, a regular file of this user: a
+    symlink, FIFO, device or another user's file put in its place after it was listed."""
+
+
 class StoreURIError(InputError):
     """A URI that names no store; the message is one line: the URI, what is wrong, what was expected."""
 
@@ -102,7 +108,8 @@ class Store(Protocol):
 
     def put_file(self, key: str, path: Path) -> str:
         """Store the contents of the local file `path` under `key`; returns the stored object's
-        checksum, "ALGORITHM:VALUE" (module docstring)."""
+        checksum, "ALGORITHM:VALUE" (module docstring). `path` is opened by `opened_to_store`: a
+        symlink, FIFO or another user's file there is `LocalFileRefused`."""
         ...
 
     def get(self, key: str, max_bytes: int | None = None) -> bytes:
@@ -247,6 +254,27 @@ def _copy_hashing(src, dst, digest) -> None:
 
 
 @contextmanager
+def opened_to_store(path: Path) -> Iterator[BinaryIO]:
+    """Local file `path` opened for `put_file`, refused (`LocalFileRefused`) unless it is a regular
+    file of this user as opened — not as looked at before: O_NOFOLLOW refuses a symlink in its place
+    (issue 41: the run folder's files were checked with lstat, then opened by name, so a file swapped
+    for a link in between was followed), O_NONBLOCK a FIFO that would wait for a writer, and fstat
+    judges the file actually open. The check is of the last component; the folders above are the
+    run's own (`spotlight.train.run_files` walks them without following links)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as err:
+        what = "a symbolic link" if err.errno == errno.ELOOP else err.strerror or type(err).__name__
+        raise LocalFileRefused(f"{path}: {what} (expected a regular file of this user; not stored)") from None
+    with open(fd, "rb") as f:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
+            what = "another user's file" if stat.S_ISREG(info.st_mode) else "not a regular file"
+            raise LocalFileRefused(f"{path}: {what} (expected a regular file of this user; not stored)")
+        yield f
+
+
+@contextmanager
 def replacing(path: Path) -> Iterator[Path]:
     """A temporary file next to `path` (named `.tmp-...`: a folder store never lists it) for the
     block to write; renamed over `path` when the block ends, removed when it raises, so `path` is
@@ -294,7 +322,7 @@ class LocalStore:
 
     def put_file(self, key: str, path: Path) -> str:
         digest = hashlib.sha256()
-        with open(path, "rb") as src:
+        with opened_to_store(path) as src:
             self._write_atomically(key, lambda f: _copy_hashing(src, f, digest))
         return f"{SHA256}:{digest.hexdigest()}"
 

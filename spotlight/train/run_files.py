@@ -10,6 +10,8 @@ would not have written. So what is pushed and pulled is named here, by the code:
 
 A file qualifies only when it is a regular file — not a symlink, FIFO, socket or device — owned by
 the user running Spotlight (`regular`): a file another user planted, even a regular one, stays put.
+The store checks again the file it opens (`cloud.store.opened_to_store`: O_NOFOLLOW, then fstat),
+so one swapped for a link or FIFO between this listing and the upload is refused, not followed.
 Pulled files get the modes the run gives its own files (`spotlight.checkpoints.checkpoint.own_mode`:
 0o666 less the umask), never the stored object's or a planted file's. tests/spotlight/train/test_run_files.py checks each of these.
 """

@@ -83,6 +83,24 @@ def test_store_missing_keys_and_deletes(store, tmp_path):
         store.get("d/x")
 
 
+def test_store_put_file_stores_only_a_regular_file_as_opened(store, tmp_path):
+    """Issue 41: the run folder's files were checked with lstat and then opened by name, so a file
+    swapped for a symlink in between was followed and its target stored. `put_file` judges the file
+    it opened: a symlink (to a file or dangling) or a FIFO in its place is refused, nothing stored."""
+    from cloud.store import LocalFileRefused
+
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"not the run's")
+    (tmp_path / "link").symlink_to(secret)
+    (tmp_path / "dangling").symlink_to(tmp_path / "gone")
+    os.mkfifo(tmp_path / "fifo")  # no writer: opening it must not wait
+    for name, what in (("link", "a symbolic link"), ("dangling", "a symbolic link"), ("fifo", "not a regular file")):
+        with pytest.raises(LocalFileRefused, match=f"{name}: {what} \\(expected a regular file of this user; not stored"):
+            store.put_file(f"r/{name}", tmp_path / name)
+    assert store.list("r/") == []
+    assert store.put_file("r/secret", secret) and store.get("r/secret") == b"not the run's"
+
+
 def test_store_put_file_returns_the_checksum_get_file_verifies(store, tmp_path):
     payload = os.urandom(200_000)
     (tmp_path / "w.bin").write_bytes(payload)
