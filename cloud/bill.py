@@ -101,14 +101,7 @@ def _price(table: PriceTable, gpu: str, gpus: int, instance_type: str | None, re
     except PriceError:
         return Priced(gpu, gpus, None, f"no price: the price table ({_table_name(table)}) has no {gpu} row "
                                        f"(it prices {', '.join(table.gpus())})")
-    why = ""
-    try:
-        price = table.node_price(gpu, gpus, instance_type, region)
-    except PriceError:
-        if region is None:
-            raise
-        price = table.node_price(gpu, gpus, instance_type)
-        why = f"no {gpu} price in {region}: priced in {price.row.where}"
+    price, why = table.node_price_near(gpu, gpus, instance_type, region)
     return Priced(gpu, gpus, NodePrice(price.ondemand_usd_h * scale, price.spot_usd_h * scale, gpus, price.row), why)
 
 

@@ -308,6 +308,20 @@ class PriceTable:
         share = gpus_per_node / row.gpus
         return NodePrice(row.ondemand_usd_h * share, row.spot_usd_h * share, gpus_per_node, row)
 
+    def node_price_near(self, gpu: str, gpus_per_node: int, instance_type: str | None,
+                        region: str | None) -> tuple[NodePrice, str]:
+        """`node_price` in `region` when the table prices it there, else from the home row; and, in
+        that case, a few words saying so ("" when priced where asked). The one rule the launch's
+        bill and the run's cost meter both price by (issue 41: the meter priced the home region
+        whatever `cloud.region` said, the bill that region)."""
+        try:
+            return self.node_price(gpu, gpus_per_node, instance_type, region), ""
+        except PriceError:
+            if region is None:
+                raise
+        price = self.node_price(gpu, gpus_per_node, instance_type)
+        return price, f"no {price.row.gpu} price in {region}: priced in {price.row.where}"
+
     def replaced(self, new: dict[tuple[str, str], PriceRow]) -> "PriceTable":
         """This table with the rows named in `new` (by `PriceRow.key`) replaced, order kept."""
         return PriceTable([new.get(r.key, r) for r in self._rows], self.path)

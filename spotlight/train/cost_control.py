@@ -4,6 +4,7 @@ run config's `runtime` and `cloud` sections and the a-priori iteration time of i
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from cloud.cost import BudgetPolicy, CostControl, CostMeter, DeadlinePolicy, Fleet, Forecast, Spent, scaled
@@ -13,15 +14,21 @@ from schedulers.input.files import ConfigError
 from spotlight.config import RunConfig
 from spotlight.iteration.iteration_time import checkpoint_seconds_estimate, iteration_seconds_lower_bound
 
+logger = logging.getLogger(__name__)
+
 
 def fleet_of(cfg: RunConfig, ondemand_workers: bool = False) -> Fleet:
     """The run's fleet: one on-demand head (controller and learner), `runtime.ondemand_workers`
     on-demand and `runtime.spot_workers` spot rollout nodes — or, after the fall-back, every
-    worker on-demand."""
+    worker on-demand. Joined to a cluster (`runtime.address`: a launched fleet's head), the
+    on-demand rollout workers run on the head, the one on-demand node `spotlight launch` rents
+    (`cloud.sky`), so the head is the only on-demand node counted; once the cluster's node table is
+    read, the meter pays for the nodes it lists instead (`Runtime.watch_fleet`)."""
     rt = cfg.runtime
+    ondemand = 0 if rt.address else rt.ondemand_workers
     if ondemand_workers:
-        return Fleet(1 + rt.ondemand_workers + rt.spot_workers, 0)
-    return Fleet(1 + rt.ondemand_workers, rt.spot_workers)
+        return Fleet(1 + ondemand + rt.spot_workers, 0)
+    return Fleet(1 + ondemand, rt.spot_workers)
 
 
 def notional_fleet(cfg: RunConfig) -> bool:
@@ -50,10 +57,12 @@ def cost_control(cfg: RunConfig, clock: Clock, spent: Spent | None = None, table
     c, spent = cfg.cloud, spent if spent is not None else Spent()
     table = table if table is not None else PriceTable.load(c.prices)
     try:
-        price = table.node_price(c.gpu, c.gpus_per_node, c.instance_type)
+        price, elsewhere = table.node_price_near(c.gpu, c.gpus_per_node, c.instance_type, c.region)
     except ConfigError as err:
         field = "cloud.gpu" if str(err).startswith("unknown GPU") else "cloud.instance_type"
         raise type(err)(f"{field}: {err}") from None
+    if elsewhere:
+        logger.warning(f"cloud.region: {elsewhere} (the price table's home row)")
     fleet = fleet_of(cfg)
     meter = CostMeter(clock, price.ondemand_usd_h * c.price_scale, price.spot_usd_h * c.price_scale,
                       fleet, spent.cost_usd)

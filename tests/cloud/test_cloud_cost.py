@@ -155,6 +155,32 @@ def test_fleet_is_an_ondemand_head_plus_the_workers_of_the_runtime():
     assert fleet_of(cfg, ondemand_workers=True) == Fleet(ondemand=6, spot=0)
 
 
+def test_a_launched_fleets_meter_counts_its_head_as_the_one_ondemand_node_and_prices_its_region(logged):
+    """Issue 41 (from issue 26's note): on a launched fleet (`spotlight train --address` on the head)
+    the meter billed 1 + ondemand_workers on-demand nodes, though the on-demand workers run on the
+    head, the one on-demand node `spotlight launch` rents; and it priced the table's home row
+    whatever cloud.region said, while the launch's bill priced that region."""
+    from cloud.prices import PriceTable
+
+    table = PriceTable.load()
+    joined = small_dit_config(runtime={"kind": "ray", "address": "10.0.0.1:6379", "spot_workers": 3,
+                                       "ondemand_workers": 2})
+    assert fleet_of(joined) == Fleet(ondemand=1, spot=3)
+    assert fleet_of(joined, ondemand_workers=True) == Fleet(ondemand=4, spot=0)
+    west = {"gpu": "H100", "gpus_per_node": 8, "provider": "aws", "region": "us-west-2"}
+    cfg = small_dit_config(cloud=west)
+    row = next(r for r in table.rows("H100") if r.region == "us-west-2" and r.gpus == 8)
+    home = table.node_price("H100", 8)
+    assert row.ondemand_usd_h != home.row.ondemand_usd_h  # else this test could not tell them apart
+    meter = cost_control(cfg, ManualClock(0.0), table=table).meter
+    fleet = fleet_of(cfg)
+    assert meter.rate_usd_h == pytest.approx(fleet.ondemand * row.ondemand_usd_h + fleet.spot * row.spot_usd_h)
+    assert not [line for line in logged if "cloud.region" in line]
+    # A region the table does not price: the home row, and one line saying so.
+    cost_control(small_dit_config(cloud={**west, "region": "ap-south-2"}), ManualClock(0.0), table=table)
+    assert [line for line in logged if line.startswith("cloud.region: no H100 price in ap-south-2: priced in ")]
+
+
 def test_forecast_is_the_prior_until_measured_then_the_slowest_recent_with_margin():
     f = Forecast(prior_iteration_s=2.0, prior_checkpoint_s=1.0, margin=0.5, window=3)
     assert f.iteration_s() == 2.0 * PRIOR_FACTOR and f.stop_s() == 2 * 1.0 * PRIOR_FACTOR + STOP_SLACK_S
