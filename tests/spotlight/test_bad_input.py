@@ -45,6 +45,13 @@ class _Fifo:
 FIFO = _Fifo()
 
 
+class _Symlink:
+    """The content of a `Case` file that is a symbolic link (to a path that does not exist)."""
+
+
+SYMLINK = _Symlink()
+
+
 _LLM = "policy:\n  kind: llm\nreward:\n  name: arithmetic\n"
 """A tiny-LLM run config's start (the character tokenizer: digits and + - = only)."""
 
@@ -335,8 +342,19 @@ BENCH = [
          "unrecognized arguments: --\\x1b[2J\\nspotlight: error: forged"),
 ]
 
+# issue 41: results come home only into a place pull has checked, from a store it can name
+PULL = [
+    Case("--out a symlink", ["pull", "s3://bucket/run", "--out", "link"], "--out: link is a symbolic link",
+         {"link": SYMLINK}),
+    Case("an unknown scheme", ["pull", "ftp://host/run", "--out", "o"], "ftp://host/run: unknown scheme 'ftp'"),
+    Case("a folder store outside the allowed folders", ["pull", "file:///etc", "--out", "o"],
+         "file:///etc: a folder store outside the allowed folders"),
+    Case("a bucket name S3 refuses", ["pull", "s3://b/run", "--out", "o"], "'b' is not a valid S3 bucket name"),
+]
+
 CASES = [(f"{group}: {c.id}", c) for group, cases in (("train", TRAIN), ("simulate", SIMULATE), ("launch", LAUNCH),
-                                                      ("traces", TRACES), ("prices", PRICES), ("bench", BENCH))
+                                                      ("traces", TRACES), ("prices", PRICES), ("bench", BENCH),
+                                                      ("pull", PULL))
          for c in cases]
 
 
@@ -385,6 +403,8 @@ def test_bad_input_is_one_line_and_exit_2(case, tmp_path):
             (cwd / name).mkdir()
         elif content is FIFO:
             os.mkfifo(cwd / name)
+        elif content is SYMLINK:
+            (cwd / name).symlink_to(tmp_path / "elsewhere")
         elif isinstance(content, bytes):
             (cwd / name).write_bytes(content)
         else:
@@ -408,5 +428,5 @@ def test_the_table_covers_every_command_with_enough_cases():
     per_command: dict[str, int] = {}
     for _, case in CASES:
         per_command[case.argv[0]] = per_command.get(case.argv[0], 0) + 1
-    assert set(per_command) == {"train", "simulate", "launch", "traces", "prices", "bench"}
+    assert set(per_command) == {"train", "simulate", "launch", "traces", "prices", "bench", "pull"}
     assert min(per_command.values()) >= 4 and len(CASES) >= 40, per_command
