@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 # A module's tests stay on one worker (--dist loadscope, in collection order: tests/conftest.py says why).
 TEST_WORKERS ?= 2
 
-.PHONY: venv train test bench clean sky-venv lock
+.PHONY: venv train test bench gpu-check clean sky-venv lock
 
 venv: $(STAMP)
 
@@ -38,6 +38,13 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(VENV)/bin/spotlight bench throughput
+
+# The GPU path end to end (experiments/gpu_check.py): Qwen-Image-sized iterations on one GPU, timed by
+# phase, with the peak GPU memory against the estimate; without CUDA, the tiny CPU version. Builds its
+# random-weight pipeline folder first (~43 GB, in ~/.cache/spotlight/check-real) unless it is there.
+GPU_CHECK_OUT ?= runs/gpu-check-$(shell date +%Y%m%d-%H%M%S)
+gpu-check: $(STAMP)
+	$(PY) -m experiments.gpu_check --out $(GPU_CHECK_OUT)
 
 # SkyPilot in its own virtualenv: it pins click<8.2, which the Hugging Face stack does not accept.
 # `spotlight launch` runs its Python ($(SKY_VENV)/bin/python, or $SPOTLIGHT_SKY_PYTHON) as a subprocess.

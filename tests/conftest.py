@@ -84,8 +84,8 @@ def sky_python():
 @pytest.fixture(scope="session")
 def tiny_lm_folder(tmp_path_factory):
     """A tiny transformers causal LM folder (Qwen2, byte-level BPE tokenizer with a chat template),
-    built once per session: tests/tiny_lm_folder.py. Tests read it, never write into it."""
-    from tiny_lm_folder import save_tiny_lm
+    built once per session: experiments/qwen_lm_folder.py. Tests read it, never write into it."""
+    from experiments.qwen_lm_folder import save_tiny_lm
 
     return save_tiny_lm(tmp_path_factory.mktemp("tiny-lm") / "model")
 
@@ -124,7 +124,7 @@ def _with(base, over):
 
 @pytest.fixture(scope="session")
 def tiny_qwen_pipeline(tmp_path_factory):
-    """A tiny real-architecture diffusers QwenImagePipeline folder (tests/tiny_qwen_pipeline.py), saved once."""
-    from tiny_qwen_pipeline import save_tiny_qwen_pipeline
+    """A tiny real-architecture diffusers QwenImagePipeline folder (experiments/qwen_image_folder.py), saved once."""
+    from experiments.qwen_image_folder import save_tiny_qwen_pipeline
 
     return save_tiny_qwen_pipeline(tmp_path_factory.mktemp("tiny-qwen-image") / "pipeline")

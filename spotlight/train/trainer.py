@@ -130,6 +130,8 @@ class Trainer:
         self.saved = 0
         """Iterations the newest checkpoint holds."""
         self.checkpoint_s: float | None = None
+        self.checkpoint_seconds: list[float] = []
+        """What each checkpoint of this session took (summary.json's `checkpoint_s`)."""
         """The last iteration's checkpoint seconds (None: it wrote none)."""
         self.bar: Any = None
         """The iterations' progress bar on stderr, while the loop runs."""
@@ -293,6 +295,8 @@ class Trainer:
         work = TrainingIteration(self, step)
         self.controller.run(step, work)
         self.checkpoint_s = work.checkpoint_s
+        if work.checkpoint_s is not None:
+            self.checkpoint_seconds.append(work.checkpoint_s)
         return work.row
 
     def rollout(self, step: int, requests: list[Request]) -> list[Any]:
@@ -339,6 +343,7 @@ class Trainer:
             summary.update({"final_dir": str(final), "warm_start": self.warm, "policy": self.cfg.policy.kind,
                             "runtime": self.cfg.runtime.kind, "resumed_from": self.start_step,
                             **self.runtime.stats(), **self.cost.summary(), "cost_counts": COUNTS[notional_fleet(self.cfg)],
+                            "checkpoint_s": self.checkpoint_seconds, "device_peak_bytes": self._device_peak(),
                             "stop_reason": self.stop_reason})
         finally:
             save_spent(self.out, self._spent())  # a crashed session's dollars count too, saved first
@@ -419,6 +424,16 @@ class Trainer:
         self.bar.update(1)
         self.bar.set_postfix(reward=f"{row['reward_mean']:.3f}", std=f"{row['group_reward_std']:.3f}")
         return None
+
+    def _device_peak(self) -> int | None:
+        """The most GPU memory torch's allocator held in this process (reserved, so its slack
+        counts: what the memory estimate must cover), for a run whose learner computes here on
+        CUDA (the local runtime); None otherwise."""
+        if self.cfg.runtime.kind != "local" or not self.cfg.device.startswith("cuda"):
+            return None
+        import torch
+
+        return int(torch.cuda.max_memory_reserved(torch.device(self.cfg.device)))
 
     def _spent(self) -> Spent:
         return Spent(self.cost.spent_usd(), max(0.0, self._restart_s))

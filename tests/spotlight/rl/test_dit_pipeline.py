@@ -1,6 +1,6 @@
 """A DiT run from a local diffusers Qwen-Image pipeline folder (`policy.dit.pretrained_path`).
 
-On a tiny real-architecture `QwenImagePipeline` saved as a folder (tests/tiny_qwen_pipeline.py:
+On a tiny real-architecture `QwenImagePipeline` saved as a folder (experiments/qwen_image_folder.py:
 Qwen2.5-VL text encoder, Qwen-Image VAE, transformer, Qwen-Image's scheduler config, a tokenizer
 made offline):
 - the folder is a real pipeline: `QwenImagePipeline.from_pretrained` loads it and samples;
@@ -75,7 +75,7 @@ def test_the_tiny_pipeline_is_a_real_qwen_image_pipeline(tiny_qwen_pipeline):
     from diffusers import AutoencoderKLQwenImage, QwenImageTransformer2DModel
     from transformers import Qwen2_5_VLForConditionalGeneration
 
-    from tiny_qwen_pipeline import ADDED_TOKENS
+    from experiments.qwen_image_folder import ADDED_TOKENS
 
     pipe = load_pipeline(tiny_qwen_pipeline)
     assert isinstance(pipe.text_encoder, Qwen2_5_VLForConditionalGeneration)

@@ -1,5 +1,5 @@
 """An LLM run from a local transformers folder (issue 25): the tiny Qwen2 folder of
-tests/tiny_lm_folder.py with its byte-level BPE tokenizer and chat template, through `LLMPolicy`
+experiments/qwen_lm_folder.py with its byte-level BPE tokenizer and chat template, through `LLMPolicy`
 (chat template, stop tokens, the KV-cached rollout against the update's log-probs, gradient
 checkpointing), its `final/` through transformers and peft, bad folders through the CLI, and a
 GRPO run on a GSM8K-format jsonl with the `answer_match` reward that must learn."""
@@ -226,7 +226,7 @@ def test_a_folder_with_tied_embeddings_warm_starts_and_checkpoints(tmp_path):
     copies the tied one), and the cached warm start loads back tied and equal."""
     from spotlight.rl.warm_start import apply_warm_start
     from spotlight.checkpoints import checkpoint
-    from tiny_lm_folder import save_tiny_lm
+    from experiments.qwen_lm_folder import save_tiny_lm
 
     folder = save_tiny_lm(tmp_path / "tied", tie_word_embeddings=True)
     cfg = small_llm_config(policy={"kind": "llm", "llm": {"pretrained_path": str(folder)}},

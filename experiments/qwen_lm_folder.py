@@ -1,14 +1,17 @@
-"""A tiny transformers causal LM folder, built in code (no download): what a user's local instruct
-model folder looks like to `policy.llm.pretrained_path`, at toy size.
+"""A transformers causal LM folder built in code (no download): what a user's local instruct model
+folder looks like to `policy.llm.pretrained_path` — tiny (the tests) or Qwen2.5-7B-shaped with
+random weights (the GPU check: `python -m experiments.build_check_pipeline --kind llm`).
 
-- The model: a random 2-layer `Qwen2ForCausalLM` (hidden 64), its initial weights a function of
-  `seed`, with a generation config that stops at `<|im_end|>` or `<|endoftext|>` as Qwen2.5-Instruct's
-  does.
+- The model: a random `Qwen2ForCausalLM` — `tiny`: 2 layers of hidden 64, its initial weights a
+  function of `seed`; `real`: Qwen2.5-7B-Instruct's config (`REAL_LM`: 28 layers of hidden 3584,
+  7.6B parameters, 15 GB in bfloat16), written shard by shard (`random_shards`) — with a generation
+  config that stops at `<|im_end|>` or `<|endoftext|>` as Qwen2.5-Instruct's does.
 - The tokenizer: Qwen2's own design made offline — byte-level BPE behind Qwen2's pre-tokenizer
   regex (digits are single tokens), its merges trained here on a few lines of text (~70 merges over
   the 256-byte alphabet); special tokens `<|endoftext|>` (pad), `<|im_start|>`, `<|im_end|>` (eos,
   as in an instruct model), no bos; and a Qwen-style chat template without a default system turn:
-  `<|im_start|>user\\n{text}<|im_end|>\\n<|im_start|>assistant\\n`.
+  `<|im_start|>user\\n{text}<|im_end|>\\n<|im_start|>assistant\\n`. The real-size model keeps
+  Qwen's vocabulary size (152,064 rows); this tokenizer uses its first ~330.
 
 Saved with `save_pretrained`, the folder loads through `AutoModelForCausalLM.from_pretrained(path,
 local_files_only=True)` and `AutoTokenizer.from_pretrained(path, local_files_only=True)`
@@ -80,5 +83,30 @@ def save_tiny_lm(path: Path | str, seed: int = 0, tie_word_embeddings: bool = Fa
         model = Qwen2ForCausalLM(config)
     model.generation_config = GenerationConfig(eos_token_id=[eos, pad], pad_token_id=pad)
     model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+REAL_LM = dict(vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
+               num_attention_heads=28, num_key_value_heads=4, max_position_embeddings=32768, rope_theta=1e6,
+               tie_word_embeddings=False)
+"""Qwen2.5-7B-Instruct's config.json (the layer shapes verl's and TRL's GSM8K recipes train)."""
+
+
+def save_real_lm(path: Path | str, seed: int = 0, progress=None) -> Path:
+    """The Qwen2.5-7B-shaped model (random, bfloat16) and the tokenizer at `path`; returns it.
+    `progress(what, done_bytes, total_bytes)` after each shard."""
+    from experiments.random_shards import write_random_weights
+
+    path = Path(path)
+    tokenizer = build_tokenizer()
+    eos, pad = tokenizer.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"])
+    config = Qwen2Config(**REAL_LM, bos_token_id=None, eos_token_id=eos, pad_token_id=pad)
+    config.torch_dtype = "bfloat16"
+    with torch.device("meta"):
+        model = Qwen2ForCausalLM(config)
+    config.save_pretrained(path)
+    GenerationConfig(eos_token_id=[eos, pad], pad_token_id=pad).save_pretrained(path)
+    write_random_weights(model, path, "model", seed, progress=lambda d, t: progress and progress("model", d, t))
     tokenizer.save_pretrained(path)
     return path
