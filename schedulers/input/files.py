@@ -33,7 +33,7 @@ from typing import Any, BinaryIO
 
 import yaml
 
-from schedulers import bounded_read
+from schedulers.input import bounded_read
 from schedulers.input.bounded_read import MAX_DEPTH, NotRegular, TooLarge, depth_over, read_bounded, size_text
 
 MAX_INT_DIGITS = 100
