@@ -27,12 +27,15 @@ GPU), else on the CPU, with torch's thread count (a Ray role's: 1).
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any, Sequence
 
 import torch
 
 from spotlight.rl.policy import Rollout
+
+logger = logging.getLogger(__name__)
 from spotlight.rl.prompts import Prompt, quoted_text
 from spotlight.rl.reward_inputs import RewardError, pil_images
 
@@ -99,6 +102,11 @@ def build_engine(use_cuda: bool | None = None, threads: int | None = None) -> An
     if use_cuda is None:
         use_cuda = "CUDAExecutionProvider" in onnxruntime.get_available_providers()
     threads = threads or torch.get_num_threads()
+    # Which one it runs on, said once per engine (issue 39: a GPU run should not find out from its timings).
+    logger.info("ocr reward: PP-OCR on onnxruntime's CUDA provider" if use_cuda else
+                f"ocr reward: PP-OCR on the CPU, {threads} thread{'s' if threads != 1 else ''}"
+                + ("" if "CUDAExecutionProvider" in onnxruntime.get_available_providers() else
+                   " (this onnxruntime has no CUDA provider; onnxruntime-gpu has)"))
     return RapidOCR(params={
         "Global.log_level": "error",  # else a warning for every image in which nothing is found
         "Global.use_cls": False,

@@ -90,3 +90,13 @@ def test_a_prompt_without_text_to_render_is_a_reward_error_naming_it():
     for prompt in (Prompt(3, "a sign"), Prompt(3, 'a "" sign'), Prompt(3, 'an "unclosed sign')):
         with pytest.raises(RewardError, match="prompt 3 has no text to render"):
             target_text(prompt)
+
+
+def test_the_engine_says_which_provider_it_runs_on(offline, logged):
+    """Issue 39: a GPU run should learn where its OCR runs from one line, not from its timings."""
+    build_engine(use_cuda=False, threads=1)
+    import onnxruntime
+
+    cuda_here = "CUDAExecutionProvider" in onnxruntime.get_available_providers()
+    assert logged[-1] == "ocr reward: PP-OCR on the CPU, 1 thread" + (
+        "" if cuda_here else " (this onnxruntime has no CUDA provider; onnxruntime-gpu has)")
