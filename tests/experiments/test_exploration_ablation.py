@@ -110,4 +110,4 @@ def test_a_bad_config_value_is_one_error_line(tmp_path):
     bad.write_text((ROOT / "experiments/tiny_dit.yaml").read_text().replace("lr: 1.0e-4", "lr: -1"))
     proc = _cli("--models", "dit", "--config-dit", bad, "--out", tmp_path / "out")
     assert proc.returncode == 2 and proc.stdout == ""
-    assert proc.stderr.strip().splitlines() == [f"exploration_ablation: error: {bad}: train.lr: expected a number > 0, got -1.0"]
+    assert proc.stderr.strip().splitlines() == [f"exploration_ablation: error: {bad}: train.lr: expected a number > 0, got -1"]
