@@ -52,8 +52,8 @@ from typing import Any
 
 from cloud.bounded_json import MAX_DEPTH, depth_over
 from cloud.retry import Backoff, GaveUp, keeping_global_random, one_line
-from cloud.store import (ChecksumMismatch, MissingKey, ObjectStat, StoreError, StoreUnavailable, check_key, opened_to_store,
-                         replacing, too_large)
+from cloud.store import (ChecksumMismatch, MissingKey, ObjectStat, StoreError, StoreUnavailable, check_key,
+                         opened_to_store, replacing, too_large)
 from schedulers.clock import Clock, WallClock
 
 log = logging.getLogger(__name__)

@@ -253,6 +253,13 @@ def _copy_hashing(src, dst, digest) -> None:
         dst.write(block)
 
 
+def own_regular(info: os.stat_result) -> bool:
+    """Whether a file's stat (an lstat, or an fstat of the file open) is a regular file owned by
+    this user: the one rule for what a run pushes (`spotlight.train.run_files.regular` on the
+    listing, `opened_to_store` on the file opened)."""
+    return stat.S_ISREG(info.st_mode) and info.st_uid == os.geteuid()
+
+
 @contextmanager
 def opened_to_store(path: Path) -> Iterator[BinaryIO]:
     """Local file `path` opened for `put_file`, refused (`LocalFileRefused`) unless it is a regular
@@ -268,7 +275,7 @@ def opened_to_store(path: Path) -> Iterator[BinaryIO]:
         raise LocalFileRefused(f"{path}: {what} (expected a regular file of this user; not stored)") from None
     with open(fd, "rb") as f:
         info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
+        if not own_regular(info):
             what = "another user's file" if stat.S_ISREG(info.st_mode) else "not a regular file"
             raise LocalFileRefused(f"{path}: {what} (expected a regular file of this user; not stored)")
         yield f

@@ -54,15 +54,13 @@ TINY = {"device": "cpu", "policy": {"dit": {"preset": "tiny", "resolution": 32},
 wide); every phase still runs."""
 
 
-def _merge(base: dict, over: dict) -> dict:
-    return {**base, **{k: _merge(base.get(k, {}), v) if isinstance(v, dict) else v for k, v in over.items()}}
-
-
 def check_config(folder: Path, size: str) -> dict[str, Any]:
     """The run config the check trains: the recipe, `CHECK`, the folder (and `TINY` for the CPU)."""
-    cfg = _merge(yaml.safe_load(RECIPE.read_text()), CHECK)
-    cfg = _merge(cfg, {"policy": {"dit": {"pretrained_path": str(folder)}}})
-    return _merge(cfg, TINY) if size == "tiny" else cfg
+    from spotlight.config import merge_sections
+
+    cfg = merge_sections(yaml.safe_load(RECIPE.read_text()), CHECK)
+    cfg = merge_sections(cfg, {"policy": {"dit": {"pretrained_path": str(folder)}}})
+    return merge_sections(cfg, TINY) if size == "tiny" else cfg
 
 
 def _train(config: Path, out: Path, steps: int) -> None:

@@ -35,6 +35,8 @@ from pathlib import Path
 
 import torch
 
+from spotlight.dit_presets import QWEN_IMAGE_TRANSFORMER, TINY_TRANSFORMER
+
 _TEMPLATE = ("<|im_start|>system\nDescribe the image by detailing the color, shape, size, texture, quantity, text, "
              "spatial relationships of the objects and background:<|im_end|>\n<|im_start|>user\n{}<|im_end|>\n"
              "<|im_start|>assistant\n")
@@ -51,13 +53,10 @@ ADDED_TOKENS = [  # Qwen2.5-VL's tokenizer, ids 151643.. in this order; the firs
     ("<|repo_name|>", False), ("<|file_sep|>", False),
 ]
 
-HIDDEN = 32
-"""The text encoder's hidden size = the transformer's joint_attention_dim."""
-Z_DIM = 4
-"""The VAE's latent channels = the transformer's out_channels (in_channels: 4x, packed 2x2)."""
-
-TRANSFORMER = dict(patch_size=2, in_channels=4 * Z_DIM, out_channels=Z_DIM, num_layers=2, attention_head_dim=16,
-                   num_attention_heads=2, joint_attention_dim=HIDDEN, axes_dims_rope=(8, 4, 4))
+HIDDEN = TINY_TRANSFORMER["joint_attention_dim"]
+"""The text encoder's hidden size = the transformer's joint_attention_dim (32)."""
+Z_DIM = TINY_TRANSFORMER["out_channels"]
+"""The VAE's latent channels = the transformer's out_channels (4; in_channels: 4x, packed 2x2)."""
 VAE = dict(base_dim=8, z_dim=Z_DIM, dim_mult=[1, 2, 2, 2], num_res_blocks=1, attn_scales=[],
            temperal_downsample=[False, True, True], latents_mean=[0.1, -0.2, 0.3, 0.0],
            latents_std=[1.5, 2.0, 1.0, 2.5])
@@ -164,7 +163,7 @@ def build_tiny_qwen_pipeline(seed: int = 0):
         torch.manual_seed(seed)
         tokenizer = build_tokenizer()
         text_encoder = build_text_encoder(tokenizer)
-        transformer = QwenImageTransformer2DModel(**TRANSFORMER)
+        transformer = QwenImageTransformer2DModel(**TINY_TRANSFORMER)
         vae = AutoencoderKLQwenImage(**VAE)
     pipe = QwenImagePipeline(scheduler=FlowMatchEulerDiscreteScheduler(**QWEN_IMAGE_SCHEDULER), vae=vae,
                              text_encoder=text_encoder, tokenizer=tokenizer, transformer=transformer)
@@ -187,7 +186,6 @@ def save_real_qwen_pipeline(path: str | Path, seed: int = 0, progress=None) -> P
     from transformers import Qwen2_5_VLForConditionalGeneration
 
     from experiments.random_shards import write_random_weights
-    from spotlight.dit_presets import QWEN_IMAGE_TRANSFORMER
     from spotlight.rl.flow_sde import QWEN_IMAGE_SCHEDULER
 
     path = Path(path)

@@ -5,12 +5,14 @@ values of the wrong type or range with a single `ConfigError` line that names th
 dotted field (`experiments/x.yaml: train.lr: expected a number > 0, got -1`). The defaults of
 `RunConfig()` are the embedded default run: the tiny DiT on CPU.
 
-Every numeric field has a documented range, checked in its section's `__post_init__`; every float
-is finite (`.inf` and `.nan` are refused for every float field by `_coerce`). Maxima bound what one
-setting can make a run allocate or loop over; they are generous (far beyond any real run) and each
-error names the field and the range. The file itself is read by `schedulers.input.files`: at most
-`MAX_CONFIG_BYTES`, UTF-8, no YAML anchors or aliases, no duplicate keys, at most 64 levels deep,
-and not empty. Values quoted in errors are cut to ~200 characters.
+Each section is a pydantic dataclass (`schedulers.input.config_section`): every field declares its
+type strictly and every number its range, on the field; every float is finite (`.inf` and `.nan`
+are refused for every float field); checks of several fields together stay in the section's
+`__post_init__`. Maxima bound what one setting can make a run allocate or loop over; they are
+generous (far beyond any real run) and each error names the field and the range. The file itself
+is read by `schedulers.input.files`: at most `MAX_CONFIG_BYTES`, UTF-8, no YAML anchors or
+aliases, no duplicate keys, at most 64 levels deep, and not empty. Values quoted in errors are cut
+to ~200 characters.
 """
 
 from __future__ import annotations
@@ -801,7 +803,7 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Ru
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping of RunConfig fields at the top level, got {type(data).__name__}")
     try:
-        return from_dict(RunConfig, _merge(data, overrides or {}))
+        return from_dict(RunConfig, merge_sections(data, overrides or {}))
     except ConfigError as err:
         raise ConfigError(f"{path}: {err}") from None
 
@@ -834,7 +836,7 @@ def default_config(overrides: dict[str, Any] | None = None) -> RunConfig:
         raise ConfigError(f"<default config>: {err}") from None
 
 
-def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+def merge_sections(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     """`base` with `over`'s values set in it, section into section. A section of `base` that is
     not a mapping (`train: [1, 2]`) is kept as it is, whatever `over` sets in it, so that
     `from_dict` refuses it as it would without overrides: a flag (`--steps 1`) must not replace a
@@ -842,7 +844,7 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     out = dict(base)
     for key, value in over.items():
         if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _merge(out[key], value)
+            out[key] = merge_sections(out[key], value)
         elif isinstance(value, dict) and key in out:
             continue  # not a mapping where one belongs: from_dict says so, naming the section
         else:

@@ -55,6 +55,13 @@ OVERRIDE = "SPOTLIGHT_MEMORY_CHECK"
 """Set to `off` to skip the check (the estimate's GPU constants are counted on a CPU, not measured
 on a GPU: a run it refuses wrongly must still be possible)."""
 _OFF = ("off", "0", "false", "no")
+PROMPTS_HINT = "a smaller prompt file, or fewer metadata fields in its lines"
+"""What to change when the prompt files are what the machine cannot hold."""
+
+
+def _turned_off() -> bool:
+    """Whether the user turned the check off (`OVERRIDE`)."""
+    return os.environ.get(OVERRIDE, "").lower() in _OFF
 
 # ---- measured constants ------------------------------------------------------------------------
 
@@ -503,11 +510,10 @@ def _gib(n: int) -> str:
 def _hint(cfg: RunConfig, est: Estimate) -> str:
     """What to change, for the term that dominates."""
     terms = {"parameters": est.parameters + est.optimiser, "rollout": est.rollout, "activations": est.activations,
-             "workers": est.workers + (0 if cfg.runtime.kind == "local" else est.processes)}
-    terms["prompts"] = est.prompts
+             "workers": est.workers + (0 if cfg.runtime.kind == "local" else est.processes), "prompts": est.prompts}
     top = max(terms, key=terms.__getitem__)
     if top == "prompts":
-        return "a smaller prompt file, or fewer metadata fields in its lines"
+        return PROMPTS_HINT
     if top == "parameters":
         return "a smaller model, or policy.lora to train adapters only"
     if top == "workers":
@@ -536,10 +542,9 @@ def check_prompt_memory(cfg: RunConfig, where: str = "", host_free: int | None =
     (`prompt_bytes`): asked before they are parsed, which is where that memory would go."""
     need = prompt_bytes(cfg)
     free = available_host() if host_free is None else host_free
-    if need and free is not None and need > free and os.environ.get(OVERRIDE, "").lower() not in _OFF:
+    if need and free is not None and need > free and not _turned_off():
         raise ConfigError(f"{where}prompts.path: the prompt files take about {_gib(need)} GiB once parsed, this "
-                          f"machine has {_gib(free)} GiB available (a smaller prompt file, or fewer metadata fields "
-                          f"in its lines; {OVERRIDE}=off runs it anyway)")
+                          f"machine has {_gib(free)} GiB available ({PROMPTS_HINT}; {OVERRIDE}=off runs it anyway)")
 
 
 def check_memory(cfg: RunConfig, where: str = "", host_free: int | None = None,
@@ -549,7 +554,7 @@ def check_memory(cfg: RunConfig, where: str = "", host_free: int | None = None,
     and `device_free` stand in for what the machine reports (tests). Without /proc/meminfo there
     is nothing to compare against, and the host is not checked."""
     est = estimate(cfg)
-    if os.environ.get(OVERRIDE, "").lower() in _OFF:
+    if _turned_off():
         return est  # the estimate is a model: a user who knows better runs anyway
     free = available_host() if host_free is None else host_free
     if free is not None and est.host > free:

@@ -34,10 +34,10 @@ from typing import Any, Sequence
 import torch
 
 from spotlight.rl.policy import Rollout
-
-logger = logging.getLogger(__name__)
 from spotlight.rl.prompts import Prompt, quoted_text
 from spotlight.rl.reward_inputs import RewardError, pil_images
+
+logger = logging.getLogger(__name__)
 
 TARGET_FIELD = "ocr_text"
 """The prompt metadata field that, when present, is the text to render (instead of the quoted text)."""
@@ -99,14 +99,13 @@ def build_engine(use_cuda: bool | None = None, threads: int | None = None) -> An
     det, rec = sorted(models.glob("*_det_*.onnx")), sorted(models.glob("*_rec_*.onnx"))
     if not det or not rec:
         raise RuntimeError(f"rapidocr's wheel carries no PP-OCR det/rec models in {models} (reinstall rapidocr>=3)")
-    if use_cuda is None:
-        use_cuda = "CUDAExecutionProvider" in onnxruntime.get_available_providers()
+    cuda_here = "CUDAExecutionProvider" in onnxruntime.get_available_providers()
+    use_cuda = cuda_here if use_cuda is None else use_cuda
     threads = threads or torch.get_num_threads()
     # Which one it runs on, said once per engine (issue 39: a GPU run should not find out from its timings).
     logger.info("ocr reward: PP-OCR on onnxruntime's CUDA provider" if use_cuda else
                 f"ocr reward: PP-OCR on the CPU, {threads} thread{'s' if threads != 1 else ''}"
-                + ("" if "CUDAExecutionProvider" in onnxruntime.get_available_providers() else
-                   " (this onnxruntime has no CUDA provider; onnxruntime-gpu has)"))
+                + ("" if cuda_here else " (this onnxruntime has no CUDA provider; onnxruntime-gpu has)"))
     return RapidOCR(params={
         "Global.log_level": "error",  # else a warning for every image in which nothing is found
         "Global.use_cls": False,

@@ -301,6 +301,7 @@ def call_with_timeout(fn: Callable[[Any], Any], arg: Any, timeout_s: float) -> A
     global _GUARD_PID
     box: dict[str, Any] = {}
     if _GUARD_PID != os.getpid():  # installed once per process (a forked worker installs its own)
+        _REWARD_THREADS.clear()  # a forked child's copy holds its parent's threads, none of them its own
         _GUARD_PID, os._exit = os.getpid(), _exit_unless_a_reward
 
     def run() -> None:

@@ -19,8 +19,9 @@ Pulled files get the modes the run gives its own files (`spotlight.checkpoints.c
 from __future__ import annotations
 
 import os
-import stat
 from pathlib import Path
+
+from cloud.store import own_regular
 
 RUN_FILES = ("config.yaml", "metrics.jsonl", "cost.json", "summary.json")
 """The files the run writes directly in its folder (the resume key, one row per iteration, the
@@ -30,10 +31,9 @@ dollars spent across resumes, the summary at the end)."""
 def regular(path: Path) -> bool:
     """Whether `path` is a regular file (not followed through a symlink) owned by this user."""
     try:
-        info = os.lstat(path)
+        return own_regular(os.lstat(path))
     except OSError:
         return False
-    return stat.S_ISREG(info.st_mode) and info.st_uid == os.geteuid()
 
 
 def top_level(out: Path) -> list[str]:
