@@ -117,6 +117,12 @@ def test_a_cluster_run_follows_its_nodes_and_ends_bit_identical_to_a_local_run(t
                                    for w in runtime.engine.workers.values()), runtime, logs)
                 seen["spot_c"] = spot_c
                 seen["kill"] = _when_leased(runtime, lambda: cluster.kill(spot_b))
+            elif it == 3:  # the lease the kill waited for may have been another node's: spot-b then held
+                # nothing, and only Ray's view tells its death, which a loaded machine may report after
+                # the run's last rollout. The run must have seen it before it ends.
+                seen["kill"].join()
+                _until(lambda: any(spot_b.ip in name and not n.alive for name, n in runtime.engine.nodes.items()),
+                       runtime, logs)
             return rollout(requests, *args, **kwargs)
 
         runtime.rollout = disturbed_rollout
