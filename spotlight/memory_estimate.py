@@ -16,7 +16,8 @@ Invariants:
 
 What the peak holds (`Estimate`, bytes):
 - parameters: every model the policy loads (a pipeline's text encoder and VAE too), in its compute
-  dtype: the tiny DiT float32, qwen-image bfloat16, an LLM float32 always (`LLMPolicy.from_config`).
+  dtype: the tiny DiT float32, qwen-image bfloat16 (its VAE float32), an LLM float32 always
+  (`LLMPolicy.from_config`).
 - optimiser: gradients and Adam's two moments of the trained parameters (all of them, or the LoRA
   adapters in float32), a float32 EMA with `train.ema_decay`, a frozen copy of the model as the KL
   reference with `grpo.kl_beta` > 0 and no LoRA (`lora.frozen_reference`).
@@ -24,7 +25,8 @@ What the peak holds (`Estimate`, bytes):
   update ends: a DiT's trajectories n x (num_steps + 1) x S x 4C and images n x 3 x res², float32;
   an LLM's n x L token rows.
 - activations: the largest working set of one pass: an update micro-batch's forward and backward,
-  a rollout batch (a request is one prompt's group, micro-batched) or a warm-start batch.
+  a rollout batch (a request is one prompt's group, which a worker advances in one batch) or a
+  warm-start batch.
 - workers: on a local Ray cluster (`runtime.kind: ray`, no address) each rollout worker's own copy
   of the weights and its rollout batch, on this machine (on a GPU run, on their own GPUs).
 - processes: each process's measured baseline (the interpreter, torch, the model libraries), a
@@ -47,6 +49,7 @@ from pathlib import Path
 
 from cloud.bounded_json import loads
 from spotlight.config import TRAIN_FILES, ConfigError, RunConfig, dataset_file, model_config
+from spotlight.device_constants import device_constants
 from spotlight.dit_presets import QWEN_IMAGE_TRANSFORMER, TINY_TRANSFORMER
 
 MIB, GIB = 1 << 20, 1 << 30
@@ -87,9 +90,6 @@ PROMPT_FILE_HELD = {".jsonl": 12, ".txt": 7}
 2026-11-29 on this 2-core machine (Python 3.11), 32 MiB files: a jsonl with 40 metadata fields a
 line held 8.3x its size after the parse, GenEval-shaped lines (tag, include) 9.6x, a txt 5.1x;
 the peak during the parse adds about the text itself."""
-CUDA_CONTEXT = 512 * MIB
-"""Device memory a CUDA context and torch's kernels take before any tensor (assumed: 300-500 MB on
-recent GPUs with CUDA 12, PyTorch's CUDA semantics notes; not measured here: no GPU)."""
 
 
 @dataclass(frozen=True)
@@ -342,7 +342,13 @@ class Estimate:
         """Bytes of the learner's GPU (0 off the GPU)."""
         if not self.on_gpu:
             return 0
-        return self.parameters + self.optimiser + self.rollout + self.activations + CUDA_CONTEXT
+        # measured by `make gpu-check` when it ran, else assumed
+        return device_constants().device_bytes(self.device_tensors)
+
+    @property
+    def device_tensors(self) -> int:
+        """Bytes of the learner's tensors on its GPU at the peak (`device` adds the constants)."""
+        return self.parameters + self.optimiser + self.rollout + self.activations if self.on_gpu else 0
 
 
 @dataclass(frozen=True)
@@ -365,8 +371,10 @@ def _dit(cfg: RunConfig) -> _Footprint:
     b = 4 if dit.preset == "tiny" else 2  # `dit_model.model_dtype`
     shapes = param_shapes(cfg)
     weights = numel(shapes)
+    vae = 0
     if dit.pipeline and dit.folder is not None:  # the text encoder and VAE load beside the transformer
-        weights += sum(numel(safetensors_shapes(dit.folder / sub)) for sub in ("text_encoder", "vae"))
+        weights += numel(safetensors_shapes(dit.folder / "text_encoder"))
+        vae = numel(safetensors_shapes(dit.folder / "vae")) * 4  # float32 (`dit_policy.conditioning`)
     d = arch["num_attention_heads"] * arch["attention_head_dim"]
     layers, c = arch["num_layers"], arch["out_channels"]
     image = (dit.latent_side // 2) ** 2  # 2x2 patches
@@ -379,14 +387,15 @@ def _dit(cfg: RunConfig) -> _Footprint:
     per_token = _per_token(act, train.gradient_checkpointing, layers) * d * b
     rows = min(train.micro_batch, n * len(cfg.sampler.sde_steps))  # (sample, SDE step) pairs per micro-batch
     update = passes * rows * tokens * per_token + 2 * rows * image * 4 * c * 4  # + x and x_next
-    sample = passes * min(train.micro_batch, train.group_size) * tokens * DIT_FORWARD * d * b
+    # A rollout worker advances a request's group in one batch (`RolloutWorker.compute`).
+    sample = passes * train.group_size * tokens * DIT_FORWARD * d * b
     warm = 0
     if cfg.warm_start.steps and dit.preset == "tiny" and not dit.pipeline:
         warm = int(cfg.warm_start.batch_size * tokens * per_token)
     trained, trained_bytes = numel(shapes), b
     if cfg.policy.lora.enabled:
         trained, trained_bytes = lora_numel(shapes, cfg.policy.lora_targets, cfg.policy.lora.rank), 4
-    return _Footprint(weights * b + trained * 4 * cfg.policy.lora.enabled, trained, trained_bytes, rollout,
+    return _Footprint(weights * b + vae + trained * 4 * cfg.policy.lora.enabled, trained, trained_bytes, rollout,
                       int(update), sample, warm)
 
 
@@ -562,5 +571,6 @@ def check_memory(cfg: RunConfig, where: str = "", host_free: int | None = None,
     if est.on_gpu:
         free = available_device(cfg.device) if device_free is None else device_free
         if est.device > free:
-            raise ConfigError(refusal(cfg, est, where, est.device, free, cfg.device))
+            line = refusal(cfg, est, where, est.device, free, cfg.device)
+            raise ConfigError(f"{line}; {device_constants().describe()}")
     return est

@@ -101,6 +101,7 @@ def _floor_of(module: str) -> str | None:
 
 
 FLOORS = {"config": 0, "text": 0, "waiting": 0, "logs": 0, "install_torch": 0, "reward_names": 0, "dit_presets": 0,
+          "device_constants": 0,
           "rl": 1, "memory_estimate": 1, "launch_config": 1, "fleet_node": 1, "iteration": 2, "checkpoints": 2, "runtime": 3, "sim": 3,
           "train": 4, "run_results": 5, "bench": 5, "cli": 6}
 """Each package (or top-level module) of `spotlight/` and its floor: it may import its own floor's

@@ -27,10 +27,11 @@ _MODEL_INIT = 0x1417  # stream tag for the random initialisation of a tiny model
 
 
 def model_dtype(cfg: DiTConfig) -> torch.dtype:
-    """What the DiT computes in — transformer, text encoder and VAE alike: float32 for the tiny
-    preset (CPU bfloat16 matmuls are slow and too coarse for 1e-3 PPO ratios), bfloat16 for
-    qwen-image (its released dtype; 41 GB of transformer weights). The preset decides, not the
-    folder: a tiny pipeline folder on CPU runs in float32, the released one in bfloat16."""
+    """What the DiT's transformer and text encoder compute in (the VAE decodes in float32 always,
+    `dit_policy.conditioning`): float32 for the tiny preset (CPU bfloat16 matmuls are slow and too
+    coarse for 1e-3 PPO ratios), bfloat16 for qwen-image (its released dtype; 41 GB of transformer
+    weights). The preset decides, not the folder: a tiny pipeline folder on CPU runs in float32,
+    the released one in bfloat16."""
     return torch.float32 if cfg.preset == "tiny" else torch.bfloat16
 
 
@@ -152,7 +153,7 @@ class QwenVAEDecoder:
     """A pipeline folder's VAE (`AutoencoderKLQwenImage`, its vae/): latents to pixels as
     `QwenImagePipeline` decodes them (un-normalised by the VAE's latents_mean and latents_std)."""
 
-    def __init__(self, path: str | Path, device: str = "cpu", dtype: torch.dtype = torch.bfloat16) -> None:
+    def __init__(self, path: str | Path, device: str = "cpu", dtype: torch.dtype = torch.float32) -> None:
         from diffusers import AutoencoderKLQwenImage
 
         path = Path(path)

@@ -24,6 +24,7 @@ from spotlight.rl.dit_sampler import FlowSDESampler, SampleState
 from spotlight.rl.flow_sde import qwen_image_sigmas, sde_mean_std
 from spotlight.rl.lora import base_state, frozen_reference, has_lora, lora_metadata, storable
 from spotlight.rl.grpo import flow_grpo_kl, gaussian_kl_same_std, gaussian_logprob, ppo_clip_loss
+from spotlight.rl.phase_seconds import PhaseSeconds
 from spotlight.rl.policy import Rollout, sum_stats
 from spotlight.rl.prompt_encoder import HashedWordEncoder, PromptEncoder, QwenPromptEncoder
 from spotlight.rl.prompts import Prompt
@@ -41,7 +42,7 @@ def _local_scheduler_config(dit: DiTConfig) -> dict | None:
 
 def conditioning(cfg: RunConfig, model) -> tuple[PromptEncoder, Callable[[torch.Tensor], torch.Tensor]]:
     """The text encoder and the latent decoder of run `cfg`'s DiT `model`, on `cfg.device`, in
-    `model_dtype`: a pipeline folder's own (`QwenPromptEncoder` from its text_encoder/ and
+    `model_dtype` (the VAE in float32): a pipeline folder's own (`QwenPromptEncoder` from its text_encoder/ and
     tokenizer/, `QwenVAEDecoder` from its vae/), else the hashed stand-in and, for the tiny
     preset, the pixel decoder (the latent is the image). The learner, every rollout worker and
     every SP member (`sp_member.build_policy`) build theirs here, so all condition and decode alike."""
@@ -53,7 +54,10 @@ def conditioning(cfg: RunConfig, model) -> tuple[PromptEncoder, Callable[[torch.
     else:
         encoder = HashedWordEncoder(model.config.joint_attention_dim, dit.text_tokens)
     if path is not None and (path / "vae").is_dir():
-        return encoder, QwenVAEDecoder(path, cfg.device, dtype)
+        # float32 whatever the transformer's dtype, as flow_grpo keeps its VAE
+        # (`pipeline.vae.to(device, dtype=torch.float32)`, scripts/train_*.py): the decode makes the
+        # pixels the reward scores, and the VAE is small (Qwen-Image's: 127M parameters, 0.5 GB).
+        return encoder, QwenVAEDecoder(path, cfg.device, torch.float32)
     if dit.preset == "tiny":
         return encoder, PixelDecoder()
     raise ConfigError(f"policy.dit.pretrained_path: the qwen-image preset needs a local checkpoint with vae/ to "
@@ -71,6 +75,8 @@ class DiTPolicy:
         self.decoder = decoder
         self.ref_model = None
         self._conditioned: tuple | None = None
+        self._encoded: tuple | None = None
+        self.phase_seconds = PhaseSeconds()
         self._negative_conditioning: tuple[torch.Tensor, torch.Tensor] | None = None
         dit = cfg.policy.dit
         self.side = dit.latent_side
@@ -111,6 +117,7 @@ class DiTPolicy:
         view.sampler = FlowSDESampler(sampler_cfg, sigmas, self.cfg.seed)
         if ode:
             view.sampler.sde_steps = range(0)
+        view.phase_seconds = PhaseSeconds()  # its rollouts report their own seconds
         return view
 
     # ---- sampling ---------------------------------------------------------------------------
@@ -119,9 +126,20 @@ class DiTPolicy:
         emb, mask = self.encoder(texts)
         return emb.to(self.cfg.device), mask.to(self.cfg.device)
 
+    def _request_conditioning(self, texts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The conditioning of the samples being advanced, encoded once for all their steps (a
+        request is advanced one step a call, to heartbeat and commit between: encoding at every
+        step would run the text encoder num_steps times a request) and timed as `encode`."""
+        key = tuple(texts)
+        if self._encoded is None or self._encoded[0] != key:
+            self._encoded = None  # the old one's memory is free before the new one is made
+            with self.phase_seconds.timed("encode", self.cfg.device):
+                self._encoded = (key, *self._conditioning(texts))
+        return self._encoded[1], self._encoded[2]
+
     def velocity_fn(self, texts: Sequence[str], model=None):
         """The sampler's velocity callable with the prompts' conditioning bound in."""
-        emb, mask = self._conditioning(texts)
+        emb, mask = self._request_conditioning(texts)
         net = model if model is not None else self.model
         return lambda x, sigma: self._velocity(net, x, sigma, emb, mask)
 
@@ -155,15 +173,18 @@ class DiTPolicy:
 
     @torch.no_grad()
     def decode(self, state: SampleState) -> torch.Tensor:
-        return self.decoder(unpack(state.latest, self.side))
+        with self.phase_seconds.timed("decode", self.cfg.device):
+            return self.decoder(unpack(state.latest, self.side))
 
     @torch.no_grad()
     def finish(self, prompts: Sequence[Prompt], state: SampleState) -> Rollout:
         """The rollout of samples whose state has reached the last step."""
         if state.step != self.num_steps:
             raise ValueError(f"samples are at step {state.step} of {self.num_steps}, not finished")
-        return Rollout(list(prompts), list(state.seeds), images=self.decode(state),
-                       data={"trajectory": state.trajectory, "log_probs": state.log_probs})
+        images = self.decode(state)
+        return Rollout(list(prompts), list(state.seeds), images=images,
+                       data={"trajectory": state.trajectory, "log_probs": state.log_probs},
+                       seconds=self.phase_seconds.take())
 
     @torch.no_grad()
     def rollout(self, prompts: Sequence[Prompt], seeds: Sequence[int]) -> Rollout:
@@ -201,29 +222,31 @@ class DiTPolicy:
             raise IndexError(f"micro-batch {index} of an update of {self.update_parts(rollout)}")
         si, sp = rows // k, rows % k
         st = torch.tensor(steps)[sp]
-        sigmas = self.sampler.sigmas.to(traj.device)
+        sigmas, after_one = self.sampler.sigmas_on(traj.device), float(self.sampler.sigmas[1])
         emb, mask = self._rollout_conditioning(rollout)
         emb, mask = emb[si], mask[si]
         adv = advantages.to(traj.device)
         x, x_next = traj[si, st], traj[si, st + 1]
         sigma, sigma_next = sigmas[st], sigmas[st + 1]
         v = self._velocity(self.model, x, sigma, emb, mask)
-        mean, std = sde_mean_std(x, v, sigma, sigma_next, self.cfg.sampler.noise_level, float(sigmas[1]))
+        mean, std = sde_mean_std(x, v, sigma, sigma_next, self.cfg.sampler.noise_level, after_one)
         logp = gaussian_logprob(x_next, mean, std)
         loss_el, clipped = ppo_clip_loss(logp, old[si, sp], adv[si], g.clip_low, g.clip_high)
         loss = loss_el.sum()
-        kl_sum = 0.0
+        kl_sum = torch.zeros((), device=loss.device)
         if g.kl_beta > 0 and self.ref_model is not None:
             with torch.no_grad():
                 v_ref = self._velocity(self.ref_model, x, sigma, emb, mask)
-                ref_mean, _ = sde_mean_std(x, v_ref, sigma, sigma_next, self.cfg.sampler.noise_level, float(sigmas[1]))
+                ref_mean, _ = sde_mean_std(x, v_ref, sigma, sigma_next, self.cfg.sampler.noise_level, after_one)
             kl = (gaussian_kl_same_std(mean, ref_mean, std) if g.kl_estimator == "exact"
                   else flow_grpo_kl(mean, ref_mean, std, sigma_next - sigma))
             loss = loss + g.kl_beta * kl.sum()
-            kl_sum = kl.detach().sum().item()
+            kl_sum = kl.detach().sum()
         (loss / total).backward()
-        return {"loss": loss.detach().item() / total, "clip_frac": clipped.sum().item() / total,
-                "kl": kl_sum / total, "ratio_dev": (logp.detach() - old[si, sp]).abs().sum().item() / total}
+        # One transfer to the host for the four stats (each `.item()` would wait on the GPU).
+        sums = torch.stack([loss.detach(), clipped.sum(), kl_sum, (logp.detach() - old[si, sp]).abs().sum()])
+        loss_s, clipped_s, kl_s, dev_s = sums.float().tolist()
+        return {"loss": loss_s / total, "clip_frac": clipped_s / total, "kl": kl_s / total, "ratio_dev": dev_s / total}
 
     def _rollout_conditioning(self, rollout: Rollout) -> tuple[torch.Tensor, torch.Tensor]:
         """The prompts' conditioning of the whole rollout, encoded together (as the rollout was:

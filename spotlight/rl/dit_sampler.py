@@ -37,6 +37,7 @@ class FlowSDESampler:
         self.sigmas = sigmas
         self.run_seed = run_seed
         self.sde_steps = cfg.sde_steps
+        self._on: dict[torch.device, torch.Tensor] = {}
 
     def init(self, prompt_ids: Sequence[int], seeds: Sequence[int], token_shape: tuple[int, int],
              device: str = "cpu") -> SampleState:
@@ -44,6 +45,14 @@ class FlowSDESampler:
         noise = torch.stack([randn(token_shape, self.run_seed, p, s, INITIAL_NOISE) for p, s in zip(prompt_ids, seeds)])
         return SampleState(tuple(prompt_ids), tuple(seeds), 0, noise.unsqueeze(1).to(device),
                            torch.zeros(len(seeds), 0, device=device))
+
+    def sigmas_on(self, device: torch.device | str) -> torch.Tensor:
+        """The schedule on `device`, copied there once (the model takes its timestep there, and a
+        copy per step would be a host-to-device transfer the profile does not need)."""
+        device = torch.device(device)
+        if device not in self._on:
+            self._on[device] = self.sigmas.to(device)
+        return self._on[device]
 
     def step_noise(self, state: SampleState, step: int) -> torch.Tensor:
         shape = tuple(state.trajectory.shape[2:])
@@ -56,9 +65,10 @@ class FlowSDESampler:
             raise ValueError(f"cannot advance from step {state.step} to {until} of {self.cfg.num_steps}")
         xs, lps = [state.trajectory], [state.log_probs]
         x = state.latest
+        sigmas = self.sigmas_on(x.device)
         for k in range(state.step, until):
             b = x.shape[0]
-            sigma, sigma_next = self.sigmas[k].expand(b), self.sigmas[k + 1].expand(b)
+            sigma, sigma_next = sigmas[k].expand(b), sigmas[k + 1].expand(b)
             v = velocity(x, sigma)
             if k in self.sde_steps:
                 mean, std = sde_mean_std(x, v, sigma, sigma_next, self.cfg.noise_level, float(self.sigmas[1]))

@@ -31,6 +31,9 @@ class Rollout:
     """LLM: decoded completion text, without the prompt."""
     data: dict[str, Any] = field(default_factory=dict)
     """Policy-specific tensors needed by the update (latents, old log-probs, token ids, masks...)."""
+    seconds: dict[str, float] = field(default_factory=dict)
+    """Seconds its policy spent on it outside the denoising (a DiT: `encode`, `decode`;
+    `spotlight.rl.phase_seconds`); of several parts, their sums."""
 
     def __len__(self) -> int:
         return len(self.prompts)
@@ -52,11 +55,12 @@ class Rollout:
         images = torch.cat([p.images for p in parts]) if parts[0].images is not None else None
         completions = [c for p in parts for c in p.completions] if parts[0].completions is not None else None
         return Rollout([q for p in parts for q in p.prompts], [s for p in parts for s in p.seeds],
-                       images=images, completions=completions, data=data)
+                       images=images, completions=completions, data=data, seconds=sum_stats(p.seconds for p in parts))
 
 
 def sum_stats(parts: Iterable[dict[str, float]]) -> dict[str, float]:
-    """The stats of an update from its micro-batches' (`Policy.backward_part`), added in order."""
+    """Numbers by name added up, in order: the stats of an update from its micro-batches'
+    (`Policy.backward_part`), the seconds of rollouts from their parts' (`Rollout.seconds`)."""
     total: dict[str, float] = {}
     for stats in parts:
         for key, value in stats.items():

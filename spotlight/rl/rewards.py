@@ -34,7 +34,7 @@ import threading
 import time
 import traceback
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fractions import Fraction
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -44,7 +44,7 @@ import numpy as np
 import torch
 
 from spotlight.config import ConfigError, RewardComponent, RewardConfig
-from spotlight.rl.policy import Rollout
+from spotlight.rl.policy import Rollout, sum_stats
 from spotlight.rl.prompts import COLOURS, Prompt, arithmetic_answer, colour_of
 from spotlight.rl.reward_inputs import RewardError, pil_images
 from spotlight.reward_names import check_name, component, component_field, spec
@@ -69,6 +69,9 @@ class Scores:
     `reward.terms` order."""
     seconds: float
     """Time spent scoring; of several workers (`concat`), the slowest one's (they score in parallel)."""
+    rollout_seconds: dict[str, float] = field(default_factory=dict)
+    """The scored rollouts' own seconds (`Rollout.seconds`: a DiT's `encode` and `decode`), added
+    up: the reward is where an iteration's results meet, on every runtime."""
 
     @staticmethod
     def concat(shares: Sequence["Scores"]) -> "Scores":
@@ -76,7 +79,7 @@ class Scores:
         first = shares[0]
         return Scores(torch.cat([s.total for s in shares]),
                       {k: torch.cat([s.components[k] for s in shares]) for k in first.components},
-                      max(s.seconds for s in shares))
+                      max(s.seconds for s in shares), sum_stats(s.rollout_seconds for s in shares))
 
     def component_stats(self, prefix: str = "reward_") -> dict[str, float]:
         """`<prefix><label>_mean` and `<prefix><label>_std` (population std, like `reward_std`) of
@@ -419,7 +422,7 @@ class RewardWorker:
             scores = torch.cat(got) if got else torch.zeros(0)
             components[term.label] = scores
             total = total + term.weight * scores  # one term of weight 1: the component, bit for bit
-        return Scores(total, components, time.perf_counter() - start)
+        return Scores(total, components, time.perf_counter() - start, sum_stats(p.seconds for p in parts))
 
 
 def _traceback(err: BaseException) -> str:

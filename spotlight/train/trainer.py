@@ -343,7 +343,7 @@ class Trainer:
             summary.update({"final_dir": str(final), "warm_start": self.warm, "policy": self.cfg.policy.kind,
                             "runtime": self.cfg.runtime.kind, "resumed_from": self.start_step,
                             **self.runtime.stats(), **self.cost.summary(), "cost_counts": COUNTS[notional_fleet(self.cfg)],
-                            "checkpoint_s": self.checkpoint_seconds, "device_peak_bytes": self._device_peak(),
+                            "checkpoint_s": self.checkpoint_seconds, **self._device_memory(),
                             "stop_reason": self.stop_reason})
         finally:
             save_spent(self.out, self._spent())  # a crashed session's dollars count too, saved first
@@ -425,15 +425,24 @@ class Trainer:
         self.bar.set_postfix(reward=f"{row['reward_mean']:.3f}", std=f"{row['group_reward_std']:.3f}")
         return None
 
-    def _device_peak(self) -> int | None:
-        """The most GPU memory torch's allocator held in this process (reserved, so its slack
-        counts: what the memory estimate must cover), for a run whose learner computes here on
-        CUDA (the local runtime); None otherwise."""
+    def _device_memory(self) -> dict[str, int | None]:
+        """The GPU memory of a run whose learner computes in this process on CUDA (the local
+        runtime; None each otherwise): `device_peak_bytes`, the most torch's allocator reserved (its
+        slack counts: what the memory estimate must cover); `device_peak_allocated_bytes`, the most
+        its tensors held (the two give the allocator's slack); `device_outside_bytes`, what the
+        process holds on the GPU outside the allocator at the end (the CUDA context, kernels,
+        cuBLAS workspaces, an in-process reward's own GPU memory: `make gpu-check` records it as
+        the estimate's context, the process alone on its GPU)."""
+        keys = ("device_peak_bytes", "device_peak_allocated_bytes", "device_outside_bytes")
         if self.cfg.runtime.kind != "local" or not self.cfg.device.startswith("cuda"):
-            return None
+            return dict.fromkeys(keys)
         import torch
 
-        return int(torch.cuda.max_memory_reserved(torch.device(self.cfg.device)))
+        device = torch.device(self.cfg.device)
+        free, total = torch.cuda.mem_get_info(device)
+        reserved = torch.cuda.memory_reserved(device)
+        return dict(zip(keys, (int(torch.cuda.max_memory_reserved(device)),
+                               int(torch.cuda.max_memory_allocated(device)), int(total - free - reserved))))
 
     def _spent(self) -> Spent:
         return Spent(self.cost.spent_usd(), max(0.0, self._restart_s))

@@ -139,6 +139,8 @@ class TrainingIteration:
             "phases": tr.controller.plan(step),
             **{f"time_{k}_s": v for k, v in seconds.items()},
             "time_reward_score_s": self.scores.seconds,
+            # Inside the rollout phase, added over its requests (a DiT: time_encode_s, time_decode_s).
+            **{f"time_{k}_s": v for k, v in self.scores.rollout_seconds.items()},
             "wall_s": time.perf_counter() - self.started,
             "elapsed_s": time.perf_counter() - tr.started,
             "cost_usd": tr.cost.spent_usd(),

@@ -1,5 +1,6 @@
 """The GPU check (issue 39) without a GPU: its tiny CPU version trains, resumes and prints every
-phase; the folder builder keeps a finished build, redoes one cut short and never removes a folder
+phase (the rollout split into encode, denoising and decode); the memory line against the estimate
+with assumed and measured constants; the folder builder keeps a finished build, redoes one cut short and never removes a folder
 it did not make; random weights written shard by shard load through `from_pretrained`."""
 
 from __future__ import annotations
@@ -23,10 +24,41 @@ def test_the_tiny_check_trains_resumes_and_times_every_phase(tmp_path, capsys):
     assert list(result["phases"]) == list(gpu_check.PHASES)
     for phase, seconds in result["phases"].items():
         assert seconds["first_s"] > 0 and seconds["later_s"] > 0 and seconds["per_sample_s"] > 0, phase
-    assert result["samples_per_iteration"] == 8 and result["samples_per_pass"] == 4
+    assert result["samples_per_iteration"] == 8 and result["samples_per_pass"] == {"rollout": 4, "update": 4}
+    assert result["memory"] == {"estimate_host_bytes": result["memory"]["estimate_host_bytes"]} or torch.cuda.is_available()
     table = out[out.index("gpu-check (tiny Qwen-Image"):]
     assert all(f"\n{phase} " in table for phase in gpu_check.PHASES), table
     assert f"the run: {tmp_path / 'run'} (resumed from iteration 2" in table
+
+
+def test_the_memory_line_sets_the_measured_peak_against_the_estimate_with_either_constants():
+    """What a CUDA run's summary gives (no GPU here: its fields as a run on one writes them): the
+    measured peak is the reserved peak plus what the process held outside the allocator; the
+    measured constants are that outside memory and reserved / allocated - 1; the estimate is
+    judged against the 15% bar with them."""
+    from types import SimpleNamespace
+
+    from spotlight.device_constants import ASSUMED, DeviceConstants
+
+    gib = 1 << 30
+    est = SimpleNamespace(host=2 * gib, device_tensors=50 * gib)
+    summary = {"device_peak_bytes": 55 * gib, "device_peak_allocated_bytes": 50 * gib, "device_outside_bytes": gib}
+    m = gpu_check.memory(summary, est, "NVIDIA H200")
+    assert m["measured_bytes"] == 56 * gib
+    constants = DeviceConstants(**m["constants"])
+    assert constants.cuda_context == gib and abs(constants.allocator_slack - 0.1) < 1e-12
+    assert constants.measured_on.startswith("NVIDIA H200, 20") and constants.measured_on.endswith("(make gpu-check)")
+    assert m["estimate_measured_bytes"] == 56 * gib and m["within_met"] and abs(m["error_measured"]) < 1e-9
+    assert m["estimate_assumed_bytes"] == 50 * gib + ASSUMED.cuda_context and m["error_assumed"] < -0.09
+    far = gpu_check.memory(summary, SimpleNamespace(host=0, device_tensors=40 * gib), "NVIDIA H200")
+    assert not far["within_met"] and -0.2 < far["error_measured"] < -0.19  # (40 x 1.1 + 1) / 56 - 1
+    line = gpu_check.show({"size": "real", "device": "cuda", "iterations": 3, "samples_per_iteration": 8,
+                           "samples_per_pass": {"rollout": 4, "update": 4}, "iteration_s": 1.0, "phases": {}, "memory": far,
+                           "run_folder": "r", "resumed_from": 2}).splitlines()[2]
+    assert line.startswith("peak GPU memory 56.0 GiB (tensors 50.0, allocator slack 10%, outside the allocator "
+                           "1.00); estimated 40.5 GiB with the assumed constants (-28%), 45.0 GiB with these "
+                           "(-20%: NOT within 15%)"), line
+    assert gpu_check.memory({"device_peak_bytes": None}, est, None) == {"estimate_host_bytes": 2 * gib}
 
 
 def test_the_builder_keeps_a_finished_build_redoes_a_cut_short_one_and_removes_nothing_else(tmp_path):

@@ -136,6 +136,34 @@ def test_gpu_runs_are_checked_against_the_gpus_free_memory():
         check_memory(cfg, "c.yaml: ", host_free=64 * GIB, device_free=40 * GIB)
 
 
+def test_the_gpu_constants_are_the_measured_ones_when_a_check_measured_them(monkeypatch, tmp_path):
+    """Without `make gpu-check`'s file the CUDA context and the allocator's slack are assumptions
+    and the refusal says so; with it, the estimate uses them and names the GPU; a damaged file
+    counts as none."""
+    from spotlight import device_constants as dc
+
+    cfg = default_config({"device": "cuda", "runtime": {"kind": "local"}, "warm_start": {"steps": 0},
+                          "policy": {"dit": {"preset": "qwen-image", "resolution": 512}, "lora": {"rank": 64}},
+                          "train": {"gradient_checkpointing": True, "micro_batch": 4}})
+    file = tmp_path / "gpu_measured.json"
+    monkeypatch.setattr(dc, "MEASURED", file)
+    monkeypatch.setattr(dc.device_constants, "__defaults__", (file,))
+    assumed = estimate(cfg).device  # the property reads the constants when asked: kept as a number
+    with pytest.raises(ConfigError, match=r"; GPU constants assumed \(no `make gpu-check` measured them yet\): "
+                                          r"CUDA context 512 MiB, allocator slack 0%$"):
+        check_memory(cfg, host_free=64 * GIB, device_free=10 * GIB)
+    dc.record(dc.DeviceConstants(700 * MIB, 0.1, "NVIDIA H200, 2026-11-29"), file)
+    measured = estimate(cfg)
+    tensors = assumed - dc.ASSUMED_CONTEXT
+    assert measured.device == int(tensors * 1.1) + 700 * MIB
+    with pytest.raises(ConfigError, match=r"; GPU constants measured on NVIDIA H200, 2026-11-29: CUDA context "
+                                          r"700 MiB, allocator slack 10%$"):
+        check_memory(cfg, host_free=64 * GIB, device_free=10 * GIB)
+    for damaged in ("{", '{"cuda_context": -1, "allocator_slack": 0.1, "measured_on": "x"}', "[]"):
+        file.write_text(damaged)
+        assert dc.device_constants() == dc.ASSUMED and estimate(cfg).device == assumed
+
+
 def test_a_user_who_knows_better_can_turn_the_check_off(monkeypatch):
     """The estimate is a model (its GPU figures are not measured on a GPU): the refusal says how to
     run anyway, and SPOTLIGHT_MEMORY_CHECK=off does."""

@@ -7,7 +7,8 @@ made offline):
 - the real text encoder takes an equal-length batch (diffusers returns mask=None there) and gives
   every prompt the numbers it has alone;
 - the policy takes the folder's encoder, VAE (latents at 1/8 of the pixels, read from the VAE's
-  config) and scheduler, in float32 for the tiny preset and bfloat16 for qwen-image; a folder
+  config) and scheduler, in float32 for the tiny preset and bfloat16 for qwen-image (its VAE in
+  float32); a request's prompts are encoded once for all its steps; a folder
   holding a transformer alone keeps the stand-in encoder and the pixel decoder;
 - an SP degree-2 group on the pipeline samples the images of degree 1;
 - `train.gradient_checkpointing` gives the gradient computed without it, bit for bit;
@@ -155,7 +156,7 @@ def _pipeline_sigmas(pipe, steps, tokens):
     return pipe.scheduler.sigmas.float()
 
 
-def test_the_qwen_image_preset_computes_the_folder_in_bfloat16(tiny_qwen_pipeline):
+def test_the_qwen_image_preset_computes_the_folder_in_bfloat16_and_decodes_in_float32(tiny_qwen_pipeline):
     from spotlight.rl.dit_model import build_transformer
     from spotlight.rl.dit_policy import conditioning
 
@@ -163,7 +164,37 @@ def test_the_qwen_image_preset_computes_the_folder_in_bfloat16(tiny_qwen_pipelin
     assert cfg.policy.dit.vae_scale == 8  # the VAE's, as for the tiny preset
     model = build_transformer(cfg.policy.dit, cfg.seed)
     encoder, decoder = conditioning(cfg, model)
-    assert model.dtype == encoder.pipe.text_encoder.dtype == decoder.vae.dtype == torch.bfloat16
+    assert model.dtype == encoder.pipe.text_encoder.dtype == torch.bfloat16
+    assert decoder.vae.dtype == torch.float32  # as flow_grpo keeps its VAE
+
+
+def test_a_request_is_encoded_once_for_all_its_steps_and_its_rollout_carries_the_seconds(policy):
+    """The worker advances a request one step a call; the text encoder must not run at every step.
+    The finished rollout carries the seconds of its encoding and decoding, and a second request
+    (other prompts) is encoded anew."""
+    calls = []
+    view = copy.copy(policy)
+    view.phase_seconds = type(policy.phase_seconds)()
+    view._encoded = None
+
+    def counted(texts):
+        calls.append(tuple(texts))
+        return policy.encoder(texts)
+
+    view.encoder = counted
+    prompts = [Prompt(0, "a red image")] * 2
+    state = view.init_state(prompts, [5, 6])
+    while state.step < view.num_steps:
+        state = view.advance(prompts, state, state.step + 1)
+    rollout = view.finish(prompts, state)
+    assert calls == [("a red image",) * 2], calls  # once, not num_steps (4) times
+    assert set(rollout.seconds) == {"encode", "decode"} and all(s > 0 for s in rollout.seconds.values())
+    # the samples of one call advancing all steps (one encoding either way): the cache changes no number
+    whole = policy.advance(prompts, policy.init_state(prompts, [5, 6]))
+    assert torch.equal(rollout.images, policy.finish(prompts, whole).images)
+    other = view.rollout([Prompt(1, "a blue image")], [7])
+    assert calls[-1] == ("a blue image",) and set(other.seconds) == {"encode", "decode"}
+    assert view.phase_seconds.take() == {}  # each second reported with one rollout only
 
 
 def test_a_folder_with_a_transformer_alone_keeps_the_stand_in_encoder_and_pixels(tiny_qwen_pipeline, tmp_path):
