@@ -543,6 +543,14 @@ class TrainConfig:
     (p4d/p5, a2/a3), so a node of the usual size computes a request in one micro-batch's time.
     docs/training.md."""
 
+    learner_gpus: StrictInt = limited(1, gt=0, le=64)
+    """N: processes the learner runs as, one per on-demand GPU (on the CPU, N processes), 1..64. With
+    N > 1 the model, its gradients and Adam's moments are sharded over them (FSDP2,
+    `spotlight.runtime.learner_group`): for a full fine-tune one GPU cannot hold. Checkpoints are
+    then one file per process, and a run may resume with another N (the shards are redistributed).
+    For now N > 1 trains without LoRA or an EMA, with `update_on: learner`, on the local runtime.
+    docs/training.md."""
+
     def __post_init__(self) -> None:
         check(self.update_on in PLACES, "update_on", f"{', '.join(PLACES[:-1])} or {PLACES[-1]}", self.update_on)
         check(self.prompts_per_step * self.group_size <= 1 << 20, "group_size",
@@ -744,6 +752,14 @@ class RunConfig:
                   "without LoRA; with it the reference is their own base)", self.grpo.kl_beta)
             check(self.runtime.sp_degree == 1, "runtime.sp_degree", f"1 with train.update_on: {on} "
                   f"({SP_ROLLOUT_ONLY})", self.runtime.sp_degree)
+        if (n := self.train.learner_gpus) > 1:  # what a learner group does not do yet (issue 40)
+            t = self.train
+            for ok, key, expected, got in ((self.policy.lora.rank == 0, "policy.lora.rank", "0", self.policy.lora.rank),
+                                           (t.ema_decay == 0, "train.ema_decay", "0", t.ema_decay),
+                                           (t.update_on == "learner", "train.update_on", "learner", t.update_on),
+                                           (self.runtime.kind == "local", "runtime.kind", "local", self.runtime.kind)):
+                check(ok, key, f"{expected} with train.learner_gpus: {n} (a sharded learner trains a full "
+                      "fine-tune, by itself, on the local runtime, for now)", got)
         if self.policy.kind == "llm":
             check(self.grpo.kl_estimator == "exact", "grpo.kl_estimator", "exact for an llm policy (its KL is "
                   "k3 per token; flow_grpo's scale is the DiT's SDE steps')", self.grpo.kl_estimator)

@@ -442,10 +442,58 @@ def _llm(cfg: RunConfig) -> _Footprint:
     return _Footprint(weights * 4, trained, trained_bytes, rollout, update, sample, warm)
 
 
+def largest_block(shapes: Shapes) -> int:
+    """Elements of the largest repeated block (a DiT's transformer block, an LLM's decoder layer):
+    what a learner group's rank gathers whole while it computes (`spotlight.rl.sharding`)."""
+    sizes: dict[str, int] = {}
+    for name, shape in shapes.items():
+        parts = name.split(".")
+        for i, part in enumerate(parts[:-1]):
+            if part in ("transformer_blocks", "layers") and parts[i + 1].isdigit():
+                key = ".".join(parts[:i + 2])
+                sizes[key] = sizes.get(key, 0) + numel({name: shape})
+                break
+    return max(sizes.values(), default=0)
+
+
+def _group(cfg: RunConfig, f: _Footprint, n: int) -> Estimate:
+    """A learner group of `n` processes (`train.learner_gpus`, `spotlight.runtime.learner_group`):
+    each rank holds 1/n of the float32 master weights (and of the KL reference's), of their float32
+    gradients and of Adam's two moments, plus two blocks gathered whole in the compute dtype (the
+    one computed and the next, prefetched), one iteration's rollout (sent to it) and its
+    micro-batch's working set; the controller keeps the whole model for the rollout worker and
+    `final/`. On a GPU, `device` is rank 0's GPU, which the controller's copy shares; on the CPU
+    every process is counted on this machine."""
+    full = numel(param_shapes(cfg))
+    b = 4 if cfg.policy.kind == "llm" or cfg.policy.dit.preset == "tiny" else 2
+    reference = full if cfg.grpo.kl_beta > 0 else 0
+    shard = -(-(full + reference) * 4 // n) + 2 * largest_block(param_shapes(cfg)) * b
+    optimiser = -(-f.trained * 4 * 3 // n)
+    activations = max(f.update, f.sample)
+    prompts = prompt_bytes(cfg)
+    if cfg.device.startswith("cuda"):
+        return Estimate(shard + f.weights, optimiser, f.rollout, activations, 0, PROCESS_BASELINE * (n + 1), True,
+                        prompts)
+    return Estimate(n * shard + f.weights, n * optimiser, (n + 1) * f.rollout, n * f.update + f.sample, 0,
+                    PROCESS_BASELINE * (n + 1), False, prompts)
+
+
+def learners_that_fit(cfg: RunConfig, free: int) -> int | None:
+    """The fewest learner processes (2..64) whose rank 0 fits `free` bytes of its GPU, for a full
+    fine-tune on a GPU (None: none does, or the run trains adapters)."""
+    if cfg.policy.lora.enabled or not cfg.device.startswith("cuda"):
+        return None
+    f = _dit(cfg) if cfg.policy.kind == "dit" else _llm(cfg)
+    return next((n for n in range(2, 65) if _group(cfg, f, n).device <= free), None)
+
+
 def estimate(cfg: RunConfig) -> Estimate:
     """What run `cfg` holds at its peak: the learner's weights, optimiser state and one iteration's
-    rollout, plus the largest working set of one pass, plus the processes it starts here."""
+    rollout, plus the largest working set of one pass, plus the processes it starts here (a
+    learner group's: `_group`)."""
     f = _dit(cfg) if cfg.policy.kind == "dit" else _llm(cfg)
+    if cfg.train.learner_gpus > 1:
+        return _group(cfg, f, cfg.train.learner_gpus)
     lora = cfg.policy.lora.enabled
     optimiser = f.trained * f.trained_bytes * 3  # the gradient and Adam's two moments
     if cfg.train.ema_decay > 0:
@@ -572,5 +620,8 @@ def check_memory(cfg: RunConfig, where: str = "", host_free: int | None = None,
         free = available_device(cfg.device) if device_free is None else device_free
         if est.device > free:
             line = refusal(cfg, est, where, est.device, free, cfg.device)
-            raise ConfigError(f"{line}; {device_constants().describe()}")
+            n = learners_that_fit(cfg, free) if cfg.train.learner_gpus < 64 else None
+            more = f"; train.learner_gpus: {n} would fit (the model sharded over {n} GPUs)" if n and \
+                n > cfg.train.learner_gpus else ""
+            raise ConfigError(f"{line}{more}; {device_constants().describe()}")
     return est

@@ -33,6 +33,7 @@ import json
 import math
 import os
 import random
+import re
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -56,6 +57,18 @@ FILES = ("model.safetensors", "optimizer.safetensors", "state.json")
 """The files every checkpoint holds."""
 EMA = "ema.safetensors"
 """The one optional file: a checkpoint of a run with `train.ema_decay` holds it, others do not."""
+SHARDED = "sharded"
+"""MANIFEST.json's `format` of a learner group's checkpoint (`spotlight.checkpoints.sharded`):
+state.json and one `SHARD` file per rank, in place of the weights and optimiser files."""
+SHARD = re.compile(r"shard-\d{5}-model-\d{5}-of-\d{5}\.safetensors")
+"""A rank's file of a sharded checkpoint, as torch's distributed checkpoint names it
+(`HuggingFaceStorageWriter` with `save_distributed`): its weights and Adam moments."""
+
+
+def is_checkpoint_file(name: str) -> bool:
+    """Whether a file of that name belongs in a checkpoint folder (of either format): what a store
+    holding one may install, and what a push sends."""
+    return name in (*FILES, EMA, MANIFEST) or SHARD.fullmatch(name) is not None
 MAX_MANIFEST_BYTES = 1 << 20
 """MANIFEST.json and state.json are read with at most this (1 MiB): a manifest names 4-5 files in
 ~500 bytes and state.json is {"step": N}, so a larger one is not ours and the checkpoint is skipped."""
@@ -127,7 +140,6 @@ def save(root: Path, step: int, model: torch.nn.Module, optimizer: torch.optim.O
     """Write the checkpoint after `step` completed iterations (and `ema`, the weights' EMA, when
     given); keep the newest `keep`."""
     root.mkdir(parents=True, exist_ok=True)
-    final = root / f"{PREFIX}{step:06d}"
     tmp = root / f".tmp-{PREFIX}{step:06d}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
@@ -139,14 +151,23 @@ def save(root: Path, step: int, model: torch.nn.Module, optimizer: torch.optim.O
     if ema is not None:
         save_file(storable(ema), str(tmp / EMA))
         names = (*FILES, EMA)
+    return seal(root, tmp, step, names, keep)
+
+
+def seal(root: Path, tmp: Path, step: int, names: tuple[str, ...], keep: int = 2,
+         manifest: dict[str, Any] | None = None) -> Checkpoint:
+    """Make the files `names` written in `tmp` the checkpoint after `step` iterations: each synced
+    and hashed into MANIFEST.json (with `manifest`'s fields), written last; the folder synced and
+    renamed into place, its parent synced; the newest `keep` kept (the module docstring's invariant)."""
     give_own_modes(tmp)
     files = {}
     for name in names:
         fsync_file(tmp / name)
         files[name] = {"size": (tmp / name).stat().st_size, "sha256": sha256_of(tmp / name)}
-    (tmp / MANIFEST).write_text(json.dumps({"step": step, "files": files}, indent=1))
+    (tmp / MANIFEST).write_text(json.dumps({"step": step, **(manifest or {}), "files": files}, indent=1))
     fsync_file(tmp / MANIFEST)
     fsync_dir(tmp)
+    final = root / f"{PREFIX}{step:06d}"
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
     fsync_dir(root)
@@ -234,7 +255,13 @@ def read(ckpt: Checkpoint, hashes: bool = True, weights: bool = True, states: bo
     try:
         manifest = load_file(folder / MANIFEST, max_bytes=MAX_MANIFEST_BYTES)
         files = manifest["files"]
-        if (manifest["step"] != ckpt.step or not isinstance(files, dict)
+        sharded = manifest.get("format") == SHARDED
+        if sharded:
+            shards = sorted(n for n in files if SHARD.fullmatch(n)) if isinstance(files, dict) else []
+            if manifest["step"] != ckpt.step or not shards or set(files) != {FILES[2], *shards}:
+                raise CheckpointError(f"{MANIFEST} does not describe iteration {ckpt.step}'s {FILES[2]} and "
+                                      "its ranks' shard files")
+        elif (manifest["step"] != ckpt.step or not isinstance(files, dict)
                 or set(files) not in (set(FILES), {*FILES, EMA})):
             raise CheckpointError(f"{MANIFEST} does not describe iteration {ckpt.step}'s {', '.join(FILES)} "
                                   f"(and optionally {EMA})")
@@ -257,6 +284,10 @@ def read(ckpt: Checkpoint, hashes: bool = True, weights: bool = True, states: bo
             raise CheckpointError(f"{name} has {size} bytes, {MANIFEST} says {want['size']} (truncated?)")
         if hashes and sha256_of(path) != want["sha256"]:
             raise CheckpointError(f"{name} does not match its SHA-256 in {MANIFEST}")
+    if sharded:  # each shard's header parses; the learner group reads the tensors (`sharded.load`)
+        for shard in shards:
+            _tensors(folder / shard, weights=False)
+        return Loaded({}, {}, {}, _state(folder, ckpt.step), None)
     tensors = _tensors(folder / FILES[0], weights) or {}
     ema = _tensors(folder / EMA, weights) if EMA in files else None
     try:
@@ -273,6 +304,19 @@ def read(ckpt: Checkpoint, hashes: bool = True, weights: bool = True, states: bo
     except (ValueError, KeyError, TypeError, UnicodeDecodeError) as err:
         raise CheckpointError(f"{FILES[1]} or {FILES[2]} is malformed ({type(err).__name__})") from None
     return Loaded(tensors, optimizer, rng, state, ema)
+
+
+def _state(folder: Path, step: int) -> dict[str, Any]:
+    """A sharded checkpoint's state.json, which must hold iteration `step`'s state."""
+    try:
+        state = load_file(folder / FILES[2], max_bytes=MAX_MANIFEST_BYTES)
+    except JsonRefused as err:
+        raise CheckpointError(f"unreadable {err}") from None
+    except (ValueError, TypeError, UnicodeDecodeError, OSError) as err:
+        raise CheckpointError(f"{FILES[2]} is malformed ({type(err).__name__})") from None
+    if not (isinstance(state, dict) and state.get("step") == step):
+        raise CheckpointError(f"{FILES[2]} does not hold iteration {step}'s state")
+    return state
 
 
 def _check_fits(file: str, tensors: dict[str, torch.Tensor], own: dict[str, torch.Tensor], whose: str) -> None:

@@ -21,7 +21,8 @@ import hashlib
 import json
 from typing import Any
 
-NEUTRAL = ("train.steps", "train.micro_batch", "train.parts_per_request", "warm_start.cache_dir", "runtime", "cloud")
+NEUTRAL = ("train.steps", "train.micro_batch", "train.parts_per_request", "train.learner_gpus", "warm_start.cache_dir",
+           "runtime", "cloud")
 """Settings that may change on resume (a section name covers the whole section):
 - train.steps: how many iterations (a run is extended or shortened by it);
 - train.micro_batch: samples per forward pass, i.e. memory (the sum of the micro-batches' gradients

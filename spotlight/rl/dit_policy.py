@@ -205,10 +205,11 @@ class DiTPolicy:
         SDE step) pairs, `train.micro_batch` at a time."""
         return -(-len(rollout) * len(self.sampler.sde_steps) // self.cfg.train.micro_batch)
 
-    def backward_part(self, rollout: Rollout, advantages: torch.Tensor, index: int) -> dict[str, float]:
-        """Accumulate the gradient of micro-batch `index` of the mean PPO-clip loss over all (sample,
-        SDE step) pairs; returns its share of the stats (the stats of the whole update are the
-        sums of the parts').
+    def backward_part(self, rollout: Rollout, advantages: torch.Tensor, index: int,
+                      scale: float = 1.0) -> dict[str, float]:
+        """Accumulate (`scale` x) the gradient of micro-batch `index` of the mean PPO-clip loss over
+        all (sample, SDE step) pairs; returns its share of the stats (the stats of the whole update
+        are the sums of the parts').
 
         The pairs are flattened sample-major; each row carries its own sigma, so one forward
         covers several denoising steps."""
@@ -242,7 +243,7 @@ class DiTPolicy:
                   else flow_grpo_kl(mean, ref_mean, std, sigma_next - sigma))
             loss = loss + g.kl_beta * kl.sum()
             kl_sum = kl.detach().sum()
-        (loss / total).backward()
+        (loss / total if scale == 1 else loss / total * scale).backward()
         # One transfer to the host for the four stats (each `.item()` would wait on the GPU).
         sums = torch.stack([loss.detach(), clipped.sum(), kl_sum, (logp.detach() - old[si, sp]).abs().sum()])
         loss_s, clipped_s, kl_s, dev_s = sums.float().tolist()

@@ -358,7 +358,8 @@ class LLMPolicy:
         """Micro-batches of the update over `rollout`: `train.micro_batch` samples each."""
         return -(-len(rollout) // self.cfg.train.micro_batch)
 
-    def backward_part(self, rollout: Rollout, advantages: torch.Tensor, index: int) -> dict[str, float]:
+    def backward_part(self, rollout: Rollout, advantages: torch.Tensor, index: int,
+                      scale: float = 1.0) -> dict[str, float]:
         """Accumulate the gradient of micro-batch `index` (samples [index*mb, (index+1)*mb)) of the
         token-level GRPO loss over the whole rollout; the part's share of the stats ("tokens": its
         completion tokens)."""
@@ -387,7 +388,7 @@ class LLMPolicy:
             loss = loss + beta * kl
             kl_part = float((kl.detach() * m).sum() / total)
         part = (loss * m).sum() / total
-        part.backward()
+        (part if scale == 1 else part * scale).backward()
         return {"loss": float(part.detach()), "clip_frac": float((clipped * m).sum() / total), "kl": kl_part,
                 "tokens": float(m.sum())}
 

@@ -96,9 +96,12 @@ class Policy(Protocol):
         """How many micro-batches the update over `rollout` has (`backward_part`'s indices)."""
         ...
 
-    def backward_part(self, rollout: Rollout, advantages: torch.Tensor, index: int) -> dict[str, float]:
-        """Accumulate the gradient of micro-batch `index` of the loss `backward` takes over the whole
-        rollout (the same loss: its gradient is the sum of the parts' gradients); returns the
+    def backward_part(self, rollout: Rollout, advantages: torch.Tensor, index: int,
+                      scale: float = 1.0) -> dict[str, float]:
+        """Accumulate `scale` x the gradient of micro-batch `index` of the loss `backward` takes over
+        the whole rollout (the same loss: its gradient is the sum of the parts' gradients; `scale` 0:
+        a pass that adds nothing, which a learner group's rank runs to keep its collectives in
+        step, `spotlight.runtime.learner_group`); returns the
         part's share of the stats (`sum_stats` of every part's are `backward`'s)."""
         ...
 

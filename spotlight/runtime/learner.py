@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from spotlight.checkpoints import checkpoint
+from spotlight.checkpoints import checkpoint, sharded
 from spotlight.checkpoints.model_card import write_model_card
 from spotlight.config import RunConfig
 from schedulers.request import Request
@@ -121,13 +121,25 @@ class Learner:
         # What every checkpoint records and every resume checks first (another run's is refused).
         self.identity = identity(cfg, trained_state(self.policy.model))
         skipped: list[str] = []
-        ckpt = None if checkpoints is None else checkpoint.newest_usable(
-            Path(checkpoints), skipped.append,
-            use=lambda c: checkpoint.load(c, self.policy.model, self.optimizer, ema=self.ema, belongs=self._belongs))
+        ckpt = None if checkpoints is None else checkpoint.newest_usable(Path(checkpoints), skipped.append,
+                                                                         use=self._load)
+        notes = []
         if ckpt is not None:
             self.version = ckpt.step
+            if sharded.is_sharded(ckpt):
+                notes.append(f"checkpoint {ckpt.path.name} was written by {self._group} learner processes; its "
+                             "shards are gathered into this one")
         return {"warm_start": warm, "step": self.version, "checkpoint": str(ckpt.path) if ckpt else None,
-                "skipped": skipped}
+                "skipped": skipped, "notes": notes}
+
+    def _load(self, ckpt: checkpoint.Checkpoint) -> None:
+        """Checkpoint `ckpt` into the model and optimiser: this learner's format, or a learner
+        group's (`train.learner_gpus` > 1 wrote it: the shards read whole, `sharded.load`)."""
+        if not sharded.is_sharded(ckpt):
+            checkpoint.load(ckpt, self.policy.model, self.optimizer, ema=self.ema, belongs=self._belongs)
+        else:  # a group keeps no EMA, so a run with one is another config: `belongs` refuses it
+            state = sharded.load(ckpt, self.policy.model, self.optimizer, belongs=self._belongs)
+            self._group = state.get("learner_gpus")
 
     def weights(self) -> dict[str, torch.Tensor]:
         """The current weights (version `self.version`) as a CPU state dict: what training changes

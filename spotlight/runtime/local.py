@@ -32,6 +32,7 @@ from schedulers.request import Kind, Request
 from schedulers.update import Done, FleetUpdate
 from spotlight.config import RunConfig
 from spotlight.runtime.learner import Learner
+from spotlight.runtime.learner_group import LearnerGroup
 from spotlight.rl.policy import Rollout
 from spotlight.rl.rewards import RewardWorker, Scores
 from spotlight.runtime.protocol import Progress
@@ -136,7 +137,8 @@ class LocalRuntime:
         self.metadata = dict(metadata or {})
         self.clock = WallClock()
         self.queue = PullQueue(self.clock, cfg.runtime.lease_s)
-        self.learner = Learner(cfg)
+        # A full fine-tune sharded over several learner processes, or the learner in this process.
+        self.learner: Learner | LearnerGroup = LearnerGroup(cfg) if cfg.train.learner_gpus > 1 else Learner(cfg)
 
     def build(self, checkpoints: Path) -> dict[str, Any]:
         # Loading a real model folder is minutes of nothing on the terminal otherwise.
@@ -222,4 +224,5 @@ class LocalRuntime:
         return scheduler_stats(self.queue.stats(), c["notices"], c["workers_lost"])
 
     def shutdown(self) -> None:
-        pass
+        if isinstance(self.learner, LearnerGroup):
+            self.learner.close()  # its processes

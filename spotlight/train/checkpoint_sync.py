@@ -60,7 +60,8 @@ def checkpoint_files(out: Path, step: int) -> list[str]:
     folder = out / "checkpoints" / f"{checkpoint.PREFIX}{step:06d}"
     if not folder.is_dir() or folder.is_symlink():
         raise FileNotFoundError(f"{folder}: no checkpoint of iteration {step} to store")
-    own = (*checkpoint.FILES, checkpoint.EMA, checkpoint.MANIFEST)
+    shards = sorted(p.name for p in folder.iterdir() if checkpoint.SHARD.fullmatch(p.name))  # a learner group's
+    own = (*checkpoint.FILES, checkpoint.EMA, *shards, checkpoint.MANIFEST)
     files = [f"{folder.relative_to(out).as_posix()}/{name}" for name in own if run_files.regular(folder / name)]
     if run_files.regular(out / f"explorer/step-{step:06d}.json"):
         files.append(f"explorer/step-{step:06d}.json")
@@ -73,7 +74,7 @@ def _belongs(rel: str, step: int) -> bool:
     """Whether run-folder path `rel` is one a stored checkpoint of `step` may install."""
     folder = f"checkpoints/{checkpoint.PREFIX}{step:06d}/"
     if rel.startswith(folder):
-        return rel[len(folder):] in (*checkpoint.FILES, checkpoint.EMA, checkpoint.MANIFEST)
+        return checkpoint.is_checkpoint_file(rel[len(folder):])
     return rel == f"explorer/step-{step:06d}.json" or rel in run_files.RUN_FILES
 
 

@@ -192,6 +192,8 @@ class Trainer:
             logger.info(f"warm start ({plural(self.warm['steps'], 'step')}) {how}: {self.warm['path']}")
         for line in info.get("skipped", []):
             logger.warning(line)
+        for line in info.get("notes", []):
+            logger.info(line)
         if info["checkpoint"]:
             logger.info(f"resuming from {info['checkpoint']} (iteration {self.start_step})")
         elif any((self.out / "checkpoints").glob(checkpoint.SKIPPED + "*")):

@@ -164,6 +164,27 @@ def test_the_gpu_constants_are_the_measured_ones_when_a_check_measured_them(monk
         assert dc.device_constants() == dc.ASSUMED and estimate(cfg).device == assumed
 
 
+def test_a_full_fine_tune_one_gpu_cannot_hold_is_refused_with_the_learner_group_that_would(monkeypatch, tmp_path):
+    """The released transformer's full fine-tune: weights, float32 gradients and Adam's moments are
+    ~150 GiB on one learner; sharded over N learner processes each holds 1/N of them (plus two
+    blocks gathered whole, and on rank 0's GPU the controller's whole copy for the rollouts)."""
+    from spotlight import device_constants as dc
+
+    monkeypatch.setattr(dc.device_constants, "__defaults__", (tmp_path / "none.json",))  # the assumed ones
+    base = {"device": "cuda", "runtime": {"kind": "local"}, "warm_start": {"steps": 0},
+            "policy": {"dit": {"preset": "qwen-image", "resolution": 512}},
+            "train": {"gradient_checkpointing": True, "micro_batch": 1, "group_size": 4, "prompts_per_step": 2}}
+    one = default_config(base)
+    with pytest.raises(ConfigError, match=r"the run needs about 15\d\.\d GiB .*; train\.learner_gpus: 8 would fit "
+                                          r"\(the model sharded over 8 GPUs\); GPU constants assumed"):
+        check_memory(one, host_free=512 * GIB, device_free=79 * GIB)
+    ranks = [estimate(default_config({**base, "train": {**base["train"], "learner_gpus": n}})).device
+             for n in (4, 8, 16)]
+    assert ranks[0] > ranks[1] > ranks[2] > estimate(one).parameters  # never below the controller's copy
+    assert check_memory(default_config({**base, "train": {**base["train"], "learner_gpus": 8}}),
+                        host_free=512 * GIB, device_free=79 * GIB).device <= 79 * GIB
+
+
 def test_a_user_who_knows_better_can_turn_the_check_off(monkeypatch):
     """The estimate is a model (its GPU figures are not measured on a GPU): the refusal says how to
     run anyway, and SPOTLIGHT_MEMORY_CHECK=off does."""

@@ -1,0 +1,378 @@
+"""The learner as a group of N processes (`train.learner_gpus: N`, issue 40): a full fine-tune whose
+weights, gradients and Adam moments one GPU cannot hold is sharded over N with FSDP2
+(`spotlight.rl.sharding`), each rank one process (one GPU on CUDA; gloo on CPU), checkpointed
+shard by shard (`spotlight.checkpoints.sharded`).
+
+`LearnerGroup` stands where `Learner` stands for the runtime (the same methods), in the controller's
+process; it starts the ranks (`GroupRank`, one process each, `_serve`) and sends each call to all of
+them — every rank runs the same calls in the same order, so their collectives meet. Rank 0 answers.
+The controller keeps a plain copy of the policy (`LearnerGroup.policy`) for the runtime's rollout
+worker and for `final/`: it loads the gathered weights after every update.
+
+An update round: the micro-batches are dealt round-robin, micro-batch i to rank i mod N, in
+lockstep slots (FSDP2 reduces each backward's gradient across the ranks, so every rank runs the
+same number of backward passes: a rank with no micro-batch left in the last slot runs one with
+weight 0). Each backward's gradients are summed over the ranks (not averaged) and accumulated;
+then the gradient norm is clipped (over the whole model), the stats are summed over the ranks, a
+non-finite one stops every rank before the step, and Adam steps each rank's shard.
+
+What is bit-identical: a group of N against itself — the same config and seed give the same
+weights, and a resume (same N) continues bit for bit (tests/spotlight/runtime/test_learner_group.py).
+What is not: N against 1 — the gradient of an update is summed in another order (rank sums per
+slot, then slots; the single learner folds micro-batch after micro-batch), so weights differ by
+float rounding (measured and stated in docs/design-choices.md). Adam itself is elementwise: a
+shard steps exactly as the same elements would in one process.
+
+Not yet (issue 40; the config refuses each in one line, `RunConfig.__post_init__`): LoRA, an EMA,
+the fleet computing the update (`train.update_on`), the Ray runtime.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import pickle
+import secrets
+import shutil
+import subprocess
+import sys
+import tempfile
+import traceback
+import warnings
+from multiprocessing.connection import Client, Connection, Listener, wait
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from spotlight.checkpoints import checkpoint, sharded
+from spotlight.checkpoints.model_card import write_model_card
+from spotlight.checkpoints.resume_identity import identity, mismatch
+from spotlight.config import ConfigError, RunConfig
+from spotlight.rl.lora import load_trained_state, trainable, trained_state
+from spotlight.rl.policy import Policy, Rollout, sum_stats
+from spotlight.rl.prompt_file import run_prompts
+from spotlight.rl.sharding import shard
+from spotlight.rl.warm_start import apply_warm_start
+from spotlight.runtime.learner import NonFiniteUpdate, build_policy
+
+
+def rank_device(device: str, rank: int) -> str:
+    """Rank `rank`'s device: the CPU, or the GPU `rank` places after the configured one."""
+    if not device.startswith("cuda"):
+        return device
+    return f"cuda:{int(device.partition(':')[2] or 0) + rank}"
+
+
+class GroupRank:
+    """One rank of the group: its shard of the model and of Adam's state (module docstring)."""
+
+    def __init__(self, cfg: RunConfig, rank: int, world: int, rendezvous: str) -> None:
+        import torch.distributed as dist
+
+        self.cfg = dataclasses.replace(cfg, device=rank_device(cfg.device, rank))
+        self.rank, self.world = rank, world
+        self.version = 0
+        torch.set_num_threads(cfg.runtime.torch_threads)  # the same in every role (runtime.torch_threads)
+        if self.cfg.device.startswith("cuda"):
+            torch.cuda.set_device(self.cfg.device)
+        dist.init_process_group("nccl" if self.cfg.device.startswith("cuda") else "gloo",
+                                init_method=rendezvous, rank=rank, world_size=world)
+
+    def build(self, checkpoints: Path | None) -> dict[str, Any]:
+        """As `Learner.build`: the policy (its warm start from the cache `Trainer` filled), the KL
+        reference, sharded; Adam over the shards; the newest usable checkpoint of either format."""
+        from torch.distributed.device_mesh import init_device_mesh
+
+        cfg = self.cfg
+        torch.manual_seed(cfg.seed)
+        self.policy: Policy = build_policy(cfg)
+        warm = apply_warm_start(self.policy, cfg, run_prompts(cfg.prompts, cfg.seed))
+        if cfg.grpo.kl_beta > 0:
+            self.policy.set_reference()
+        model = self.policy.model
+        self.dtype = next(model.parameters()).dtype  # what it computes and publishes in
+        self.identity = identity(cfg, trained_state(model))  # of the model as one learner holds it
+        mesh = init_device_mesh("cuda" if cfg.device.startswith("cuda") else "cpu", (self.world,))
+        shard(model, mesh, self.dtype)
+        if getattr(self.policy, "ref_model", None) is not None:
+            shard(self.policy.ref_model, mesh, self.dtype)
+        elif getattr(self.policy, "reference", None) is not None:
+            shard(self.policy.reference, mesh, self.dtype)
+        self.optimizer = torch.optim.Adam(trainable(model), lr=cfg.train.lr)
+        skipped: list[str] = []
+        ckpt = None if checkpoints is None else self._resume(Path(checkpoints), skipped.append)
+        notes = []
+        if ckpt is not None:
+            self.version = ckpt.step
+            written = self._loaded_state.get("learner_gpus", 1)
+            if written == 1:
+                notes.append(f"checkpoint {ckpt.path.name} was written by one learner process; it is cut into "
+                             f"{self.world} shards")
+            elif written != self.world:
+                notes.append(f"checkpoint {ckpt.path.name} was written by {written} learner processes; its shards "
+                             f"are redistributed over {self.world}")
+        return {"warm_start": warm, "step": self.version, "checkpoint": str(ckpt.path) if ckpt else None,
+                "skipped": skipped, "notes": notes}
+
+    def _resume(self, root: Path, refused: Any) -> checkpoint.Checkpoint | None:
+        """`checkpoint.newest_usable` for a group: rank 0 alone walks back, verifies and sets aside
+        (the ranks share the folder), every rank loads what it found; a checkpoint that verified but
+        does not load is set aside by rank 0 too, and the walk goes on. Another run's is refused."""
+        import torch.distributed as dist
+
+        while True:
+            found = [None]
+            if self.rank == 0:
+                ckpt = checkpoint.newest_usable(root, refused)  # verified: manifest, sizes, hashes, headers
+                found = [ckpt.step if ckpt is not None else None]
+            dist.broadcast_object_list(found, src=0)
+            if found[0] is None:
+                return None
+            ckpt = checkpoint.Checkpoint(root / f"{checkpoint.PREFIX}{found[0]:06d}", found[0])
+            try:
+                how = sharded.load if sharded.is_sharded(ckpt) else sharded.load_plain
+                self._loaded_state = how(ckpt, self.policy.model, self.optimizer, hashes=False,
+                                         belongs=self._belongs)
+                return ckpt
+            except checkpoint.CheckpointMismatch:
+                raise
+            except checkpoint.CheckpointError as err:  # every rank read the same files: all are here
+                dist.barrier()
+                if self.rank == 0:
+                    moved = checkpoint.set_aside(ckpt)
+                    refused(f"checkpoint {ckpt.path} skipped: {err}; moved to {moved.name}")
+                dist.barrier()
+
+    def _belongs(self, state: dict[str, Any]) -> str | None:
+        return mismatch(state.get("identity"), self.cfg, self.identity["shapes"])
+
+    def update(self, parts: list[Rollout], advantages: torch.Tensor) -> dict[str, float]:
+        """`train.updates_per_step` rounds over the rollout (module docstring); bumps the version."""
+        rollout = self.policy.merge(parts)
+        stats: dict[str, float] = {}
+        for u in range(self.cfg.train.updates_per_step):
+            stats = self._round(u, rollout, advantages)
+        return stats
+
+    def _round(self, u: int, rollout: Rollout, advantages: torch.Tensor) -> dict[str, float]:
+        import torch.distributed as dist
+
+        n = self.cfg.train.updates_per_step
+        model, policy = self.policy.model, self.policy
+        self.optimizer.zero_grad(set_to_none=True)
+        parts = policy.update_parts(rollout)
+        own: dict[str, float] = {}
+        for slot in range(-(-parts // self.world)):
+            index = slot * self.world + self.rank
+            if index < parts:
+                own = sum_stats([own, policy.backward_part(rollout, advantages, index)])
+            else:  # nothing left for this rank: a pass that adds nothing, for the collectives
+                own = {k: own.get(k, 0.0) for k in policy.backward_part(rollout, advantages, parts - 1, scale=0.0)}
+        keys = sorted(own)
+        summed = torch.tensor([own[k] for k in keys], dtype=torch.float64)
+        dist.all_reduce(summed)
+        stats = dict(zip(keys, summed.tolist()))
+        norm = torch.nn.utils.clip_grad_norm_(trainable(model), self.cfg.train.grad_clip)
+        stats["grad_norm"] = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+        bad = next(((k, v) for k, v in stats.items() if not math.isfinite(v)), None)
+        if bad is not None:  # every rank sees the same sums: all stop here, none steps
+            raise NonFiniteUpdate(f"iteration {self.version}: {bad[0]} is {bad[1]} in update {u + 1} of {n}: "
+                                  "training diverged (a smaller train.lr or grad_clip may help)")
+        self.optimizer.step()
+        if u == n - 1:
+            self.version += 1
+            stats["publish_bytes"] = sum(p.numel() for p in trainable(model)) * self.dtype.itemsize
+        return stats
+
+    def weights(self) -> dict[str, torch.Tensor] | None:
+        """The whole model's weights, gathered on rank 0 (CPU, in the dtype it computes in); None
+        on the other ranks, which take part in the gather."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        full = get_model_state_dict(self.policy.model, options=StateDictOptions(full_state_dict=True,
+                                                                                cpu_offload=True))
+        return {k: v.to(self.dtype) for k, v in full.items()} if self.rank == 0 else None
+
+    def save_checkpoint(self, root: Path) -> str:
+        return str(sharded.save(Path(root), self.version, self.policy.model, self.optimizer,
+                                extra={"identity": self.identity}).path)
+
+
+def _send(conn: Connection, value: Any) -> None:
+    """`value` to the other end, pickled by value (a Connection's own pickler would pass torch
+    tensors as shared-memory handles, which only a multiprocessing child of this process can open)."""
+    conn.send_bytes(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def _recv(conn: Connection) -> Any:
+    return pickle.loads(conn.recv_bytes())
+
+
+def _serve(conn: Connection, rank: int, world: int, rendezvous: str) -> None:
+    """A rank's process (`python -m spotlight.runtime.learner_group`): take the run config, then run
+    the calls the group sends, in order, until told to stop (None) or the controller is gone (its
+    end of the connection closed)."""
+    # FSDP2 warns that a model's output is a view, which an in-place op would cut from its backward
+    # hook: the policies never change a model's output in place (they compute out of place from it).
+    warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
+    try:
+        member = GroupRank(_recv(conn), rank, world, rendezvous)
+    except BaseException as err:
+        _send(conn, ("error", type(err).__name__, f"{err}", traceback.format_exc()))
+        return
+    while True:
+        try:
+            call = _recv(conn)
+        except (EOFError, OSError):
+            break
+        if call is None:
+            break
+        name, args = call
+        try:
+            _send(conn, ("ok", getattr(member, name)(*args)))
+        except BaseException as err:
+            _send(conn, ("error", type(err).__name__, f"{err}", traceback.format_exc()))
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+KEY = "SPOTLIGHT_LEARNER_GROUP_KEY"
+"""The environment variable a rank reads its connection's key from (then drops it)."""
+PASSED_ON = {e.__name__: e for e in (NonFiniteUpdate, checkpoint.CheckpointMismatch, ConfigError)}
+"""What a rank raises that the controller handles by its kind (a diverged update, another run's
+checkpoint, a bad config): raised again here, its line as it was."""
+
+
+class LearnerGroupError(RuntimeError):
+    """A rank failed: `str(err)` is one line naming it and what it raised; the traceback follows."""
+
+
+class LearnerGroup:
+    """The `Learner` of a run with `train.learner_gpus` > 1 (module docstring)."""
+
+    def __init__(self, cfg: RunConfig) -> None:
+        self.cfg = cfg
+        self.version = 0
+        self.gradient_bytes = 0
+        self._ranks: list[tuple[subprocess.Popen, Connection]] = []
+        self._folder = tempfile.mkdtemp(prefix="spotlight-learners-")
+
+    def build(self, checkpoints: Path | None = None) -> dict[str, Any]:
+        """Start the ranks and build them (`GroupRank.build`); the controller's plain copy of the
+        policy gets their weights. Each rank is `python -m spotlight.runtime.learner_group` (not a
+        multiprocessing child: those import the parent's main module again, a user's script
+        included), connected back through a socket in a private folder, with a key only it has."""
+        n = self.cfg.train.learner_gpus
+        key = secrets.token_bytes(32)
+        address = os.path.join(self._folder, "group.sock")
+        rendezvous = f"file://{os.path.join(self._folder, 'store')}"
+        env = {**os.environ, KEY: key.hex()}
+        with Listener(address, family="AF_UNIX", authkey=key) as listener:
+            processes = [subprocess.Popen([sys.executable, "-m", __name__, address, str(rank), str(n), rendezvous],
+                                          env=env) for rank in range(n)]
+            conns: dict[int, Connection] = {}
+            for _ in range(n):
+                conn = listener.accept()
+                conns[_recv(conn)] = conn
+        self._ranks = [(processes[rank], conns[rank]) for rank in range(n)]
+        for _, conn in self._ranks:
+            _send(conn, self.cfg)
+        info = self._call("build", checkpoints)
+        self.version = info["step"]
+        torch.set_num_threads(self.cfg.runtime.torch_threads)
+        self.policy = build_policy(self.cfg)  # the rollout worker's and final/'s: plain, whole
+        self._hold(self._call("weights"))
+        return info
+
+    def _call(self, name: str, *args: Any) -> Any:
+        """`name(*args)` on every rank; rank 0's answer. A rank that fails ends the group (the others
+        would wait for it in a collective forever): LearnerGroupError, or the NonFiniteUpdate it raised."""
+        for _, conn in self._ranks:
+            _send(conn, (name, args))
+        answers: dict[int, Any] = {}
+        ranks = list(self._ranks)
+        conns = {conn: rank for rank, (_, conn) in enumerate(ranks)}
+        while len(answers) < len(ranks):
+            for conn in wait([c for c, r in conns.items() if r not in answers]):
+                rank = conns[conn]
+                try:
+                    answer = _recv(conn)
+                except (EOFError, OSError):  # it died without a word (killed, out of memory)
+                    try:
+                        code = ranks[rank][0].wait(timeout=5)
+                    except subprocess.TimeoutExpired:
+                        code = None
+                    answer = ("error", "ProcessExited", f"exit code {code}", "")
+                if answer[0] == "error":
+                    self.close()
+                    _, kind, message, trace = answer
+                    if kind in PASSED_ON:  # what the controller answers as it does a single learner's
+                        raise PASSED_ON[kind](message)
+                    raise LearnerGroupError(f"learner process {rank} of {len(ranks)}: {kind}: {message}\n{trace}")
+                answers[rank] = answer[1]
+        return answers[0]
+
+    def _hold(self, weights: dict[str, torch.Tensor]) -> None:
+        load_trained_state(self.policy.model, weights)
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        """The current weights, gathered from the ranks (a CPU state dict of the whole model)."""
+        return {k: v.detach().clone() for k, v in trained_state(self.policy.model).items()}
+
+    def base(self) -> None:
+        return None  # no LoRA in a group (`check_group`)
+
+    def full_state(self) -> dict[str, torch.Tensor]:
+        return self.weights()
+
+    def update(self, parts: list[Rollout], advantages: torch.Tensor) -> dict[str, float]:
+        stats = self._call("update", parts, advantages)
+        self.version += 1
+        self._hold(self._call("weights"))  # what the publication after the update carries
+        return stats
+
+    def save_checkpoint(self, root: Path) -> str:
+        return self._call("save_checkpoint", root)
+
+    def save_final(self, path: Path) -> None:
+        """As `Learner.save_final`, from the controller's copy (it holds the last update's weights)."""
+        self.policy.save_pretrained(Path(path))
+        write_model_card(Path(path), self.cfg, self.version)
+        checkpoint.give_own_modes(Path(path))
+
+    def evaluate(self, requests: list[Any]) -> list[Rollout]:
+        raise RuntimeError("a learner group keeps no EMA: the workers sample the evaluation")
+
+    def close(self) -> None:
+        """Stop the ranks: asked first, then ended (a rank stuck in a collective does not answer)."""
+        for process, conn in self._ranks:
+            try:
+                _send(conn, None)
+            except (OSError, ValueError):
+                pass
+        for process, conn in self._ranks:
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+            conn.close()
+        self._ranks = []
+        shutil.rmtree(self._folder, ignore_errors=True)
+
+
+def main(argv: list[str]) -> None:
+    """A rank: `python -m spotlight.runtime.learner_group ADDRESS RANK WORLD RENDEZVOUS`, the key in
+    the environment (`KEY`)."""
+    address, rank, world, rendezvous = argv
+    conn = Client(address, family="AF_UNIX", authkey=bytes.fromhex(os.environ.pop(KEY)))
+    _send(conn, int(rank))
+    _serve(conn, int(rank), int(world), rendezvous)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
