@@ -47,9 +47,10 @@ class DeviceConstants:
 ASSUMED = DeviceConstants(ASSUMED_CONTEXT, ASSUMED_SLACK)
 
 
-def device_constants(path: Path = MEASURED) -> DeviceConstants:
-    """The measured constants when `path` holds them (a damaged or partial file counts as none:
-    the estimate falls back to the assumptions rather than fail a run), else `ASSUMED`."""
+def device_constants(path: Path | None = None) -> DeviceConstants:
+    """The measured constants when `path` (default `MEASURED`) holds them (a damaged or partial file
+    counts as none: the estimate falls back to the assumptions rather than fail a run), else `ASSUMED`."""
+    path = MEASURED if path is None else path
     try:
         data = json.loads(path.read_text())
         context, slack, on = data["cuda_context"], data["allocator_slack"], data["measured_on"]
@@ -61,7 +62,8 @@ def device_constants(path: Path = MEASURED) -> DeviceConstants:
     return DeviceConstants(context, float(slack), on[:200])
 
 
-def record(constants: DeviceConstants, path: Path = MEASURED) -> Path:
-    """Write measured `constants` where `device_constants` reads them."""
+def record(constants: DeviceConstants, path: Path | None = None) -> Path:
+    """Write measured `constants` where `device_constants` reads them (default `MEASURED`)."""
+    path = MEASURED if path is None else path
     path.write_text(json.dumps(asdict(constants), indent=2) + "\n")
     return path

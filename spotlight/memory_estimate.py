@@ -456,18 +456,17 @@ def largest_block(shapes: Shapes) -> int:
     return max(sizes.values(), default=0)
 
 
-def _group(cfg: RunConfig, f: _Footprint, n: int) -> Estimate:
+def _group(cfg: RunConfig, f: _Footprint, n: int, block: int) -> Estimate:
     """A learner group of `n` processes (`train.learner_gpus`, `spotlight.runtime.learner_group`):
     each rank holds 1/n of the float32 master weights (and of the KL reference's), of their float32
     gradients and of Adam's two moments, plus two blocks gathered whole in the compute dtype (the
     one computed and the next, prefetched), one iteration's rollout (sent to it) and its
     micro-batch's working set; the controller keeps the whole model for the rollout worker and
     `final/`. On a GPU, `device` is rank 0's GPU, which the controller's copy shares; on the CPU
-    every process is counted on this machine."""
-    full = numel(param_shapes(cfg))
-    b = 4 if cfg.policy.kind == "llm" or cfg.policy.dit.preset == "tiny" else 2
-    reference = full if cfg.grpo.kl_beta > 0 else 0
-    shard = -(-(full + reference) * 4 // n) + 2 * largest_block(param_shapes(cfg)) * b
+    every process is counted on this machine. `block`: `largest_block` of the model. A group trains
+    every parameter (no LoRA), so `f.trained` is the model's size and `f.trained_bytes` its dtype's."""
+    reference = f.trained if cfg.grpo.kl_beta > 0 else 0
+    shard = -(-(f.trained + reference) * 4 // n) + 2 * block * f.trained_bytes
     optimiser = -(-f.trained * 4 * 3 // n)
     activations = max(f.update, f.sample)
     prompts = prompt_bytes(cfg)
@@ -483,8 +482,8 @@ def learners_that_fit(cfg: RunConfig, free: int) -> int | None:
     fine-tune on a GPU (None: none does, or the run trains adapters)."""
     if cfg.policy.lora.enabled or not cfg.device.startswith("cuda"):
         return None
-    f = _dit(cfg) if cfg.policy.kind == "dit" else _llm(cfg)
-    return next((n for n in range(2, 65) if _group(cfg, f, n).device <= free), None)
+    f, block = _dit(cfg) if cfg.policy.kind == "dit" else _llm(cfg), largest_block(param_shapes(cfg))
+    return next((n for n in range(2, 65) if _group(cfg, f, n, block).device <= free), None)
 
 
 def estimate(cfg: RunConfig) -> Estimate:
@@ -493,7 +492,7 @@ def estimate(cfg: RunConfig) -> Estimate:
     learner group's: `_group`)."""
     f = _dit(cfg) if cfg.policy.kind == "dit" else _llm(cfg)
     if cfg.train.learner_gpus > 1:
-        return _group(cfg, f, cfg.train.learner_gpus)
+        return _group(cfg, f, cfg.train.learner_gpus, largest_block(param_shapes(cfg)))
     lora = cfg.policy.lora.enabled
     optimiser = f.trained * f.trained_bytes * 3  # the gradient and Adam's two moments
     if cfg.train.ema_decay > 0:
@@ -620,7 +619,7 @@ def check_memory(cfg: RunConfig, where: str = "", host_free: int | None = None,
         free = available_device(cfg.device) if device_free is None else device_free
         if est.device > free:
             line = refusal(cfg, est, where, est.device, free, cfg.device)
-            n = learners_that_fit(cfg, free) if cfg.train.learner_gpus < 64 else None
+            n = learners_that_fit(cfg, free)
             more = f"; train.learner_gpus: {n} would fit (the model sharded over {n} GPUs)" if n and \
                 n > cfg.train.learner_gpus else ""
             raise ConfigError(f"{line}{more}; {device_constants().describe()}")

@@ -64,14 +64,15 @@ SHARD = re.compile(r"shard-\d{5}-model-\d{5}-of-\d{5}\.safetensors")
 """A rank's file of a sharded checkpoint, as torch's distributed checkpoint names it
 (`HuggingFaceStorageWriter` with `save_distributed`): its weights and Adam moments."""
 
+MAX_MANIFEST_BYTES = 1 << 20
+"""MANIFEST.json and state.json are read with at most this (1 MiB): a manifest names 4-5 files in
+~500 bytes and state.json is {"step": N}, so a larger one is not ours and the checkpoint is skipped."""
+
 
 def is_checkpoint_file(name: str) -> bool:
     """Whether a file of that name belongs in a checkpoint folder (of either format): what a store
     holding one may install, and what a push sends."""
     return name in (*FILES, EMA, MANIFEST) or SHARD.fullmatch(name) is not None
-MAX_MANIFEST_BYTES = 1 << 20
-"""MANIFEST.json and state.json are read with at most this (1 MiB): a manifest names 4-5 files in
-~500 bytes and state.json is {"step": N}, so a larger one is not ours and the checkpoint is skipped."""
 
 
 class CheckpointError(ValueError):
@@ -319,6 +320,14 @@ def _state(folder: Path, step: int) -> dict[str, Any]:
     return state
 
 
+def refuse_foreign(state: dict[str, Any], belongs: Callable[[dict[str, Any]], str | None] | None) -> None:
+    """CheckpointMismatch when `belongs(state)` (state.json's contents) says why the checkpoint is not
+    this run's; nothing when it is, or when there is no `belongs`."""
+    why = belongs(state) if belongs is not None else None
+    if why is not None:
+        raise CheckpointMismatch(f"not this run's checkpoint: {why}")
+
+
 def _check_fits(file: str, tensors: dict[str, torch.Tensor], own: dict[str, torch.Tensor], whose: str) -> None:
     """CheckpointError unless `tensors` (read from `file`) have exactly the names, shapes and dtypes of `own`."""
     if tensors.keys() != own.keys():
@@ -396,9 +405,7 @@ def load(ckpt: Checkpoint, model: torch.nn.Module, optimizer: torch.optim.Optimi
     `resume_identity.mismatch`); a checkpoint it refuses, or one whose tensor names, shapes or
     dtypes differ from the model's, raises CheckpointMismatch: it is another run's."""
     loaded = read(ckpt, hashes)
-    why = belongs(loaded.state) if belongs is not None else None
-    if why is not None:
-        raise CheckpointMismatch(f"not this run's checkpoint: {why}")
+    refuse_foreign(loaded.state, belongs)
     try:
         _check_fits(FILES[0], loaded.weights, trained_state(model), "the model's")
     except CheckpointError as err:

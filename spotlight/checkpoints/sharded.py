@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from spotlight.checkpoints.checkpoint import (FILES, MANIFEST, PREFIX, SHARDED, Checkpoint, CheckpointError,
-                                              CheckpointMismatch, read, seal)
+                                              CheckpointMismatch, read, refuse_foreign, seal)
 
 ADAM = ("step", "exp_avg", "exp_avg_sq")
 """Adam's state of a parameter (torch.optim.Adam, amsgrad off), as it makes it at its first step."""
@@ -142,9 +142,7 @@ def load_plain(ckpt: Checkpoint, model: torch.nn.Module, optimizer: torch.optim.
     from torch.distributed.tensor import DTensor, distribute_tensor
 
     loaded = read(ckpt, hashes)
-    why = belongs(loaded.state) if belongs is not None else None
-    if why is not None:
-        raise CheckpointMismatch(f"not this run's checkpoint: {why}")
+    refuse_foreign(loaded.state, belongs)
     named = [(n, p) for n, p in model.named_parameters()]
     if set(loaded.weights) != {n for n, _ in named} or any(tuple(loaded.weights[n].shape) != tuple(p.shape)
                                                            for n, p in named):
@@ -181,9 +179,7 @@ def load(ckpt: Checkpoint, model: torch.nn.Module, optimizer: torch.optim.Optimi
     from torch.distributed.checkpoint.hf_storage import HuggingFaceStorageReader
 
     state = read(ckpt, hashes, weights=False).state
-    why = belongs(state) if belongs is not None else None
-    if why is not None:
-        raise CheckpointMismatch(f"not this run's checkpoint: {why}")
+    refuse_foreign(state, belongs)
     own = flat_state(model, optimizer)
     stored = _layout(ckpt.path)
     shapes = {k: tuple(v.shape) for k, v in own.items()}

@@ -3,9 +3,10 @@ weights, gradients and Adam moments one GPU cannot hold is sharded over N with F
 (`spotlight.rl.sharding`), each rank one process (one GPU on CUDA; gloo on CPU), checkpointed
 shard by shard (`spotlight.checkpoints.sharded`).
 
-`LearnerGroup` stands where `Learner` stands for the runtime (the same methods), in the controller's
-process; it starts the ranks (`GroupRank`, one process each, `_serve`) and sends each call to all of
-them — every rank runs the same calls in the same order, so their collectives meet. Rank 0 answers.
+`LearnerGroup` stands where `Learner` stands for the local runtime (the methods it calls for a
+learner-only update without an EMA), in the controller's process; it starts the ranks
+(`GroupRank`, one process each, `_serve`) and sends each call to all of them — every rank runs the
+same calls in the same order, so their collectives meet. Rank 0 answers.
 The controller keeps a plain copy of the policy (`LearnerGroup.policy`) for the runtime's rollout
 worker and for `final/`: it loads the gathered weights after every update.
 
@@ -257,7 +258,6 @@ class LearnerGroup:
     def __init__(self, cfg: RunConfig) -> None:
         self.cfg = cfg
         self.version = 0
-        self.gradient_bytes = 0
         self._ranks: list[tuple[subprocess.Popen, Connection]] = []
         self._folder = tempfile.mkdtemp(prefix="spotlight-learners-")
 
@@ -285,7 +285,7 @@ class LearnerGroup:
         self.version = info["step"]
         torch.set_num_threads(self.cfg.runtime.torch_threads)
         self.policy = build_policy(self.cfg)  # the rollout worker's and final/'s: plain, whole
-        self._hold(self._call("weights"))
+        load_trained_state(self.policy.model, self._call("weights"))
         return info
 
     def _call(self, name: str, *args: Any) -> Any:
@@ -316,23 +316,11 @@ class LearnerGroup:
                 answers[rank] = answer[1]
         return answers[0]
 
-    def _hold(self, weights: dict[str, torch.Tensor]) -> None:
-        load_trained_state(self.policy.model, weights)
-
-    def weights(self) -> dict[str, torch.Tensor]:
-        """The current weights, gathered from the ranks (a CPU state dict of the whole model)."""
-        return {k: v.detach().clone() for k, v in trained_state(self.policy.model).items()}
-
-    def base(self) -> None:
-        return None  # no LoRA in a group (`check_group`)
-
-    def full_state(self) -> dict[str, torch.Tensor]:
-        return self.weights()
-
     def update(self, parts: list[Rollout], advantages: torch.Tensor) -> dict[str, float]:
         stats = self._call("update", parts, advantages)
         self.version += 1
-        self._hold(self._call("weights"))  # what the publication after the update carries
+        # The gathered weights, which the rollout worker samples with (the publication after the update).
+        load_trained_state(self.policy.model, self._call("weights"))
         return stats
 
     def save_checkpoint(self, root: Path) -> str:
@@ -343,9 +331,6 @@ class LearnerGroup:
         self.policy.save_pretrained(Path(path))
         write_model_card(Path(path), self.cfg, self.version)
         checkpoint.give_own_modes(Path(path))
-
-    def evaluate(self, requests: list[Any]) -> list[Rollout]:
-        raise RuntimeError("a learner group keeps no EMA: the workers sample the evaluation")
 
     def close(self) -> None:
         """Stop the ranks: asked first, then ended (a rank stuck in a collective does not answer)."""

@@ -429,18 +429,19 @@ class Trainer:
 
     def _device_memory(self) -> dict[str, int | None]:
         """The GPU memory of a run whose learner computes in this process on CUDA (the local
-        runtime; None each otherwise): `device_peak_bytes`, the most torch's allocator reserved (its
-        slack counts: what the memory estimate must cover); `device_peak_allocated_bytes`, the most
-        its tensors held (the two give the allocator's slack); `device_outside_bytes`, what the
+        runtime with one learner process; None each otherwise): `device_peak_bytes`, the most
+        torch's allocator reserved (its slack counts: what the memory estimate must cover);
+        `device_peak_allocated_bytes`, the most its tensors held (the two give the allocator's slack); `device_outside_bytes`, what the
         process holds on the GPU outside the allocator at the end (the CUDA context, kernels,
         cuBLAS workspaces, an in-process reward's own GPU memory: `make gpu-check` records it as
         the estimate's context, the process alone on its GPU)."""
         keys = ("device_peak_bytes", "device_peak_allocated_bytes", "device_outside_bytes")
-        if self.cfg.runtime.kind != "local" or not self.cfg.device.startswith("cuda"):
+        cfg = self.cfg
+        if cfg.runtime.kind != "local" or cfg.train.learner_gpus > 1 or not cfg.device.startswith("cuda"):
             return dict.fromkeys(keys)
         import torch
 
-        device = torch.device(self.cfg.device)
+        device = torch.device(cfg.device)
         free, total = torch.cuda.mem_get_info(device)
         reserved = torch.cuda.memory_reserved(device)
         return dict(zip(keys, (int(torch.cuda.max_memory_reserved(device)),

@@ -147,7 +147,6 @@ def test_the_gpu_constants_are_the_measured_ones_when_a_check_measured_them(monk
                           "train": {"gradient_checkpointing": True, "micro_batch": 4}})
     file = tmp_path / "gpu_measured.json"
     monkeypatch.setattr(dc, "MEASURED", file)
-    monkeypatch.setattr(dc.device_constants, "__defaults__", (file,))
     assumed = estimate(cfg).device  # the property reads the constants when asked: kept as a number
     with pytest.raises(ConfigError, match=r"; GPU constants assumed \(no `make gpu-check` measured them yet\): "
                                           r"CUDA context 512 MiB, allocator slack 0%$"):
@@ -170,7 +169,7 @@ def test_a_full_fine_tune_one_gpu_cannot_hold_is_refused_with_the_learner_group_
     blocks gathered whole, and on rank 0's GPU the controller's whole copy for the rollouts)."""
     from spotlight import device_constants as dc
 
-    monkeypatch.setattr(dc.device_constants, "__defaults__", (tmp_path / "none.json",))  # the assumed ones
+    monkeypatch.setattr(dc, "MEASURED", tmp_path / "none.json")  # the assumed ones
     base = {"device": "cuda", "runtime": {"kind": "local"}, "warm_start": {"steps": 0},
             "policy": {"dit": {"preset": "qwen-image", "resolution": 512}},
             "train": {"gradient_checkpointing": True, "micro_batch": 1, "group_size": 4, "prompts_per_step": 2}}
