@@ -125,9 +125,11 @@ def table(out: Path, config: dict[str, Any], gpu: str | None = None) -> dict[str
                          "per_sample_s": statistics.mean(later) / samples if later else None}
     cfg = default_config(config)
     return {"size": "real" if cfg.policy.dit.preset == "qwen-image" else "tiny", "device": cfg.device,
-            "iterations": len(rows), "samples_per_iteration": samples, "samples_per_pass": {"rollout": cfg.train.group_size, "update": cfg.train.micro_batch},
+            "iterations": len(rows), "samples_per_iteration": samples,
+            "samples_per_pass": {"rollout": cfg.train.group_size, "update": cfg.train.micro_batch},
             "phases": phases, "iteration_s": statistics.mean(r["wall_s"] for r in rows[1:] or rows),
-            "memory": memory(summary, estimate(cfg), gpu), "run_folder": str(out), "reward_first": summary.get("reward_first"),
+            "memory": memory(summary, estimate(cfg), gpu), "run_folder": str(out),
+            "reward_first": summary.get("reward_first"),
             "reward_last": summary.get("reward_last"), "resumed_from": summary.get("resumed_from")}
 
 
