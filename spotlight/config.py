@@ -756,10 +756,9 @@ class RunConfig:
             t = self.train
             for ok, key, expected, got in ((self.policy.lora.rank == 0, "policy.lora.rank", "0", self.policy.lora.rank),
                                            (t.ema_decay == 0, "train.ema_decay", "0", t.ema_decay),
-                                           (t.update_on == "learner", "train.update_on", "learner", t.update_on),
-                                           (self.runtime.kind == "local", "runtime.kind", "local", self.runtime.kind)):
+                                           (t.update_on == "learner", "train.update_on", "learner", t.update_on)):
                 check(ok, key, f"{expected} with train.learner_gpus: {n} (a sharded learner trains a full "
-                      "fine-tune, by itself, on the local runtime, for now)", got)
+                      "fine-tune, by itself, for now)", got)
         if self.policy.kind == "llm":
             check(self.grpo.kl_estimator == "exact", "grpo.kl_estimator", "exact for an llm policy (its KL is "
                   "k3 per token; flow_grpo's scale is the DiT's SDE steps')", self.grpo.kl_estimator)

@@ -462,8 +462,9 @@ def _group(cfg: RunConfig, f: _Footprint, n: int, block: int) -> Estimate:
     gradients and of Adam's two moments, plus two blocks gathered whole in the compute dtype (the
     one computed and the next, prefetched), one iteration's rollout (sent to it) and its
     micro-batch's working set; the controller keeps the whole model for the rollout worker and
-    `final/`. On a GPU, `device` is rank 0's GPU, which the controller's copy shares; on the CPU
-    every process is counted on this machine. `block`: `largest_block` of the model. A group trains
+    `final/`. On a GPU, `device` is rank 0's GPU, which the controller's copy shares on the local
+    runtime (on Ray the copy stays in host memory: the workers sample elsewhere); on the CPU every
+    process is counted on this machine. `block`: `largest_block` of the model. A group trains
     every parameter (no LoRA), so `f.trained` is the model's size and `f.trained_bytes` its dtype's."""
     reference = f.trained if cfg.grpo.kl_beta > 0 else 0
     shard = -(-(f.trained + reference) * 4 // n) + 2 * block * f.trained_bytes
@@ -471,8 +472,8 @@ def _group(cfg: RunConfig, f: _Footprint, n: int, block: int) -> Estimate:
     activations = max(f.update, f.sample)
     prompts = prompt_bytes(cfg)
     if cfg.device.startswith("cuda"):
-        return Estimate(shard + f.weights, optimiser, f.rollout, activations, 0, PROCESS_BASELINE * (n + 1), True,
-                        prompts)
+        copy = f.weights if cfg.runtime.kind == "local" else 0
+        return Estimate(shard + copy, optimiser, f.rollout, activations, 0, PROCESS_BASELINE * (n + 1), True, prompts)
     return Estimate(n * shard + f.weights, n * optimiser, (n + 1) * f.rollout, n * f.update + f.sample, 0,
                     PROCESS_BASELINE * (n + 1), False, prompts)
 

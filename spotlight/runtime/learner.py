@@ -61,7 +61,7 @@ def tensor_bytes(tensors: Iterable[torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def _on_cpu(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def on_cpu(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """A copy of `state` on the CPU that later steps do not change (what leaves the learner)."""
     return {k: v.detach().cpu().clone() for k, v in state.items()}
 
@@ -78,12 +78,21 @@ class PinnedStaging:
 
     def copy(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         for k, v in state.items():
-            buf = self.buffers.get(k)
-            if buf is None or buf.shape != v.shape or buf.dtype != v.dtype:
-                buf = self.buffers[k] = torch.empty(v.shape, dtype=v.dtype, pin_memory=True)
-            buf.copy_(v.detach(), non_blocking=True)
-        torch.cuda.synchronize()  # the one wait: every copy above is queued on the current stream
-        return {k: self.buffers[k].clone() for k in state}
+            self.put(k, v)
+        return self.take(list(state))
+
+    def put(self, name: str, value: torch.Tensor) -> None:
+        """Queue `value`'s copy into `name`'s buffer (`value` may be freed once this returns: the
+        allocator reuses its memory only for work queued after the copy, on the same stream)."""
+        buf = self.buffers.get(name)
+        if buf is None or buf.shape != value.shape or buf.dtype != value.dtype:
+            buf = self.buffers[name] = torch.empty(value.shape, dtype=value.dtype, pin_memory=True)
+        buf.copy_(value.detach(), non_blocking=True)
+
+    def take(self, names: list[str]) -> dict[str, torch.Tensor]:
+        """The buffers `put` filled, once every queued copy has landed (the one wait)."""
+        torch.cuda.synchronize()
+        return {k: self.buffers[k].clone() for k in names}
 
 
 class Learner:
@@ -147,7 +156,7 @@ class Learner:
         update, so on CUDA through pinned buffers (`PinnedStaging`)."""
         state = trained_state(self.policy.model)
         if not self.cfg.device.startswith("cuda"):
-            return _on_cpu(state)
+            return on_cpu(state)
         if self._staging is None:
             self._staging = PinnedStaging()
         return self._staging.copy(state)
@@ -165,13 +174,13 @@ class Learner:
             return None
         if self.cfg.warm_start.steps == 0:
             return LocalBase(fingerprint(base_state(self.policy.model)))
-        return _on_cpu(base_state(self.policy.model))
+        return on_cpu(base_state(self.policy.model))
 
     def full_state(self) -> dict[str, torch.Tensor]:
         """The whole model's state dict (CPU; with LoRA: the base under peft's names and the
         adapters): what an SP node's members start from (`RaySPExecutor`), before the adapters
         of each version."""
-        return _on_cpu(self.policy.model.state_dict())
+        return on_cpu(self.policy.model.state_dict())
 
     def update(self, parts: list[Rollout], advantages: torch.Tensor) -> dict[str, float]:
         """`train.updates_per_step` optimiser steps over the rollout made of per-request `parts`

@@ -3,8 +3,8 @@ weights, gradients and Adam moments one GPU cannot hold is sharded over N with F
 (`spotlight.rl.sharding`), each rank one process (one GPU on CUDA; gloo on CPU), checkpointed
 shard by shard (`spotlight.checkpoints.sharded`).
 
-`LearnerGroup` stands where `Learner` stands for the local runtime (the methods it calls for a
-learner-only update without an EMA), in the controller's process; it starts the ranks
+`LearnerGroup` stands where `Learner` stands (the methods the runtimes call for a learner-only
+update without an EMA), in the controller's process (the local runtime) or a Ray actor; it starts the ranks
 (`GroupRank`, one process each, `_serve`) and sends each call to all of them — every rank runs the
 same calls in the same order, so their collectives meet. Rank 0 answers.
 The controller keeps a plain copy of the policy (`LearnerGroup.policy`) for the runtime's rollout
@@ -24,8 +24,11 @@ slot, then slots; the single learner folds micro-batch after micro-batch), so we
 float rounding (measured and stated in docs/design-choices.md). Adam itself is elementwise: a
 shard steps exactly as the same elements would in one process.
 
+On the Ray runtime the group is one actor (`ray_runtime.LearnerGroupActor`, holding the N GPUs on
+CUDA) whose rank processes run on its node: the group spans one on-demand node.
+
 Not yet (issue 40; the config refuses each in one line, `RunConfig.__post_init__`): LoRA, an EMA,
-the fleet computing the update (`train.update_on`), the Ray runtime.
+the fleet computing the update (`train.update_on`).
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import traceback
 import warnings
 from multiprocessing.connection import Client, Connection, Listener, wait
@@ -56,7 +60,7 @@ from spotlight.rl.policy import Policy, Rollout, sum_stats
 from spotlight.rl.prompt_file import run_prompts
 from spotlight.rl.sharding import shard
 from spotlight.rl.warm_start import apply_warm_start
-from spotlight.runtime.learner import NonFiniteUpdate, build_policy
+from spotlight.runtime.learner import NonFiniteUpdate, PinnedStaging, on_cpu, build_policy
 
 
 def rank_device(device: str, rank: int) -> str:
@@ -75,6 +79,8 @@ class GroupRank:
         self.cfg = dataclasses.replace(cfg, device=rank_device(cfg.device, rank))
         self.rank, self.world = rank, world
         self.version = 0
+        self._staging: PinnedStaging | None = None
+        """On CUDA, rank 0's page-locked buffers `weights()` copies through, made at its first call."""
         torch.set_num_threads(cfg.runtime.torch_threads)  # the same in every role (runtime.torch_threads)
         if self.cfg.device.startswith("cuda"):
             torch.cuda.set_device(self.cfg.device)
@@ -188,13 +194,27 @@ class GroupRank:
         return stats
 
     def weights(self) -> dict[str, torch.Tensor] | None:
-        """The whole model's weights, gathered on rank 0 (CPU, in the dtype it computes in); None
-        on the other ranks, which take part in the gather."""
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+        """The whole model's weights on rank 0 (CPU, in the dtype it computes in); None on the other
+        ranks, which take part in the gathers. Gathered a tensor at a time (a rank holds one whole
+        tensor beyond its shard, not the model), cast on the device and, on CUDA, copied out
+        through page-locked buffers (`PinnedStaging`, as the single learner publishes)."""
+        from torch.distributed.tensor import DTensor
 
-        full = get_model_state_dict(self.policy.model, options=StateDictOptions(full_state_dict=True,
-                                                                                cpu_offload=True))
-        return {k: v.to(self.dtype) for k, v in full.items()} if self.rank == 0 else None
+        cuda = self.cfg.device.startswith("cuda")
+        if cuda and self._staging is None:
+            self._staging = PinnedStaging()
+        names, out = [], {}
+        for name, value in self.policy.model.state_dict().items():
+            whole = value.full_tensor() if isinstance(value, DTensor) else value  # a collective
+            if self.rank != 0:
+                continue
+            whole = whole.detach().to(self.dtype) if whole.is_floating_point() else whole.detach()
+            if cuda:
+                self._staging.put(name, whole)
+                names.append(name)
+            else:
+                out[name] = whole.clone()
+        return None if self.rank != 0 else self._staging.take(names) if cuda else out
 
     def save_checkpoint(self, root: Path) -> str:
         return str(sharded.save(Path(root), self.version, self.policy.model, self.optimizer,
@@ -248,6 +268,52 @@ PASSED_ON = {e.__name__: e for e in (NonFiniteUpdate, checkpoint.CheckpointMisma
 checkpoint, a bad config): raised again here, its line as it was."""
 
 
+def rank_command(address: str, rank: int, world: int, rendezvous: str) -> list[str]:
+    """The command line of rank `rank`'s process (`main`)."""
+    return [sys.executable, "-m", __name__, address, str(rank), str(world), rendezvous]
+
+
+def _connect(listener: Listener, key: bytes, processes: list[subprocess.Popen]) -> dict[int, Connection]:
+    """Rank -> its connection, once every rank has connected. A rank that exits first (a broken
+    import in its environment, a GPU it cannot open: its traceback is on the terminal above)
+    ends the wait with one line, rather than leaving `spotlight train` waiting for it forever."""
+    conns: dict[int, Connection] = {}
+    failed: list[BaseException] = []
+
+    def accept() -> None:
+        try:
+            while len(conns) < len(processes):
+                conn = listener.accept()
+                rank = _recv(conn)
+                if rank == _WAKE:  # the wait below is over
+                    conn.close()
+                    return
+                conns[rank] = conn
+        except BaseException as err:  # a bad handshake
+            failed.append(err)
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    while thread.is_alive():
+        thread.join(timeout=0.1)
+        gone = [(rank, p.poll()) for rank, p in enumerate(processes) if p.poll() is not None and rank not in conns]
+        if gone and thread.is_alive():
+            # A closed listener does not wake a thread in accept() (Linux): a connection of our own does.
+            with Client(listener.address, family="AF_UNIX", authkey=key) as wake:
+                _send(wake, _WAKE)
+            thread.join()
+            rank, code = gone[0]
+            raise LearnerGroupError(f"learner process {rank} of {len(processes)} exited with code {code} before "
+                                    "it connected (its error is above)")
+    if failed:
+        raise LearnerGroupError(f"the learner processes did not connect: {type(failed[0]).__name__}: {failed[0]}")
+    return conns
+
+
+_WAKE = -1
+"""What `_connect` sends itself to end its accepting thread."""
+
+
 class LearnerGroupError(RuntimeError):
     """A rank failed: `str(err)` is one line naming it and what it raised; the traceback follows."""
 
@@ -265,28 +331,43 @@ class LearnerGroup:
         """Start the ranks and build them (`GroupRank.build`); the controller's plain copy of the
         policy gets their weights. Each rank is `python -m spotlight.runtime.learner_group` (not a
         multiprocessing child: those import the parent's main module again, a user's script
-        included), connected back through a socket in a private folder, with a key only it has."""
+        included), connected back through a socket in a private folder, with a key only it has.
+        The copy is on the learner's device where the rollout worker samples with it (the local
+        runtime); on the Ray runtime the workers are elsewhere and it stays on the CPU (`weights`,
+        `final/`)."""
         n = self.cfg.train.learner_gpus
         key = secrets.token_bytes(32)
         address = os.path.join(self._folder, "group.sock")
         rendezvous = f"file://{os.path.join(self._folder, 'store')}"
         env = {**os.environ, KEY: key.hex()}
         with Listener(address, family="AF_UNIX", authkey=key) as listener:
-            processes = [subprocess.Popen([sys.executable, "-m", __name__, address, str(rank), str(n), rendezvous],
-                                          env=env) for rank in range(n)]
-            conns: dict[int, Connection] = {}
-            for _ in range(n):
-                conn = listener.accept()
-                conns[_recv(conn)] = conn
+            processes = [subprocess.Popen(rank_command(address, rank, n, rendezvous), env=env) for rank in range(n)]
+            try:
+                conns = _connect(listener, key, processes)
+            except BaseException:
+                for process in processes:  # none is left behind, whichever did not connect
+                    process.kill()
+                    process.wait()
+                raise
         self._ranks = [(processes[rank], conns[rank]) for rank in range(n)]
         for _, conn in self._ranks:
             _send(conn, self.cfg)
         info = self._call("build", checkpoints)
         self.version = info["step"]
         torch.set_num_threads(self.cfg.runtime.torch_threads)
-        self.policy = build_policy(self.cfg)  # the rollout worker's and final/'s: plain, whole
+        here = self.cfg if self.cfg.runtime.kind == "local" else dataclasses.replace(self.cfg, device="cpu")
+        self.policy = build_policy(here)  # the rollout worker's and final/'s: plain, whole
         load_trained_state(self.policy.model, self._call("weights"))
         return info
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        """The last update's weights (a CPU copy later updates do not change): what the Ray
+        runtime publishes to its workers, as `Learner.weights`."""
+        return on_cpu(trained_state(self.policy.model))
+
+    def full_state(self) -> dict[str, torch.Tensor]:
+        """As `Learner.full_state` (an SP node's members start from it): without LoRA, the weights."""
+        return self.weights()
 
     def _call(self, name: str, *args: Any) -> Any:
         """`name(*args)` on every rank; rank 0's answer. A rank that fails ends the group (the others

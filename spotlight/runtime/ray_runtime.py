@@ -1,6 +1,7 @@
 """The Ray runtime: the controller (this process) drives the roles as Ray actors.
 
-- learner (on-demand): a `Learner` actor — it trains, checkpoints and hands out weights;
+- learner (on-demand): a `Learner` actor — it trains, checkpoints and hands out weights; with
+  `train.learner_gpus` > 1 a `LearnerGroup` actor, whose rank processes run on its node;
 - request queue: a `QueueActor` (the pull queue on the wall clock);
 - rollout workers: `RolloutWorker` actors, `spot_workers` of them needing the `spot` custom
   resource (a real cluster's spot nodes advertise it; a local cluster is started with plenty) and
@@ -44,6 +45,7 @@ from schedulers.update import FleetUpdate
 from spotlight.config import ConfigError, RunConfig
 from spotlight.iteration.exploration import ExplorationSession
 from spotlight.runtime.learner import Learner
+from spotlight.runtime.learner_group import LearnerGroup
 from spotlight.rl.policy import Rollout
 from spotlight.reward_names import component, spec
 from spotlight.rl.rewards import RewardError, RewardWorker, Scores, split_parts
@@ -69,6 +71,7 @@ _GONE = (ray.exceptions.RayActorError, ray.exceptions.ActorUnschedulableError)
 # The actor facades, made once (each `ray.remote` call re-exports the class). num_cpus=0: the
 # roles share the node's cores and torch runs one thread in each.
 LearnerActor = ray.remote(num_cpus=0)(Learner)
+LearnerGroupActor = ray.remote(num_cpus=0)(LearnerGroup)
 RewardActor = ray.remote(num_cpus=0)(RewardWorker)
 RolloutWorkerActor = ray.remote(num_cpus=0)(RolloutWorker)
 
@@ -357,8 +360,12 @@ class RayRuntime:
         self.cluster = ClusterFleet(rt, self.clock) if rt.address else None
         self.queue_actor = QueueActor.options(**pinned).remote(lease_s=rt.lease_s)
         self.queue = QueueClient(self.queue_actor)
-        learner_gpus = 1 if self.cluster and self.cluster.gpus(home) and self.cfg.device.startswith("cuda") else 0
-        self.learner = LearnerActor.options(**pinned, num_gpus=learner_gpus).remote(self.cfg)
+        # A sharded learner (`train.learner_gpus`) is one actor whose rank processes share its node and GPUs.
+        group = self.cfg.train.learner_gpus
+        on_gpus = self.cluster and self.cluster.gpus(home) and self.cfg.device.startswith("cuda")
+        learner_gpus = group if on_gpus else 0
+        actor = LearnerGroupActor if group > 1 else LearnerActor
+        self.learner = actor.options(**pinned, num_gpus=learner_gpus).remote(self.cfg)
         home_gpus = self.cluster.gpus(home) if self.cluster else ray.cluster_resources().get("GPU", 0)
         self.reward = RewardPool(self.cfg, pinned, home_gpus - learner_gpus, self.metadata)
         info = self.learner.build.remote(checkpoints)
@@ -371,8 +378,9 @@ class RayRuntime:
             from spotlight.runtime.ray_sp import RaySPExecutor
         # With LoRA the base goes into the object store once (SP nodes: the whole model, the
         # structure their members copy by name); publishes carry the adapters alone.
-        base = self.learner.full_state if rt.sp_degree > 1 else self.learner.base
-        lora = {"base": base.remote()} if self.cfg.policy.lora.enabled else {}
+        lora = {}
+        if self.cfg.policy.lora.enabled:
+            lora["base"] = (self.learner.full_state if rt.sp_degree > 1 else self.learner.base).remote()
         self.executor = (RaySPExecutor if rt.sp_degree > 1 else RayExecutor)(
             self.cfg, self.queue_actor, self.version, self.learner.weights.remote(),
             self.clock, home=home, gpus=self.cluster.gpus if self.cluster else None, **lora)
@@ -502,6 +510,11 @@ class RayRuntime:
             self.queue_stats = self.queue.stats()  # the queue's own counters outlive the cluster
         except (AttributeError, ray.exceptions.RayError):
             pass
+        if self.cfg.train.learner_gpus > 1 and hasattr(self, "learner"):
+            try:  # the group's rank processes, asked to stop before their actor goes
+                ray.get(self.learner.close.remote(), timeout=30)
+            except ray.exceptions.RayError:
+                pass  # a dead actor's ranks saw their connection close and ended themselves
         if self._started_ray:
             ray_cluster.shutdown()
             self._started_ray = False

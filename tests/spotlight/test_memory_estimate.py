@@ -19,8 +19,8 @@ import yaml
 
 from spotlight.config import ConfigError, default_config, load_config
 from spotlight.memory_estimate import (GIB, MIB, QWEN_IMAGE_TRANSFORMER, RAY_PROCESS, TINY_TRANSFORMER, TINY_VOCAB,
-                                       _llm_arch, check_memory, dit_shapes, estimate, llm_shapes, lora_numel,
-                                       numel, param_shapes)
+                                       _llm_arch, check_memory, dit_shapes, estimate, learners_that_fit, llm_shapes,
+                                       lora_numel, numel, param_shapes)
 
 ROOT = Path(__file__).resolve().parents[2]
 EXPERIMENTS = ROOT / "experiments"
@@ -182,6 +182,10 @@ def test_a_full_fine_tune_one_gpu_cannot_hold_is_refused_with_the_learner_group_
     assert ranks[0] > ranks[1] > ranks[2] > estimate(one).parameters  # never below the controller's copy
     assert check_memory(default_config({**base, "train": {**base["train"], "learner_gpus": 8}}),
                         host_free=512 * GIB, device_free=79 * GIB).device <= 79 * GIB
+    # On Ray the rollouts are the workers': the group's copy stays in host memory, off rank 0's GPU.
+    on_ray = default_config({**base, "runtime": {"kind": "ray"}, "train": {**base["train"], "learner_gpus": 8}})
+    assert estimate(on_ray).device == ranks[1] - estimate(one).parameters
+    assert learners_that_fit(on_ray, 79 * GIB) < 8
 
 
 def test_a_user_who_knows_better_can_turn_the_check_off(monkeypatch):

@@ -8,7 +8,10 @@ each rank its own process, checkpoints one file per rank.
   resumed run ends bit-identical to the undisturbed one.
 - A checkpoint written by 2 processes resumes in 1, and one written by 1 resumes in 2, each saying
   so in one line, each ending within `TOLERANCE` of the run that did not switch.
-- What a group does not do yet is refused in one line.
+- On the Ray runtime (a loopback multi-node cluster) a spot node killed mid-update loses nothing,
+  and the run ends bit-identical to the local one.
+- A rank that exits before it connects ends the start in one line; what a group does not do yet
+  is refused in one line.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -152,11 +156,72 @@ def test_a_checkpoint_resumes_with_another_number_of_learner_processes(runs, tmp
     assert _relative_difference(_final(runs[resumed][0]), _final(out)) <= TOLERANCE
 
 
+@pytest.mark.slow
+def test_a_group_on_the_cluster_loses_nothing_when_a_spot_node_dies_mid_update(runs, tmp_path, logged):
+    """The Ray runtime on a loopback multi-node cluster (the head and two spot nodes), the learner a
+    group of 2 processes on the head: spot-b is SIGKILLed while the first update computes. Nothing is
+    lost, and the run ends bit-identical to the local run of 2 learner processes."""
+    from ray_cluster import LoopbackCluster
+    from spotlight.runtime.ray_runtime import RayRuntime
+    from spotlight.train.trainer import Trainer
+
+    with LoopbackCluster() as cluster:
+        cluster.add_node({"spot": 1}, name="spot-a")
+        spot_b = cluster.add_node({"spot": 1}, name="spot-b")
+        cfg = default_config(merge_sections(yaml.safe_load(RECIPE.read_text()), {"runtime": {
+            "kind": "ray", "address": cluster.address, "spot_workers": 2, "ondemand_workers": 1}}))
+        runtime = RayRuntime(cfg)
+        update, rollout, seen = runtime.update, runtime.rollout, {}
+
+        def kill() -> None:
+            cluster.kill(spot_b)
+            seen["killed_at"] = time.monotonic()
+
+        def disturbed_update(*args, **kwargs):
+            if seen:
+                return update(*args, **kwargs)
+            # the first update: its ranks compute while spot-b dies
+            seen["ranks"] = _rank_processes()
+            seen["kill"] = threading.Thread(target=kill, daemon=True)
+            seen["kill"].start()
+            stats = update(*args, **kwargs)
+            seen["updated_at"] = time.monotonic()
+            return stats
+
+        def followed_rollout(requests, *args, **kwargs):
+            if "kill" in seen:  # the next rollout starts once the run has seen spot-b's death
+                seen["kill"].join()
+                deadline = time.monotonic() + 90
+                while not any(spot_b.ip in name and not n.alive for name, n in runtime.engine.nodes.items()):
+                    assert time.monotonic() < deadline, logged
+                    runtime.engine.poll_sources()
+                    runtime.engine.settle()
+                    time.sleep(0.05)
+            return rollout(requests, *args, **kwargs)
+
+        runtime.update, runtime.rollout = disturbed_update, followed_rollout
+        summary = Trainer(cfg, tmp_path / "cluster", progress=False).build(runtime).train()
+    assert len(seen["ranks"]) == 2 and seen["killed_at"] < seen["updated_at"], seen
+    gone = time.monotonic() + 60
+    while any(Path(f"/proc/{pid}").exists() and b"zombie" not in _state(pid) for pid in seen["ranks"]):
+        assert time.monotonic() < gone, f"learner processes left behind: {seen['ranks']}"
+        time.sleep(0.1)
+    assert summary["steps"] == STEPS and summary["requests_lost"] == 0 and summary["requests_duplicated"] == 0
+    assert summary["workers_lost"] >= 1, (summary, logged)
+    final, local = _final(tmp_path / "cluster"), _final(runs[2][0])
+    assert final.keys() == local.keys() and all(torch.equal(final[k], local[k]) for k in local)
+
+
+def _rank_processes() -> list[int]:
+    """The learner group's rank processes on this machine (only this module starts groups)."""
+    return [int(p.name) for p in Path("/proc").iterdir()
+            if p.name.isdigit() and b"spotlight.runtime.learner_group" in _cmdline(p)]
+
+
 @pytest.mark.parametrize("over, line", [
     ({"policy": {"lora": {"rank": 4, "alpha": 8}}}, "policy.lora.rank: expected 0 with train.learner_gpus: 2"),
     ({"train": {"ema_decay": 0.9}}, "train.ema_decay: expected 0 with train.learner_gpus: 2"),
     ({"train": {"update_on": "fleet"}}, "train.update_on: expected learner with train.learner_gpus: 2"),
-    ({"runtime": {"kind": "ray"}}, "runtime.kind: expected local with train.learner_gpus: 2"),
 ])
 def test_what_a_group_does_not_do_yet_is_refused_in_one_line(over, line):
     train = {"learner_gpus": 2, **over.pop("train", {})}
@@ -164,3 +229,29 @@ def test_what_a_group_does_not_do_yet_is_refused_in_one_line(over, line):
     with pytest.raises(ConfigError, match=pattern) as err:
         small_dit_config(train=train, **over)
     assert "\n" not in str(err.value)
+
+
+def test_a_learner_process_that_exits_before_it_connects_ends_the_start_in_one_line(monkeypatch):
+    """A rank that cannot start (a broken import in its environment) ends `build` at once with one
+    line naming it, and the rank already started is not left behind (the start waited forever)."""
+    from spotlight.runtime import learner_group
+
+    marker = "spotlight-test-rank-that-waits"
+    commands = {0: [sys.executable, "-c", f"import time; time.sleep(600)  # {marker}"],
+                1: [sys.executable, "-c", "import sys; sys.exit(3)"]}
+    monkeypatch.setattr(learner_group, "rank_command", lambda address, rank, world, rendezvous: commands[rank])
+    group = learner_group.LearnerGroup(small_dit_config(train={"learner_gpus": 2}))
+    start = time.monotonic()
+    with pytest.raises(learner_group.LearnerGroupError,
+                       match=r"^learner process 1 of 2 exited with code 3 before it connected"):
+        group.build()
+    group.close()
+    assert time.monotonic() - start < 30
+    assert not [p for p in Path("/proc").iterdir() if p.name.isdigit() and marker.encode() in _cmdline(p)]
+
+
+def _cmdline(proc: Path) -> bytes:
+    try:
+        return (proc / "cmdline").read_bytes()
+    except OSError:  # it ended meanwhile
+        return b""
