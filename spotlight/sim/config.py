@@ -143,9 +143,11 @@ class SimConfig:
     recipe's: 1); each round is the whole update's work and the learner's gather and step."""
     learner_gpus: int | None = None
     """GPUs the update runs on when the learner computes it alone, 1..16,384; None: every on-demand
-    GPU (the named policies' trainer, data parallel over them). A simulated run config: 1 — the
-    runtime's learner is one process (`spotlight.runtime.learner`), however many on-demand rollout
-    workers the run has (`Simulation.learner_update_s`)."""
+    GPU (the named policies' trainer, data parallel over them; a full fine-tune's group up to one
+    node's). A simulated run config: its `train.learner_gpus` — one learner process, or a full
+    fine-tune's group of that many (`spotlight.runtime.learner_group`, paid for beside the
+    rollout workers), however many on-demand rollout workers the run has
+    (`Simulation.learner_update_s`)."""
     step_times: StepTimes = field(default_factory=StepTimes)
     """The step-time model. Its `gradient_parts` and `parts_per_request` are this run's grain: set
     from `prompts` x `group_size` x `trained_steps` / `micro_batch` and `parts_per_request` here."""

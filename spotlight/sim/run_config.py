@@ -69,7 +69,7 @@ def simulated_config(run: RunConfig, step_times: StepTimes | None = None) -> tup
                     updates_per_step=t.updates_per_step,
                     # The runtime's requests: one per prompt of G samples (`Trainer.requests`,
                     # `Explorer.plan`), each committed every `runtime.commit_every` steps.
-                    samples_per_request=t.group_size, commit_every=rt.commit_every, learner_gpus=1,
+                    samples_per_request=t.group_size, commit_every=rt.commit_every, learner_gpus=t.learner_gpus,
                     # A replayed trace's notice, in the seconds the run replays it at (`simulate_run`;
                     # SimConfig's bound, an hour, where a slowed replay would stretch it further).
                     notice_s=min(rt.notice_s / rt.trace_speedup, 3600.0),

@@ -146,7 +146,10 @@ class Simulation:
         """On-demand GPUs: `cfg.gpus` (or the policy's own count: 1 for `near_all_spot`, 0 for
         `managed_restart`), and for `ondemand_total` the spot fleet's peak besides; under a renting
         objective the count it chooses (`_choose_ondemand`)."""
-        self.meter = CostMeter(self.clock, prices[0], prices[1], Fleet(self.ondemand_gpus, 0))
+        self.group_gpus = max(0, (cfg.learner_gpus or 1) - 1) if self.st.lora_rank == 0 else 0
+        """A run config's learner group holds `train.learner_gpus` GPUs, one of them its rollout
+        worker's or the head's: the others are paid for, and compute no rollout."""
+        self.meter = CostMeter(self.clock, prices[0], prices[1], Fleet(self.paid_ondemand, 0))
         self.timeline: list[tuple[float, int]] = []
         self.explored_samples = 0
         self.busy_gpu_s = 0.0
@@ -222,8 +225,8 @@ class Simulation:
 
     def _fleet_changed(self) -> None:
         spot = self.engine.spot_devices()
-        self.meter.set_fleet(Fleet(self.ondemand_gpus, spot))
-        self.timeline.append((self.clock.now(), self.ondemand_gpus + spot))
+        self.meter.set_fleet(Fleet(self.paid_ondemand, spot))
+        self.timeline.append((self.clock.now(), self.paid_ondemand + spot))
 
     def start_planner(self, budget: int) -> SeedPool:
         """A fresh seed pool of the planned prompts' candidates, the planner started on it with
@@ -284,13 +287,24 @@ class Simulation:
         return SimExploration(self, iteration, version, critical_path, budget)
 
     @property
+    def paid_ondemand(self) -> int:
+        """On-demand GPUs the meter pays for: the rollout's and a learner group's others (`group_gpus`)."""
+        return self.ondemand_gpus + self.group_gpus
+
+    @property
     def learner_update_s(self) -> float:
-        """The update on the learner alone — data parallel over the on-demand GPUs, or
-        `cfg.learner_gpus` of them (a simulated run config: the runtime's one learner process) —
-        `updates_per_step` rounds over every sample."""
-        cfg = self.cfg
+        """The update on the learner alone, `updates_per_step` rounds over every sample: a full
+        fine-tune on a learner group (`StepTimes.group_round_s`) of `cfg.learner_gpus` GPUs (a
+        simulated run config: its `train.learner_gpus`), or of the on-demand GPUs up to one node's;
+        LoRA data parallel over the on-demand GPUs, or `cfg.learner_gpus` of them (a run config:
+        the runtime's one learner process)."""
+        cfg, st = self.cfg, self.st
+        samples = cfg.prompts * cfg.group_size
+        if st.lora_rank == 0:  # the runtime's group lives on one node
+            n = cfg.learner_gpus or min(max(self.ondemand_gpus, 1), st.gpus_per_node)
+            return cfg.updates_per_step * st.group_round_s(cfg.resolution, samples, n)
         gpus = self.ondemand_gpus if cfg.learner_gpus is None else min(cfg.learner_gpus, max(self.ondemand_gpus, 1))
-        return cfg.updates_per_step * self.st.train_s(cfg.resolution, cfg.prompts * cfg.group_size, gpus)
+        return cfg.updates_per_step * st.train_s(cfg.resolution, samples, gpus)
 
     def _update_on_fleet(self) -> bool:
         """What the spot GPUs do during this update, by its value for time to target (issue 16):
@@ -400,7 +414,7 @@ class Simulation:
         if nxt is None:
             return None
         if not self.fleet_updated:  # else the executor counted the update's micro-batches
-            self.busy_gpu_s += self.ondemand_gpus * self._train_s
+            self.busy_gpu_s += self.paid_ondemand * self._train_s
         self._gain += self.progress.gain(self._signal(it, self._explored))
         self._explored = nxt
         self._scores.append((self.clock.now(), self.progress.score(self._gain)))
@@ -434,7 +448,7 @@ class Simulation:
         reserve_s = 0.0 if self.policy.elastic else st.cold_start_s + st.restore_s
         forecast = Forecast(train_s + st.weight_sync_s, 0.0, reserve_s=reserve_s)
         budget = BudgetPolicy(cfg.budget_usd, forecast) if cfg.budget_usd is not None else None
-        peak = Fleet(self.ondemand_gpus, cfg.peak_spot_gpus if self.policy.spot else 0)
+        peak = Fleet(self.paid_ondemand, cfg.peak_spot_gpus if self.policy.spot else 0)
         return CostControl(self.clock, self.meter, peak, forecast, budget, peak_fleet=peak)
 
     def _before_iteration(self) -> None:
@@ -470,10 +484,10 @@ class Simulation:
             "total_cost_usd": total_usd,
             # What the meter billed, by kind (the timeline is the meter's fleet): the dollars at other
             # prices without a re-run where no decision reads a price (`simulator.reprice`).
-            "ondemand_gpu_h": self.ondemand_gpus * end / 3600.0, "spot_gpu_h": (paid - self.ondemand_gpus * end) / 3600.0,
-            "ondemand_gpu_h_to_target": None if reached_at is None else self.ondemand_gpus * reached_at / 3600.0,
+            "ondemand_gpu_h": self.paid_ondemand * end / 3600.0, "spot_gpu_h": (paid - self.paid_ondemand * end) / 3600.0,
+            "ondemand_gpu_h_to_target": None if reached_at is None else self.paid_ondemand * reached_at / 3600.0,
             "spot_gpu_h_to_target": None if reached_at is None else
-            (self._paid_gpu_s(reached_at) - self.ondemand_gpus * reached_at) / 3600.0,
+            (self._paid_gpu_s(reached_at) - self.paid_ondemand * reached_at) / 3600.0,
             "restarts": getattr(self, "restarts", 0),
             "requests_given_back": stats["requests_given_back"],
             "requests_requeued": stats["requests_requeued"],
@@ -616,9 +630,9 @@ class Simulation:
         """The result's `objective` (None where it chooses no spot node: `_objective_governs`),
         `spot_gpus_held_mean` (the spot GPUs paid for, averaged over the run's seconds) and
         `spot_releases`."""
-        held_gpu_s = self._paid_gpu_s(end) - self.ondemand_gpus * end
+        held_gpu_s = self._paid_gpu_s(end) - self.paid_ondemand * end
         return {"objective": self.cfg.objective if self._objective_governs() else None,
-                "ondemand_gpus_held": self.ondemand_gpus,
+                "ondemand_gpus_held": self.paid_ondemand,
                 "spot_gpus_held_mean": max(0.0, held_gpu_s / end) if end > 0 else 0.0,
                 "spot_releases": self._releases()}
 

@@ -57,7 +57,7 @@ LIMITS: dict[str, tuple[float, float]] = {
     "fleet_update_efficiency": (1e-6, 1), "update_round_s": (0, 86400),
     "lora_rank": (0, 4096), "trained_params": (1, 1e13), "weight_dtype_bytes": (1, 8), "adapter_dtype_bytes": (1, 8),
     "gradient_parts": (1, 1_000_000), "parts_per_request": (1, 4096), "node_gbps": (1e-3, 1e6),
-    "learner_gbps": (1e-3, 1e6), "cross_zone_factor": (1e-6, 1), "load_gbps": (1e-3, 1e6), "learner_step_s": (0, 86400),
+    "learner_gbps": (1e-3, 1e6), "group_gbps": (1e-3, 1e6), "cross_zone_factor": (1e-6, 1), "load_gbps": (1e-3, 1e6), "learner_step_s": (0, 86400),
     "activation_gib": (0, 1e4), "gpu_memory_gib": (1e-3, 1e4),
     "step_overhead_s": (0, 3600), "commit_overhead_s": (0, 3600), "request_overhead_s": (0, 3600),
     "train_request_overhead_s": (0, 3600), "host_cores": (0, 4096), "reward_call_s": (0, 86400), "worker_warmup_s": (0, 86400),
@@ -213,6 +213,9 @@ class StepTimes:
     (`transfers.CROSS_ZONE_FACTOR`: an assumption, sourced there)."""
     load_gbps: float = transfers.LOAD_GBPS
     """Host memory to GPU when a worker loads a publication, in Gbit/s (`transfers.LOAD_GBPS`)."""
+    group_gbps: float = transfers.GROUP_GBPS
+    """A full fine-tune's learner group: its collectives between the GPUs of its node, in Gbit/s
+    (`transfers.GROUP_GBPS`: an assumption, sourced there; `group_round_s`)."""
     learner_step_s: float = transfers.LEARNER_STEP_S
     """The learner's sum, clip and optimiser step per round besides receiving the parts (an assumption)."""
     activation_gib: float = 7.2
@@ -463,6 +466,22 @@ class StepTimes:
     def train_s(self, resolution: int, samples: int, gpus: int) -> float:
         """The update on `samples` samples over the trainer's `gpus` GPUs."""
         return self.train_gpu_s(resolution, samples) / (max(gpus, 1) * self.train_efficiency)
+
+    def group_round_s(self, resolution: int, samples: int, n: int) -> float:
+        """One round of a full fine-tune's update on a learner group of `n` GPUs, at the runtime's
+        grain (`spotlight.runtime.learner_group`): the round's `gradient_parts` micro-batches dealt
+        round-robin, ceil(parts / n) lockstep passes a rank, each the longer of its micro-batch's
+        compute and its FSDP2 traffic (`transfers.group_pass_bytes` over `group_gbps`: the next
+        block's gather and the last one's reduce-scatter overlap the compute). One learner: its
+        micro-batches one after the other, no collective. In place of `train_s`'s flat
+        `train_efficiency`, which stays for a LoRA learner (adapters, no sharding)."""
+        if n == 1:
+            return self.train_gpu_s(resolution, samples)
+        parts = self.gradient_parts
+        compute = self.train_gpu_s(resolution, samples) / parts
+        traffic = transfers.transfer_s(transfers.group_pass_bytes(self.shape, n, self.weight_dtype_bytes),
+                                       self.group_gbps)
+        return -(-parts // n) * max(compute, traffic)
 
     def slowdown(self, busy_devices: float) -> float:
         """How much slower each busy device computes with `busy_devices` busy on the host

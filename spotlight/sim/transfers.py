@@ -64,6 +64,12 @@ LOAD_GBPS = 200.0
 """Host memory to GPU when a worker loads published weights, in Gbit/s (25 GB/s). ASSUMPTION:
 PCIe Gen5 x16 carries 64 GB/s per direction (PCI-SIG); torch's copies from pageable memory reach
 about 40% of that."""
+GROUP_GBPS = 2880.0
+"""What a learner group's collectives get between the GPUs of its node, in Gbit/s of NCCL bus
+bandwidth per GPU (360 GB/s). ASSUMPTION: an H100 SXM's NVLink 4 carries 450 GB/s per direction
+(18 links of 25 GB/s, NVIDIA's H100 data sheet: 900 GB/s bidirectional) and NCCL's ring
+all-gather / reduce-scatter reach about 80% of it at hundreds of MB a message. The runtime's
+group lives on one node (`spotlight.runtime.learner_group`), so no inter-node link is modelled."""
 LEARNER_STEP_S = 1.0
 """The learner's sum of the parts, clip and optimiser step, and the hand-off to the publication,
 in seconds, besides receiving the parts. ASSUMPTION: an Adam step over 0.42B float32 adapters is
@@ -186,6 +192,17 @@ def ingress_bytes(parts: int, part: int, per_request: int = 1) -> int:
     request (`requests`: the live runtime sends each request's sum of `per_request` micro-batches;
     nothing more is summed on the way)."""
     return requests(parts, per_request) * part
+
+
+def group_pass_bytes(shape: DiTShape, n: int, weight_bytes: int = 2, reduce_bytes: int = 4) -> int:
+    """Bytes one rank of a learner group of `n` moves per micro-batch pass of a full fine-tune
+    (`spotlight.rl.sharding`: FSDP2 per block, resharded after the forward): every parameter
+    all-gathered in the compute dtype for the forward and again for the backward, and every
+    gradient reduce-scattered in float32 — each a ring collective in which a rank sends and receives
+    (n - 1) / n of the whole. 0 for one learner (no collective). Qwen-Image, n = 8: 143.0 GB."""
+    if n < 1:
+        raise ValueError(f"a learner group needs n >= 1, got {n}")
+    return (n - 1) * shape.params() * (2 * weight_bytes + reduce_bytes) // n
 
 
 # -- seconds ---------------------------------------------------------------------------------------

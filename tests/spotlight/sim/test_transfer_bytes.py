@@ -170,3 +170,40 @@ def test_the_live_fleet_update_moves_the_bytes_the_model_counts(tmp_path, ray_cl
     simulated = simulate_run(cfg, Trace([TraceEvent(0.0, "add", "n0")], "one spot node"))["policies"][POLICY]
     keys = ("update_on_fleet", "gradient_parts", "update_gradient_bytes")
     assert [{k: r[k] for k in keys} for r in simulated["iterations_log"]] == [{k: r[k] for k in keys} for r in rows]
+
+
+def test_a_full_fine_tunes_learner_group_pays_its_collectives_and_its_gpus():
+    """A full fine-tune on a learner group of N (`train.learner_gpus`, the runtime's FSDP2 group):
+    each rank's micro-batch pass moves (N - 1) / N of every parameter twice in bf16 (the forward's
+    and the backward's all-gather) and once in float32 (the reduce-scatter), overlapped with the
+    compute; the round is ceil(parts / N) such passes. A simulated run config pays for the group's
+    GPUs beside the rollout's, as `spotlight train`'s meter does."""
+    from schedulers.traces import Trace, TraceEvent
+    from spotlight.config import default_config
+    from spotlight.sim.run_config import POLICY, simulate_run
+    from spotlight.train.cost_control import fleet_of
+
+    shape = DiTShape.from_arch(QWEN_IMAGE_TRANSFORMER)
+    assert transfers.group_pass_bytes(shape, 1) == 0
+    assert transfers.group_pass_bytes(shape, 8) == 7 * 20_430_401_088 * (2 + 2 + 4) // 8
+    full = replace(StepTimes.profile("qwen-image-full"), gradient_parts=32)
+    one = full.group_round_s(512, 64, 1)
+    assert one == full.train_gpu_s(512, 64)  # one learner: no collective, no data-parallel loss
+    for n, passes in ((2, 16), (8, 4), (5, 7)):  # compute-bound over NVLink
+        assert full.group_round_s(512, 64, n) == pytest.approx(passes * one / 32)
+    slow = replace(full, group_gbps=10.0)  # traffic-bound over a slow link
+    assert slow.group_round_s(512, 64, 8) == pytest.approx(4 * transfers.group_pass_bytes(shape, 8) * 8 / 10e9)
+
+    runs, paid = {}, {}
+    for n in (1, 4):
+        cfg = default_config({"device": "cuda", "policy": {"dit": {"preset": "qwen-image", "resolution": 512}},
+                              "warm_start": {"steps": 0}, "runtime": {"kind": "local"},
+                              "train": {"learner_gpus": n, "steps": 2, "prompts_per_step": 4, "group_size": 4,
+                                        "micro_batch": 4}})
+        runs[n] = simulate_run(cfg, Trace([TraceEvent(0.0, "add", "n0")], "one node"))["policies"][POLICY]
+        paid[n] = fleet_of(cfg).ondemand
+    assert runs[1]["ondemand_gpus_held"] == 1 and runs[4]["ondemand_gpus_held"] == 4
+    assert paid[4] - paid[1] == 3  # the run's meter pays for the group's 3 other GPUs too
+    (u1, u4) = [[r["time_update_s"] for r in runs[n]["iterations_log"]] for n in (1, 4)]
+    assert u4 == pytest.approx([u / 4 for u in u1])  # 32 rows in micro-batches of 4: 8 parts, 2 a rank
+    assert runs[4]["ondemand_gpu_h"] == pytest.approx(4 * runs[4]["wall_h"]) and runs[4]["spot_gpu_h"] == 0
