@@ -89,10 +89,11 @@ class PinnedStaging:
             buf = self.buffers[name] = torch.empty(value.shape, dtype=value.dtype, pin_memory=True)
         buf.copy_(value.detach(), non_blocking=True)
 
-    def take(self, names: list[str]) -> dict[str, torch.Tensor]:
-        """The buffers `put` filled, once every queued copy has landed (the one wait)."""
+    def take(self, names: list[str], copy: bool = True) -> dict[str, torch.Tensor]:
+        """The buffers `put` filled, once every queued copy has landed (the one wait): copies of
+        them, or (`copy=False`) the buffers themselves, valid until the next `put`."""
         torch.cuda.synchronize()
-        return {k: self.buffers[k].clone() for k in names}
+        return {k: self.buffers[k].clone() if copy else self.buffers[k] for k in names}
 
 
 class Learner:

@@ -193,11 +193,13 @@ class GroupRank:
             stats["publish_bytes"] = sum(p.numel() for p in trainable(model)) * self.dtype.itemsize
         return stats
 
-    def weights(self) -> dict[str, torch.Tensor] | None:
-        """The whole model's weights on rank 0 (CPU, in the dtype it computes in); None on the other
-        ranks, which take part in the gathers. Gathered a tensor at a time (a rank holds one whole
-        tensor beyond its shard, not the model), cast on the device and, on CUDA, copied out
+    def weights(self, handoff: str | None = None) -> dict[str, torch.Tensor] | str | None:
+        """The whole model's weights on rank 0 (CPU, in the dtype it computes in) — or, given a
+        `handoff` path, written there as a safetensors file and the path returned; None on the
+        other ranks, which take part in the gathers. Gathered a tensor at a time (a rank holds one
+        whole tensor beyond its shard, not the model), cast on the device and, on CUDA, copied out
         through page-locked buffers (`PinnedStaging`, as the single learner publishes)."""
+        from safetensors.torch import save_file
         from torch.distributed.tensor import DTensor
 
         cuda = self.cfg.device.startswith("cuda")
@@ -213,8 +215,15 @@ class GroupRank:
                 self._staging.put(name, whole)
                 names.append(name)
             else:
-                out[name] = whole.clone()
-        return None if self.rank != 0 else self._staging.take(names) if cuda else out
+                out[name] = whole if handoff else whole.clone()
+        if self.rank != 0:
+            return None
+        if cuda:  # the buffers as they are into a file; copies of them into a reply
+            out = self._staging.take(names, copy=handoff is None)
+        if handoff is None:
+            return out
+        save_file(out, handoff)
+        return handoff
 
     def save_checkpoint(self, root: Path) -> str:
         return str(sharded.save(Path(root), self.version, self.policy.model, self.optimizer,
@@ -271,6 +280,37 @@ checkpoint, a bad config): raised again here, its line as it was."""
 def rank_command(address: str, rank: int, world: int, rendezvous: str) -> list[str]:
     """The command line of rank `rank`'s process (`main`)."""
     return [sys.executable, "-m", __name__, address, str(rank), str(world), rendezvous]
+
+
+SHARED_MEMORY = "/dev/shm"
+"""Where the gathered weights are handed to the controller, memory-backed (Linux's tmpfs)."""
+
+
+def _handoff(nbytes: int) -> str | None:
+    """A new private folder in `SHARED_MEMORY` with room for `nbytes` (and 10% to spare); None when
+    there is none (no such file system, or too small)."""
+    try:
+        if shutil.disk_usage(SHARED_MEMORY).free < nbytes * 1.1:
+            return None
+        return tempfile.mkdtemp(prefix="spotlight-weights-", dir=SHARED_MEMORY)
+    except OSError:
+        return None
+
+
+def load_file_into(model: torch.nn.Module, path: str) -> None:
+    """A safetensors file of `model`'s whole state dict copied into it tensor by tensor (its names
+    must be exactly the model's, as `load_state_dict` would check)."""
+    from safetensors import safe_open
+
+    state = model.state_dict()
+    with safe_open(path, framework="pt") as f:
+        names = set(f.keys())
+        if names != set(state):
+            diff = sorted(names ^ set(state))
+            raise KeyError(f"the gathered weights' tensor names differ from the model's ({', '.join(diff[:3])}...)")
+        with torch.no_grad():
+            for name in names:
+                state[name].copy_(f.get_tensor(name))
 
 
 def _connect(listener: Listener, key: bytes, processes: list[subprocess.Popen]) -> dict[int, Connection]:
@@ -357,8 +397,24 @@ class LearnerGroup:
         torch.set_num_threads(self.cfg.runtime.torch_threads)
         here = self.cfg if self.cfg.runtime.kind == "local" else dataclasses.replace(self.cfg, device="cpu")
         self.policy = build_policy(here)  # the rollout worker's and final/'s: plain, whole
-        load_trained_state(self.policy.model, self._call("weights"))
+        self._gather()
         return info
+
+    def _gather(self) -> None:
+        """The ranks' weights into the controller's copy. Through a file in shared memory where it
+        has room for them (`_handoff`: read back tensor by tensor, so the copy never sits beside a
+        second whole one); else through the connection, pickled (a container's /dev/shm is often
+        64 MiB)."""
+        folder = _handoff(sum(v.numel() * v.element_size() for v in self.policy.model.state_dict().values()))
+        if folder is None:
+            load_trained_state(self.policy.model, self._call("weights"))
+            return
+        path = os.path.join(folder, "weights.safetensors")
+        try:
+            self._call("weights", path)
+            load_file_into(self.policy.model, path)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
 
     def weights(self) -> dict[str, torch.Tensor]:
         """The last update's weights (a CPU copy later updates do not change): what the Ray
@@ -400,8 +456,7 @@ class LearnerGroup:
     def update(self, parts: list[Rollout], advantages: torch.Tensor) -> dict[str, float]:
         stats = self._call("update", parts, advantages)
         self.version += 1
-        # The gathered weights, which the rollout worker samples with (the publication after the update).
-        load_trained_state(self.policy.model, self._call("weights"))
+        self._gather()  # the weights the rollout worker samples with (the publication after the update)
         return stats
 
     def save_checkpoint(self, root: Path) -> str:
