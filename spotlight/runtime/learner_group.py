@@ -493,6 +493,8 @@ def main(argv: list[str]) -> None:
     conn = Client(address, family="AF_UNIX", authkey=bytes.fromhex(os.environ.pop(KEY)))
     _send(conn, int(rank))
     _serve(conn, int(rank), int(world), rendezvous)
+    if rank == "0":  # the group's private folder, which a controller killed outright leaves behind
+        shutil.rmtree(os.path.dirname(address), ignore_errors=True)
 
 
 if __name__ == "__main__":

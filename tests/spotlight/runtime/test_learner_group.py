@@ -123,10 +123,13 @@ def test_a_group_run_sigkilled_after_a_checkpoint_resumes_bit_identical(runs, tm
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     assert len(ranks) >= 2, ranks
+    folders = {arg.rsplit("/", 1)[0] for pid in ranks for arg in _cmdline(Path(f"/proc/{pid}")).decode().split("\0")
+               if arg.endswith("group.sock")}
     gone = time.monotonic() + 60
     while any(Path(f"/proc/{pid}").exists() and b"zombie" not in _state(pid) for pid in ranks):
         assert time.monotonic() < gone, f"learner processes left behind: {ranks}"
         time.sleep(0.1)
+    assert len(folders) == 1 and not any(Path(f).exists() for f in folders), folders  # its socket, its store
     again = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stderr[-3000:]
     said = again.stdout + again.stderr
