@@ -407,8 +407,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps(finished))
         else:
-            print(f"complete: {plural(finished['steps'], 'iteration')}, reward "
-                  f"{finished.get('reward_first', float('nan')):.3f} -> {finished.get('reward_last', float('nan')):.3f}; "
+            print(f"complete: {plural(finished['steps'], 'iteration')}, {_rewards(finished)}; "
                   f"outputs in {out}/ (--steps N for more)")
         return 0
     check_train_inputs(cfg, args, out)
@@ -445,9 +444,16 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(json.dumps(summary))
     else:
         stopped = "" if summary["stop_reason"] == "steps" else f", stopped for the {summary['stop_reason']}"
-        print(f"{plural(summary['steps'], 'iteration')}: reward {summary.get('reward_first', float('nan')):.3f} -> "
-              f"{summary.get('reward_last', float('nan')):.3f}; {_dollars(summary, cfg)}{stopped}; outputs in {out}/")
+        print(f"{plural(summary['steps'], 'iteration')}: {_rewards(summary)}; {_dollars(summary, cfg)}{stopped}; "
+              f"outputs in {out}/")
     return 0
+
+
+def _rewards(summary: dict[str, Any]) -> str:
+    """"reward FIRST -> LAST" of a run's summary; none when no iteration ran (a budget too small)."""
+    if "reward_first" not in summary:
+        return "no reward yet"
+    return f"reward {summary['reward_first']:.3f} -> {summary['reward_last']:.3f}"
 
 
 def _kept(out: Path, cfg: RunConfig) -> str:

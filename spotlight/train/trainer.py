@@ -463,8 +463,8 @@ def summarize(metrics_path: Path, steps: int, window: int = 5) -> dict[str, Any]
 
     `improvement_se` is (mean of the last `window` iterations - mean of the first) divided by the
     standard error of that difference; > 3 is the bar for "clearly learned"."""
-    rows = [loads(line, max_bytes=ROW_BYTES, what="metrics.jsonl row")
-            for line in metrics_path.read_text().splitlines() if line.strip()]
+    text = metrics_path.read_text() if metrics_path.exists() else ""  # none: no iteration ran (a budget too small)
+    rows = [loads(line, max_bytes=ROW_BYTES, what="metrics.jsonl row") for line in text.splitlines() if line.strip()]
     rewards = [r["reward_mean"] for r in rows]
     out: dict[str, Any] = {"steps": len(rows), "steps_requested": steps,
                            "wall_s": sum(r["wall_s"] for r in rows)}

@@ -136,6 +136,19 @@ def test_summary_standard_error_by_hand(tmp_path):
     assert s["improvement_se"] == pytest.approx(0.4 / (0.02 / 3) ** 0.5)
 
 
+def test_a_budget_too_small_for_one_iteration_stops_before_it_with_a_summary(tmp_path):
+    """`--budget-usd` below the first iteration's forecast: the run stops before iteration 0, as
+    the budget says, and still ends with its summary and final/ (it raised FileNotFoundError for
+    the metrics.jsonl no iteration had written)."""
+    # above the a-priori floor (one iteration's lower bound, ~$0.00014 here), below the first
+    # iteration's forecast with a clean stop (~$0.0036)
+    cfg = small_dit_config(train={"steps": 2}, warm_start={"steps": 0}, cloud={"budget_usd": 0.0003})
+    summary = Trainer(cfg, tmp_path, progress=False).build().train()
+    assert summary["stop_reason"] == "budget" and summary["steps"] == 0 and summary["steps_requested"] == 2
+    assert json.loads((tmp_path / "summary.json").read_text())["steps"] == 0
+    assert (tmp_path / "final").is_dir() and not (tmp_path / "metrics.jsonl").exists()
+
+
 def test_dropping_zero_advantage_groups_changes_the_update_and_resumes_bit_identically(tmp_path):
     """Exact-match rewards leave many LLM groups all wrong (all advantages zero): with
     `grpo.drop_zero_advantage_groups` they are left out of the update, which then takes a larger step."""
