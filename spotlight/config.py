@@ -759,6 +759,11 @@ class RunConfig:
                                            (t.update_on == "learner", "train.update_on", "learner", t.update_on)):
                 check(ok, key, f"{expected} with train.learner_gpus: {n} (a sharded learner trains a full "
                       "fine-tune, by itself, for now)", got)
+            # One GPU a rank, every rank on one node (the local machine, or the Ray actor's node):
+            # more than a node holds could never be placed, and would not be priced as it runs.
+            check(not self.device.startswith("cuda") or n <= self.cloud.gpus_per_node, "train.learner_gpus",
+                  f"at most cloud.gpus_per_node ({self.cloud.gpus_per_node}) on {self.device} (a learner group's "
+                  "processes share one node, a GPU each: set cloud.gpus_per_node to the node's GPUs)", n)
         if self.policy.kind == "llm":
             check(self.grpo.kl_estimator == "exact", "grpo.kl_estimator", "exact for an llm policy (its KL is "
                   "k3 per token; flow_grpo's scale is the DiT's SDE steps')", self.grpo.kl_estimator)

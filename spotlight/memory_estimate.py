@@ -621,7 +621,8 @@ def check_memory(cfg: RunConfig, where: str = "", host_free: int | None = None,
         if est.device > free:
             line = refusal(cfg, est, where, est.device, free, cfg.device)
             n = learners_that_fit(cfg, free)
-            more = f"; train.learner_gpus: {n} would fit (the model sharded over {n} GPUs)" if n and \
+            node = f" of one node: cloud.gpus_per_node {n} or more" if n and n > cfg.cloud.gpus_per_node else ""
+            more = f"; train.learner_gpus: {n} would fit (the model sharded over {n} GPUs{node})" if n and \
                 n > cfg.train.learner_gpus else ""
             raise ConfigError(f"{line}{more}; {device_constants().describe()}")
     return est

@@ -18,14 +18,16 @@ logger = logging.getLogger(__name__)
 
 
 def fleet_of(cfg: RunConfig, ondemand_workers: bool = False) -> Fleet:
-    """The run's fleet: an on-demand head (controller and learner: one GPU, or a learner group's
-    `train.learner_gpus`), `runtime.ondemand_workers`
+    """The run's fleet, in nodes of `cloud.gpus_per_node` GPUs: an on-demand head (controller and
+    learner; a learner group's `train.learner_gpus` GPUs need as many nodes as hold them, one
+    where the config is launchable: the group spans one node), `runtime.ondemand_workers`
     on-demand and `runtime.spot_workers` spot rollout nodes — or, after the fall-back, every
     worker on-demand. Joined to a cluster (`runtime.address`: a launched fleet's head), the
     on-demand rollout workers run on the head, the one on-demand node `spotlight launch` rents
     (`cloud.sky`), so the head is the only on-demand node counted; once the cluster's node table is
     read, the meter pays for the nodes it lists instead (`Runtime.watch_fleet`)."""
-    rt, head = cfg.runtime, cfg.train.learner_gpus
+    rt = cfg.runtime
+    head = -(-cfg.train.learner_gpus // cfg.cloud.gpus_per_node)
     ondemand = 0 if rt.address else rt.ondemand_workers
     if ondemand_workers:
         return Fleet(head + ondemand + rt.spot_workers, 0)

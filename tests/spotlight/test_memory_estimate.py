@@ -175,17 +175,22 @@ def test_a_full_fine_tune_one_gpu_cannot_hold_is_refused_with_the_learner_group_
             "train": {"gradient_checkpointing": True, "micro_batch": 1, "group_size": 4, "prompts_per_step": 2}}
     one = default_config(base)
     with pytest.raises(ConfigError, match=r"the run needs about 15\d\.\d GiB .*; train\.learner_gpus: 8 would fit "
-                                          r"\(the model sharded over 8 GPUs\); GPU constants assumed"):
+                                          r"\(the model sharded over 8 GPUs of one node: cloud\.gpus_per_node 8 or "
+                                          r"more\); GPU constants assumed"):
         check_memory(one, host_free=512 * GIB, device_free=79 * GIB)
-    ranks = [estimate(default_config({**base, "train": {**base["train"], "learner_gpus": n}})).device
-             for n in (4, 8, 16)]
+    node = {**base, "cloud": {"gpus_per_node": 8}}
+    ranks = [estimate(default_config({**node, "train": {**base["train"], "learner_gpus": n}})).device
+             for n in (2, 4, 8)]
     assert ranks[0] > ranks[1] > ranks[2] > estimate(one).parameters  # never below the controller's copy
-    assert check_memory(default_config({**base, "train": {**base["train"], "learner_gpus": 8}}),
+    assert check_memory(default_config({**node, "train": {**base["train"], "learner_gpus": 8}}),
                         host_free=512 * GIB, device_free=79 * GIB).device <= 79 * GIB
     # On Ray the rollouts are the workers': the group's copy stays in host memory, off rank 0's GPU.
-    on_ray = default_config({**base, "runtime": {"kind": "ray"}, "train": {**base["train"], "learner_gpus": 8}})
-    assert estimate(on_ray).device == ranks[1] - estimate(one).parameters
+    on_ray = default_config({**node, "runtime": {"kind": "ray"}, "train": {**base["train"], "learner_gpus": 8}})
+    assert estimate(on_ray).device == ranks[2] - estimate(one).parameters
     assert learners_that_fit(on_ray, 79 * GIB) < 8
+    # More GPUs than a node holds: a group's ranks share one node.
+    with pytest.raises(ConfigError, match=r"train\.learner_gpus: expected at most cloud\.gpus_per_node \(8\) on cuda"):
+        default_config({**node, "train": {**base["train"], "learner_gpus": 16}})
 
 
 def test_a_user_who_knows_better_can_turn_the_check_off(monkeypatch):

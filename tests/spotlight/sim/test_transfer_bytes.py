@@ -177,7 +177,7 @@ def test_a_full_fine_tunes_learner_group_pays_its_collectives_and_its_gpus():
     each rank's micro-batch pass moves (N - 1) / N of every parameter twice in bf16 (the forward's
     and the backward's all-gather) and once in float32 (the reduce-scatter), overlapped with the
     compute; the round is ceil(parts / N) such passes. A simulated run config pays for the group's
-    GPUs beside the rollout's, as `spotlight train`'s meter does."""
+    GPUs beside the rollout's."""
     from schedulers.traces import Trace, TraceEvent
     from spotlight.config import default_config
     from spotlight.sim.run_config import POLICY, simulate_run
@@ -197,13 +197,14 @@ def test_a_full_fine_tunes_learner_group_pays_its_collectives_and_its_gpus():
     runs, paid = {}, {}
     for n in (1, 4):
         cfg = default_config({"device": "cuda", "policy": {"dit": {"preset": "qwen-image", "resolution": 512}},
-                              "warm_start": {"steps": 0}, "runtime": {"kind": "local"},
+                              "warm_start": {"steps": 0}, "runtime": {"kind": "local"}, "cloud": {"gpus_per_node": 4},
                               "train": {"learner_gpus": n, "steps": 2, "prompts_per_step": 4, "group_size": 4,
                                         "micro_batch": 4}})
         runs[n] = simulate_run(cfg, Trace([TraceEvent(0.0, "add", "n0")], "one node"))["policies"][POLICY]
-        paid[n] = fleet_of(cfg).ondemand
+        paid[n] = fleet_of(cfg)
     assert runs[1]["ondemand_gpus_held"] == 1 and runs[4]["ondemand_gpus_held"] == 4
-    assert paid[4] - paid[1] == 3  # the run's meter pays for the group's 3 other GPUs too
+    # The run's meter prices whole nodes: the head's 4 GPUs hold the group, paid with or without it.
+    assert paid[4] == paid[1]
     (u1, u4) = [[r["time_update_s"] for r in runs[n]["iterations_log"]] for n in (1, 4)]
     assert u4 == pytest.approx([u / 4 for u in u1])  # 32 rows in micro-batches of 4: 8 parts, 2 a rank
     assert runs[4]["ondemand_gpu_h"] == pytest.approx(4 * runs[4]["wall_h"]) and runs[4]["spot_gpu_h"] == 0

@@ -2,6 +2,9 @@
 
 "Clearly" is the issue's bar: the mean reward of the last 5 iterations exceeds that of the first 5
 by more than 3 standard errors. The full-length runs are `make train` and the experiments/ configs.
+The two full fine-tunes below run their learner as a group of 2 processes (`train.learner_gpus`,
+FSDP2 over gloo): a sharded learner must learn as one does. One learner's learning is the LoRA
+runs' below and tests/spotlight/test_your_own_task.py's (DiT), tests/spotlight/rl/test_llm_folder.py's (LLM).
 """
 
 import json
@@ -31,7 +34,8 @@ def _train(tmp_path, config, overrides):
 
 @pytest.mark.slow
 def test_tiny_dit_learns_the_colour_reward(tmp_path):
-    s = _train(tmp_path, "experiments/tiny_dit.yaml", {"warm_start": {"steps": 600}, "train": {"steps": 20}, "runtime": {"kind": "local"}})
+    s = _train(tmp_path, "experiments/tiny_dit.yaml", {"warm_start": {"steps": 600}, "train": {"steps": 20, "learner_gpus": 2},
+                                                        "runtime": {"kind": "local"}})
     assert s["steps"] == 20
     assert s["reward_last5"] > s["reward_first5"]
     assert s["improvement_se"] > 3, s
@@ -40,7 +44,7 @@ def test_tiny_dit_learns_the_colour_reward(tmp_path):
 
 @pytest.mark.slow
 def test_tiny_llm_learns_arithmetic(tmp_path):
-    s = _train(tmp_path, "experiments/tiny_llm.yaml", {"train": {"steps": 40}, "runtime": {"kind": "local"}})
+    s = _train(tmp_path, "experiments/tiny_llm.yaml", {"train": {"steps": 40, "learner_gpus": 2}, "runtime": {"kind": "local"}})
     assert s["steps"] == 40
     assert s["reward_last5"] > s["reward_first5"]
     assert s["improvement_se"] > 3, s
