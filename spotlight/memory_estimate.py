@@ -483,15 +483,20 @@ def learners_that_fit(cfg: RunConfig, free: int) -> int | None:
     fine-tune on a GPU (None: none does, or the run trains adapters)."""
     if cfg.policy.lora.enabled or not cfg.device.startswith("cuda"):
         return None
-    f, block = _dit(cfg) if cfg.policy.kind == "dit" else _llm(cfg), largest_block(param_shapes(cfg))
+    f, block = _footprint(cfg), largest_block(param_shapes(cfg))
     return next((n for n in range(2, 65) if _group(cfg, f, n, block).device <= free), None)
+
+
+def _footprint(cfg: RunConfig) -> _Footprint:
+    """The policy's footprint (`_dit` or `_llm`), what `estimate` and `learners_that_fit` start from."""
+    return _dit(cfg) if cfg.policy.kind == "dit" else _llm(cfg)
 
 
 def estimate(cfg: RunConfig) -> Estimate:
     """What run `cfg` holds at its peak: the learner's weights, optimiser state and one iteration's
     rollout, plus the largest working set of one pass, plus the processes it starts here (a
     learner group's: `_group`)."""
-    f = _dit(cfg) if cfg.policy.kind == "dit" else _llm(cfg)
+    f = _footprint(cfg)
     if cfg.train.learner_gpus > 1:
         return _group(cfg, f, cfg.train.learner_gpus, largest_block(param_shapes(cfg)))
     lora = cfg.policy.lora.enabled

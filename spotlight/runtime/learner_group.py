@@ -60,7 +60,7 @@ from spotlight.rl.policy import Policy, Rollout, sum_stats
 from spotlight.rl.prompt_file import run_prompts
 from spotlight.rl.sharding import shard
 from spotlight.rl.warm_start import apply_warm_start
-from spotlight.runtime.learner import NonFiniteUpdate, PinnedStaging, on_cpu, build_policy
+from spotlight.runtime.learner import NonFiniteUpdate, PinnedStaging, build_policy, on_cpu, tensor_bytes
 
 
 def rank_device(device: str, rank: int) -> str:
@@ -336,7 +336,8 @@ def _connect(listener: Listener, key: bytes, processes: list[subprocess.Popen]) 
     thread.start()
     while thread.is_alive():
         thread.join(timeout=0.1)
-        gone = [(rank, p.poll()) for rank, p in enumerate(processes) if p.poll() is not None and rank not in conns]
+        gone = [(rank, code) for rank, p in enumerate(processes)
+                if rank not in conns and (code := p.poll()) is not None]
         if gone and thread.is_alive():
             # A closed listener does not wake a thread in accept() (Linux): a connection of our own does.
             with Client(listener.address, family="AF_UNIX", authkey=key) as wake:
@@ -397,6 +398,7 @@ class LearnerGroup:
         torch.set_num_threads(self.cfg.runtime.torch_threads)
         here = self.cfg if self.cfg.runtime.kind == "local" else dataclasses.replace(self.cfg, device="cpu")
         self.policy = build_policy(here)  # the rollout worker's and final/'s: plain, whole
+        self._bytes = tensor_bytes(self.policy.model.state_dict().values())  # what a gather hands over
         self._gather()
         return info
 
@@ -405,7 +407,7 @@ class LearnerGroup:
         has room for them (`_handoff`: read back tensor by tensor, so the copy never sits beside a
         second whole one); else through the connection, pickled (a container's /dev/shm is often
         64 MiB)."""
-        folder = _handoff(sum(v.numel() * v.element_size() for v in self.policy.model.state_dict().values()))
+        folder = _handoff(self._bytes)
         if folder is None:
             load_trained_state(self.policy.model, self._call("weights"))
             return

@@ -484,7 +484,8 @@ class Simulation:
             "total_cost_usd": total_usd,
             # What the meter billed, by kind (the timeline is the meter's fleet): the dollars at other
             # prices without a re-run where no decision reads a price (`simulator.reprice`).
-            "ondemand_gpu_h": self.paid_ondemand * end / 3600.0, "spot_gpu_h": (paid - self.paid_ondemand * end) / 3600.0,
+            "ondemand_gpu_h": self.paid_ondemand * end / 3600.0,
+            "spot_gpu_h": (paid - self.paid_ondemand * end) / 3600.0,
             "ondemand_gpu_h_to_target": None if reached_at is None else self.paid_ondemand * reached_at / 3600.0,
             "spot_gpu_h_to_target": None if reached_at is None else
             (self._paid_gpu_s(reached_at) - self.paid_ondemand * reached_at) / 3600.0,

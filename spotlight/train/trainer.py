@@ -431,10 +431,10 @@ class Trainer:
         """The GPU memory of a run whose learner computes in this process on CUDA (the local
         runtime with one learner process; None each otherwise): `device_peak_bytes`, the most
         torch's allocator reserved (its slack counts: what the memory estimate must cover);
-        `device_peak_allocated_bytes`, the most its tensors held (the two give the allocator's slack); `device_outside_bytes`, what the
-        process holds on the GPU outside the allocator at the end (the CUDA context, kernels,
-        cuBLAS workspaces, an in-process reward's own GPU memory: `make gpu-check` records it as
-        the estimate's context, the process alone on its GPU)."""
+        `device_peak_allocated_bytes`, the most its tensors held (the two give the allocator's
+        slack); `device_outside_bytes`, what the process holds on the GPU outside the allocator at
+        the end (the CUDA context, kernels, cuBLAS workspaces, an in-process reward's own GPU
+        memory: `make gpu-check` records it as the estimate's context, the process alone on its GPU)."""
         keys = ("device_peak_bytes", "device_peak_allocated_bytes", "device_outside_bytes")
         cfg = self.cfg
         if cfg.runtime.kind != "local" or cfg.train.learner_gpus > 1 or not cfg.device.startswith("cuda"):

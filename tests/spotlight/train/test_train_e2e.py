@@ -34,7 +34,8 @@ def _train(tmp_path, config, overrides):
 
 @pytest.mark.slow
 def test_tiny_dit_learns_the_colour_reward(tmp_path):
-    s = _train(tmp_path, "experiments/tiny_dit.yaml", {"warm_start": {"steps": 600}, "train": {"steps": 20, "learner_gpus": 2},
+    s = _train(tmp_path, "experiments/tiny_dit.yaml", {"warm_start": {"steps": 600},
+                                                        "train": {"steps": 20, "learner_gpus": 2},
                                                         "runtime": {"kind": "local"}})
     assert s["steps"] == 20
     assert s["reward_last5"] > s["reward_first5"]
@@ -44,7 +45,8 @@ def test_tiny_dit_learns_the_colour_reward(tmp_path):
 
 @pytest.mark.slow
 def test_tiny_llm_learns_arithmetic(tmp_path):
-    s = _train(tmp_path, "experiments/tiny_llm.yaml", {"train": {"steps": 40, "learner_gpus": 2}, "runtime": {"kind": "local"}})
+    s = _train(tmp_path, "experiments/tiny_llm.yaml", {"train": {"steps": 40, "learner_gpus": 2},
+                                                        "runtime": {"kind": "local"}})
     assert s["steps"] == 40
     assert s["reward_last5"] > s["reward_first5"]
     assert s["improvement_se"] > 3, s
